@@ -1,0 +1,111 @@
+//! MadFS key-value layer.
+//!
+//! Defines the [`KvStore`] trait the metadata server is written against, the
+//! [`WriteBatch`] of atomic operations, and two implementations:
+//! [`RocksStore`] (production: a minimal, hand-written safe binding to the
+//! system RocksDB through its C API) and [`MemStore`] (an in-memory
+//! `BTreeMap`, for unit tests of the layers above).
+
+mod ffi;
+mod mem;
+mod rocks;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+
+pub use mem::MemStore;
+pub use rocks::RocksStore;
+
+/// Errors reported by a [`KvStore`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvError {
+    /// The store could not be opened (bad path, lock held, corruption...).
+    Open(String),
+    /// A read or write on an open store failed.
+    Io(String),
+}
+
+impl fmt::Display for KvError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KvError::Open(msg) => write!(f, "kv store open failed: {msg}"),
+            KvError::Io(msg) => write!(f, "kv store I/O error: {msg}"),
+        }
+    }
+}
+
+impl std::error::Error for KvError {}
+
+/// Result type of every [`KvStore`] operation.
+pub type Result<T> = std::result::Result<T, KvError>;
+
+/// A key-value store: RocksDB in production, MemStore in tests.
+///
+/// Keys and values are arbitrary byte strings (the empty string included);
+/// keys are ordered bytewise.
+pub trait KvStore: Send + Sync + 'static {
+    /// The value stored under `key`, if any.
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>>;
+    /// Apply all operations atomically. `sync` = fsync the WAL before returning.
+    fn write(&self, batch: WriteBatch, sync: bool) -> Result<()>;
+    /// Up to `limit` pairs with key >= start and key starting with `prefix`, in key order.
+    fn scan(&self, prefix: &[u8], start: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>>;
+    /// Make every write so far durable (fsync the WAL).
+    fn sync_wal(&self) -> Result<()>;
+}
+
+/// One operation of a [`WriteBatch`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    Put(Vec<u8>, Vec<u8>),
+    Delete(Vec<u8>),
+}
+
+/// An ordered list of puts and deletes, applied atomically by
+/// [`KvStore::write`]. Later operations on the same key win.
+#[derive(Default, Clone, Debug)]
+pub struct WriteBatch {
+    ops: Vec<Op>,
+}
+
+impl WriteBatch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Set `key` to `value`.
+    pub fn put(&mut self, key: &[u8], value: &[u8]) {
+        self.ops.push(Op::Put(key.to_vec(), value.to_vec()));
+    }
+
+    /// Remove `key` (a no-op if it is absent).
+    pub fn delete(&mut self, key: &[u8]) {
+        self.ops.push(Op::Delete(key.to_vec()));
+    }
+
+    /// Number of operations in the batch.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// True if the batch holds no operation.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    pub(crate) fn ops(&self) -> &[Op] {
+        &self.ops
+    }
+}
+
+/// Where a scan for `prefix` starting at `start` should begin:
+/// the larger of the two, since no key below `prefix` can start with it.
+pub(crate) fn scan_seek_key<'a>(prefix: &'a [u8], start: &'a [u8]) -> &'a [u8] {
+    if start < prefix {
+        prefix
+    } else {
+        start
+    }
+}

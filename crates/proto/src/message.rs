@@ -1,0 +1,829 @@
+//! Request and reply messages: what each operation sends and gets back.
+//!
+//! A request body is the caller's credentials followed by the fields of one
+//! `Op`; the opcode sits in the frame header. A successful reply body starts
+//! with a one-byte reply tag, so replies decode without knowing the request.
+//! Bulk data (Write requests, Read replies) never passes through here: it
+//! travels as the frame's raw data section.
+
+use crate::codec::{Decoder, Encoder};
+use crate::error::ProtoError;
+use madfs_types::{
+    limits, Attr, ChunkIndex, Credentials, FileKind, FileName, InodeId, ServerId, TimeSet,
+    Timestamp, TxId,
+};
+
+/// `renameat2` flags we support (same values as Linux).
+pub const RENAME_NOREPLACE: u32 = 1;
+pub const RENAME_EXCHANGE: u32 = 2;
+
+/// Access bits for `Op::Access` (same values as access(2)).
+pub const ACCESS_READ: u8 = 4;
+pub const ACCESS_WRITE: u8 = 2;
+pub const ACCESS_EXEC: u8 = 1;
+
+/// Operation numbers on the wire. Never renumber; add at the end of a group.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+#[repr(u16)]
+pub enum Opcode {
+    // Handshake (see `auth`).
+    Challenge = 1,
+    Hello = 2,
+    // Namespace and data, from clients.
+    Lookup = 10,
+    GetAttr = 11,
+    SetAttr = 12,
+    Create = 13,
+    Remove = 14,
+    Access = 15,
+    Read = 16,
+    Write = 17,
+    UpdateSize = 18,
+    Fsync = 19,
+    ReadDir = 20,
+    Rename = 21,
+    Link = 22,
+    ReadLink = 23,
+    TruncateChunks = 24,
+    StatFs = 25,
+    // Between servers only (a client connection may not send these).
+    Seal = 40,
+    AdjustLinks = 41,
+    RenameInstall = 42,
+    RenameResolve = 43,
+    PurgeChunks = 44,
+    InvalidateDir = 45,
+}
+
+impl Opcode {
+    pub fn from_u16(v: u16) -> Option<Opcode> {
+        use Opcode::*;
+        Some(match v {
+            1 => Challenge,
+            2 => Hello,
+            10 => Lookup,
+            11 => GetAttr,
+            12 => SetAttr,
+            13 => Create,
+            14 => Remove,
+            15 => Access,
+            16 => Read,
+            17 => Write,
+            18 => UpdateSize,
+            19 => Fsync,
+            20 => ReadDir,
+            21 => Rename,
+            22 => Link,
+            23 => ReadLink,
+            24 => TruncateChunks,
+            25 => StatFs,
+            40 => Seal,
+            41 => AdjustLinks,
+            42 => RenameInstall,
+            43 => RenameResolve,
+            44 => PurgeChunks,
+            45 => InvalidateDir,
+            _ => return None,
+        })
+    }
+
+    /// Only servers may send these (checked against the connection's role).
+    pub fn is_peer_only(self) -> bool {
+        self as u16 >= 40
+    }
+}
+
+/// What a setattr changes; `None`/`Omit` fields are left alone.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct SetAttrs {
+    pub perm: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: TimeSet,
+    pub mtime: TimeSet,
+}
+
+impl Default for SetAttrs {
+    fn default() -> Self {
+        SetAttrs {
+            perm: None,
+            uid: None,
+            gid: None,
+            size: None,
+            atime: TimeSet::Omit,
+            mtime: TimeSet::Omit,
+        }
+    }
+}
+
+/// What a seal request does to a directory on one server (see rmdir in
+/// docs/ARCHITECTURE.md).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+pub enum SealAction {
+    /// Block new entries in the directory and report whether this server
+    /// holds any.
+    Seal = 1,
+    /// The removal was abandoned: accept entries again.
+    Unseal = 2,
+    /// The directory is gone: refuse entries in it from now on.
+    Removed = 3,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Op {
+    /// Find `name` in `parent`. Sent to the name's dentry server.
+    Lookup { parent: InodeId, name: FileName },
+    /// Sent to the inode's owner.
+    GetAttr { ino: InodeId },
+    SetAttr { ino: InodeId, changes: SetAttrs },
+    /// Make a file, directory or symlink. Sent to the name's dentry server,
+    /// which allocates the inode too. Non-exclusive create of an existing
+    /// regular file returns that file (open with O_CREAT, no O_EXCL).
+    Create {
+        parent: InodeId,
+        name: FileName,
+        kind: FileKind,
+        perm: u32,
+        exclusive: bool,
+        symlink_target: Vec<u8>,
+    },
+    /// unlink (`dir` false) or rmdir (`dir` true). Sent to the dentry server.
+    Remove { parent: InodeId, name: FileName, dir: bool },
+    /// Check `mask` (ACCESS_* bits) against the inode; used by open and
+    /// access(2). Sent to the owner; returns the attributes.
+    Access { ino: InodeId, mask: u8 },
+    /// Read up to `len` bytes of one chunk. Sent to the chunk's server.
+    Read { ino: InodeId, chunk: ChunkIndex, offset: u32, len: u32 },
+    /// Write the frame's data into one chunk at `offset`. For chunk 0 (held
+    /// by the owner) the file size grows to `file_size` in the same step.
+    Write { ino: InodeId, chunk: ChunkIndex, offset: u32, file_size: u64 },
+    /// Grow the size to at least `size` and set mtime (close and fsync).
+    UpdateSize { ino: InodeId, size: u64, mtime: Timestamp },
+    /// Make everything this server acknowledged durable.
+    Fsync,
+    /// One page of this server's entries of `dir`, names after `after`.
+    ReadDir { dir: InodeId, after: Option<FileName>, max_entries: u32 },
+    /// Sent to the dentry server of the source name, which coordinates.
+    Rename {
+        src_parent: InodeId,
+        src_name: FileName,
+        dst_parent: InodeId,
+        dst_name: FileName,
+        flags: u32,
+    },
+    /// A new name for an existing inode. Sent to the new name's server.
+    Link { ino: InodeId, parent: InodeId, name: FileName },
+    ReadLink { ino: InodeId },
+    /// Drop chunk data at and beyond `size` that this server holds.
+    TruncateChunks { ino: InodeId, size: u64 },
+    StatFs,
+    Seal { dir: InodeId, action: SealAction },
+    AdjustLinks { ino: InodeId, delta: i32 },
+    /// Phase 2 of a cross-server rename: write the new dentry.
+    RenameInstall {
+        tx: TxId,
+        coordinator: ServerId,
+        dst_parent: InodeId,
+        dst_name: FileName,
+        ino: InodeId,
+        kind: FileKind,
+        noreplace: bool,
+    },
+    /// Ask whether `tx` was installed; `forget` drops its record.
+    RenameResolve { tx: TxId, coordinator: ServerId, forget: bool },
+    PurgeChunks { ino: InodeId },
+    InvalidateDir { dir: InodeId },
+}
+
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Request {
+    pub creds: Credentials,
+    pub op: Op,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Entry {
+    pub ino: InodeId,
+    pub kind: FileKind,
+    /// Present when the dentry server also owns the inode.
+    pub attr: Option<Attr>,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct DirEntry {
+    pub name: FileName,
+    pub ino: InodeId,
+    pub kind: FileKind,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct FsStats {
+    pub bytes_total: u64,
+    pub bytes_free: u64,
+    pub bytes_avail: u64,
+    /// Inodes whose records this server holds.
+    pub inodes: u64,
+    /// Bytes of file data this server stores (chunk files and inline).
+    pub data_bytes: u64,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Reply {
+    Empty,
+    Entry(Entry),
+    Created { entry: Entry, created: bool },
+    Attr(Attr),
+    Removed { ino: InodeId, kind: FileKind },
+    DirPage { entries: Vec<DirEntry>, more: bool },
+    /// Read: the bytes are the frame's data section.
+    Data,
+    Target(Vec<u8>),
+    FsStats(FsStats),
+    Sealed { empty: bool },
+    Links { nlink: u32 },
+    Installed { replaced: Option<(InodeId, FileKind)> },
+    Resolved { installed: bool },
+}
+
+impl Op {
+    pub fn opcode(&self) -> Opcode {
+        match self {
+            Op::Lookup { .. } => Opcode::Lookup,
+            Op::GetAttr { .. } => Opcode::GetAttr,
+            Op::SetAttr { .. } => Opcode::SetAttr,
+            Op::Create { .. } => Opcode::Create,
+            Op::Remove { .. } => Opcode::Remove,
+            Op::Access { .. } => Opcode::Access,
+            Op::Read { .. } => Opcode::Read,
+            Op::Write { .. } => Opcode::Write,
+            Op::UpdateSize { .. } => Opcode::UpdateSize,
+            Op::Fsync => Opcode::Fsync,
+            Op::ReadDir { .. } => Opcode::ReadDir,
+            Op::Rename { .. } => Opcode::Rename,
+            Op::Link { .. } => Opcode::Link,
+            Op::ReadLink { .. } => Opcode::ReadLink,
+            Op::TruncateChunks { .. } => Opcode::TruncateChunks,
+            Op::StatFs => Opcode::StatFs,
+            Op::Seal { .. } => Opcode::Seal,
+            Op::AdjustLinks { .. } => Opcode::AdjustLinks,
+            Op::RenameInstall { .. } => Opcode::RenameInstall,
+            Op::RenameResolve { .. } => Opcode::RenameResolve,
+            Op::PurgeChunks { .. } => Opcode::PurgeChunks,
+            Op::InvalidateDir { .. } => Opcode::InvalidateDir,
+        }
+    }
+
+    /// Whether a frame with this opcode may carry bulk data.
+    pub fn carries_data(opcode: Opcode) -> bool {
+        opcode == Opcode::Write
+    }
+}
+
+impl Request {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Encoder::new();
+        e.creds(&self.creds);
+        match &self.op {
+            Op::Lookup { parent, name } => {
+                e.ino(*parent);
+                e.name(name);
+            }
+            Op::GetAttr { ino } | Op::ReadLink { ino } | Op::PurgeChunks { ino } => e.ino(*ino),
+            Op::InvalidateDir { dir } => e.ino(*dir),
+            Op::SetAttr { ino, changes } => {
+                e.ino(*ino);
+                e.opt_u32(changes.perm);
+                e.opt_u32(changes.uid);
+                e.opt_u32(changes.gid);
+                e.opt_u64(changes.size);
+                e.time_set(changes.atime);
+                e.time_set(changes.mtime);
+            }
+            Op::Create { parent, name, kind, perm, exclusive, symlink_target } => {
+                e.ino(*parent);
+                e.name(name);
+                e.kind(*kind);
+                e.u32(*perm);
+                e.bool(*exclusive);
+                e.bytes16(symlink_target);
+            }
+            Op::Remove { parent, name, dir } => {
+                e.ino(*parent);
+                e.name(name);
+                e.bool(*dir);
+            }
+            Op::Access { ino, mask } => {
+                e.ino(*ino);
+                e.u8(*mask);
+            }
+            Op::Read { ino, chunk, offset, len } => {
+                e.ino(*ino);
+                e.u32(chunk.0);
+                e.u32(*offset);
+                e.u32(*len);
+            }
+            Op::Write { ino, chunk, offset, file_size } => {
+                e.ino(*ino);
+                e.u32(chunk.0);
+                e.u32(*offset);
+                e.u64(*file_size);
+            }
+            Op::UpdateSize { ino, size, mtime } => {
+                e.ino(*ino);
+                e.u64(*size);
+                e.ts(*mtime);
+            }
+            Op::Fsync | Op::StatFs => {}
+            Op::ReadDir { dir, after, max_entries } => {
+                e.ino(*dir);
+                match after {
+                    None => e.u8(0),
+                    Some(n) => e.name(n),
+                }
+                e.u32(*max_entries);
+            }
+            Op::Rename { src_parent, src_name, dst_parent, dst_name, flags } => {
+                e.ino(*src_parent);
+                e.name(src_name);
+                e.ino(*dst_parent);
+                e.name(dst_name);
+                e.u32(*flags);
+            }
+            Op::Link { ino, parent, name } => {
+                e.ino(*ino);
+                e.ino(*parent);
+                e.name(name);
+            }
+            Op::TruncateChunks { ino, size } => {
+                e.ino(*ino);
+                e.u64(*size);
+            }
+            Op::Seal { dir, action } => {
+                e.ino(*dir);
+                e.u8(*action as u8);
+            }
+            Op::AdjustLinks { ino, delta } => {
+                e.ino(*ino);
+                e.i32(*delta);
+            }
+            Op::RenameInstall { tx, coordinator, dst_parent, dst_name, ino, kind, noreplace } => {
+                e.u64(tx.0);
+                e.u16(coordinator.0);
+                e.ino(*dst_parent);
+                e.name(dst_name);
+                e.ino(*ino);
+                e.kind(*kind);
+                e.bool(*noreplace);
+            }
+            Op::RenameResolve { tx, coordinator, forget } => {
+                e.u64(tx.0);
+                e.u16(coordinator.0);
+                e.bool(*forget);
+            }
+        }
+        e.into_bytes()
+    }
+
+    pub fn decode(opcode: u16, body: &[u8]) -> Result<Request, ProtoError> {
+        let code = Opcode::from_u16(opcode).ok_or(ProtoError::UnknownOpcode(opcode))?;
+        let mut d = Decoder::new(body);
+        let creds = d.creds()?;
+        let op = match code {
+            Opcode::Challenge | Opcode::Hello => return Err(ProtoError::UnknownOpcode(opcode)),
+            Opcode::Lookup => Op::Lookup { parent: d.ino()?, name: d.name()? },
+            Opcode::GetAttr => Op::GetAttr { ino: d.ino()? },
+            Opcode::ReadLink => Op::ReadLink { ino: d.ino()? },
+            Opcode::PurgeChunks => Op::PurgeChunks { ino: d.ino()? },
+            Opcode::InvalidateDir => Op::InvalidateDir { dir: d.ino()? },
+            Opcode::SetAttr => Op::SetAttr {
+                ino: d.ino()?,
+                changes: SetAttrs {
+                    perm: d.opt_u32()?,
+                    uid: d.opt_u32()?,
+                    gid: d.opt_u32()?,
+                    size: d.opt_u64()?,
+                    atime: d.time_set()?,
+                    mtime: d.time_set()?,
+                },
+            },
+            Opcode::Create => Op::Create {
+                parent: d.ino()?,
+                name: d.name()?,
+                kind: d.kind()?,
+                perm: d.u32()? & 0o7777,
+                exclusive: d.bool()?,
+                symlink_target: d.bytes16(limits::SYMLINK_MAX_BYTES, "symlink target")?,
+            },
+            Opcode::Remove => Op::Remove { parent: d.ino()?, name: d.name()?, dir: d.bool()? },
+            Opcode::Access => Op::Access { ino: d.ino()?, mask: d.u8()? },
+            Opcode::Read => Op::Read {
+                ino: d.ino()?,
+                chunk: ChunkIndex(d.u32()?),
+                offset: d.u32()?,
+                len: d.u32()?,
+            },
+            Opcode::Write => Op::Write {
+                ino: d.ino()?,
+                chunk: ChunkIndex(d.u32()?),
+                offset: d.u32()?,
+                file_size: d.u64()?,
+            },
+            Opcode::UpdateSize => Op::UpdateSize { ino: d.ino()?, size: d.u64()?, mtime: d.ts()? },
+            Opcode::Fsync => Op::Fsync,
+            Opcode::StatFs => Op::StatFs,
+            Opcode::ReadDir => {
+                let dir = d.ino()?;
+                let after = match d.u8()? {
+                    0 => None,
+                    n => Some(
+                        FileName::new(d.raw(n as usize)?)
+                            .map_err(|_| ProtoError::BadValue("file name"))?,
+                    ),
+                };
+                Op::ReadDir { dir, after, max_entries: d.u32()? }
+            }
+            Opcode::Rename => Op::Rename {
+                src_parent: d.ino()?,
+                src_name: d.name()?,
+                dst_parent: d.ino()?,
+                dst_name: d.name()?,
+                flags: d.u32()?,
+            },
+            Opcode::Link => Op::Link { ino: d.ino()?, parent: d.ino()?, name: d.name()? },
+            Opcode::TruncateChunks => Op::TruncateChunks { ino: d.ino()?, size: d.u64()? },
+            Opcode::Seal => Op::Seal {
+                dir: d.ino()?,
+                action: match d.u8()? {
+                    1 => SealAction::Seal,
+                    2 => SealAction::Unseal,
+                    3 => SealAction::Removed,
+                    _ => return Err(ProtoError::BadValue("seal action")),
+                },
+            },
+            Opcode::AdjustLinks => Op::AdjustLinks { ino: d.ino()?, delta: d.i32()? },
+            Opcode::RenameInstall => Op::RenameInstall {
+                tx: TxId(d.u64()?),
+                coordinator: ServerId(d.u16()?),
+                dst_parent: d.ino()?,
+                dst_name: d.name()?,
+                ino: d.ino()?,
+                kind: d.kind()?,
+                noreplace: d.bool()?,
+            },
+            Opcode::RenameResolve => Op::RenameResolve {
+                tx: TxId(d.u64()?),
+                coordinator: ServerId(d.u16()?),
+                forget: d.bool()?,
+            },
+        };
+        d.finish()?;
+        Ok(Request { creds, op })
+    }
+}
+
+mod tag {
+    pub const EMPTY: u8 = 0;
+    pub const ENTRY: u8 = 1;
+    pub const CREATED: u8 = 2;
+    pub const ATTR: u8 = 3;
+    pub const REMOVED: u8 = 4;
+    pub const DIR_PAGE: u8 = 5;
+    pub const DATA: u8 = 6;
+    pub const TARGET: u8 = 7;
+    pub const FS_STATS: u8 = 8;
+    pub const SEALED: u8 = 9;
+    pub const LINKS: u8 = 10;
+    pub const INSTALLED: u8 = 11;
+    pub const RESOLVED: u8 = 12;
+}
+
+fn encode_entry(e: &mut Encoder, entry: &Entry) {
+    e.ino(entry.ino);
+    e.kind(entry.kind);
+    match &entry.attr {
+        None => e.u8(0),
+        Some(a) => {
+            e.u8(1);
+            e.attr(a);
+        }
+    }
+}
+
+fn decode_entry(d: &mut Decoder<'_>) -> Result<Entry, ProtoError> {
+    let ino = d.ino()?;
+    let kind = d.kind()?;
+    let attr = if d.bool()? { Some(d.attr()?) } else { None };
+    Ok(Entry { ino, kind, attr })
+}
+
+impl Reply {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Encoder::new();
+        match self {
+            Reply::Empty => e.u8(tag::EMPTY),
+            Reply::Entry(entry) => {
+                e.u8(tag::ENTRY);
+                encode_entry(&mut e, entry);
+            }
+            Reply::Created { entry, created } => {
+                e.u8(tag::CREATED);
+                encode_entry(&mut e, entry);
+                e.bool(*created);
+            }
+            Reply::Attr(a) => {
+                e.u8(tag::ATTR);
+                e.attr(a);
+            }
+            Reply::Removed { ino, kind } => {
+                e.u8(tag::REMOVED);
+                e.ino(*ino);
+                e.kind(*kind);
+            }
+            Reply::DirPage { entries, more } => {
+                e.u8(tag::DIR_PAGE);
+                e.u32(entries.len() as u32);
+                for ent in entries {
+                    e.name(&ent.name);
+                    e.ino(ent.ino);
+                    e.kind(ent.kind);
+                }
+                e.bool(*more);
+            }
+            Reply::Data => e.u8(tag::DATA),
+            Reply::Target(t) => {
+                e.u8(tag::TARGET);
+                e.bytes16(t);
+            }
+            Reply::FsStats(s) => {
+                e.u8(tag::FS_STATS);
+                e.u64(s.bytes_total);
+                e.u64(s.bytes_free);
+                e.u64(s.bytes_avail);
+                e.u64(s.inodes);
+                e.u64(s.data_bytes);
+            }
+            Reply::Sealed { empty } => {
+                e.u8(tag::SEALED);
+                e.bool(*empty);
+            }
+            Reply::Links { nlink } => {
+                e.u8(tag::LINKS);
+                e.u32(*nlink);
+            }
+            Reply::Installed { replaced } => {
+                e.u8(tag::INSTALLED);
+                match replaced {
+                    None => e.u8(0),
+                    Some((ino, kind)) => {
+                        e.u8(1);
+                        e.ino(*ino);
+                        e.kind(*kind);
+                    }
+                }
+            }
+            Reply::Resolved { installed } => {
+                e.u8(tag::RESOLVED);
+                e.bool(*installed);
+            }
+        }
+        e.into_bytes()
+    }
+
+    pub fn decode(body: &[u8]) -> Result<Reply, ProtoError> {
+        let mut d = Decoder::new(body);
+        let reply = match d.u8()? {
+            tag::EMPTY => Reply::Empty,
+            tag::ENTRY => Reply::Entry(decode_entry(&mut d)?),
+            tag::CREATED => Reply::Created { entry: decode_entry(&mut d)?, created: d.bool()? },
+            tag::ATTR => Reply::Attr(d.attr()?),
+            tag::REMOVED => Reply::Removed { ino: d.ino()?, kind: d.kind()? },
+            tag::DIR_PAGE => {
+                let n = d.u32()?;
+                if n > limits::READDIR_PAGE_ENTRIES_MAX {
+                    return Err(ProtoError::BadValue("readdir page length"));
+                }
+                // Each entry takes at least 11 bytes: refuse counts the body
+                // cannot hold before reserving memory for them.
+                if (n as usize).saturating_mul(11) > d.remaining() {
+                    return Err(ProtoError::Truncated);
+                }
+                let mut entries = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    entries.push(DirEntry { name: d.name()?, ino: d.ino()?, kind: d.kind()? });
+                }
+                Reply::DirPage { entries, more: d.bool()? }
+            }
+            tag::DATA => Reply::Data,
+            tag::TARGET => Reply::Target(d.bytes16(limits::SYMLINK_MAX_BYTES, "symlink target")?),
+            tag::FS_STATS => Reply::FsStats(FsStats {
+                bytes_total: d.u64()?,
+                bytes_free: d.u64()?,
+                bytes_avail: d.u64()?,
+                inodes: d.u64()?,
+                data_bytes: d.u64()?,
+            }),
+            tag::SEALED => Reply::Sealed { empty: d.bool()? },
+            tag::LINKS => Reply::Links { nlink: d.u32()? },
+            tag::INSTALLED => Reply::Installed {
+                replaced: if d.bool()? { Some((d.ino()?, d.kind()?)) } else { None },
+            },
+            tag::RESOLVED => Reply::Resolved { installed: d.bool()? },
+            _ => return Err(ProtoError::BadValue("reply tag")),
+        };
+        d.finish()?;
+        Ok(reply)
+    }
+}
+
+/// Encode an error reply body: the readable message (the code is in the
+/// frame header's status field).
+pub fn encode_error_message(message: &str) -> Vec<u8> {
+    let mut e = Encoder::new();
+    e.str16(message);
+    e.into_bytes()
+}
+
+pub fn decode_error_message(body: &[u8]) -> Result<String, ProtoError> {
+    let mut d = Decoder::new(body);
+    let s = d.str16(u16::MAX as usize, "error message")?;
+    d.finish()?;
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(s: &str) -> FileName {
+        FileName::new(s.as_bytes()).unwrap()
+    }
+
+    fn attr() -> Attr {
+        Attr {
+            ino: InodeId(77),
+            kind: FileKind::File,
+            perm: 0o644,
+            nlink: 1,
+            uid: 1000,
+            gid: 100,
+            size: 3901,
+            atime: Timestamp { secs: 1, nanos: 2 },
+            mtime: Timestamp { secs: -3, nanos: 4 },
+            ctime: Timestamp { secs: 5, nanos: 999_999_999 },
+            btime: Timestamp::default(),
+        }
+    }
+
+    fn all_ops() -> Vec<Op> {
+        let ino = InodeId(42);
+        vec![
+            Op::Lookup { parent: InodeId::ROOT, name: name("a") },
+            Op::GetAttr { ino },
+            Op::SetAttr {
+                ino,
+                changes: SetAttrs {
+                    perm: Some(0o755),
+                    uid: None,
+                    gid: Some(5),
+                    size: Some(1 << 40),
+                    atime: TimeSet::Now,
+                    mtime: TimeSet::At(Timestamp { secs: 9, nanos: 8 }),
+                },
+            },
+            Op::Create {
+                parent: ino,
+                name: name("link"),
+                kind: FileKind::Symlink,
+                perm: 0o777,
+                exclusive: true,
+                symlink_target: b"/some/where".to_vec(),
+            },
+            Op::Remove { parent: ino, name: name("x"), dir: true },
+            Op::Access { ino, mask: ACCESS_READ | ACCESS_WRITE },
+            Op::Read { ino, chunk: ChunkIndex(3), offset: 4096, len: 1 << 20 },
+            Op::Write { ino, chunk: ChunkIndex(0), offset: 0, file_size: 3901 },
+            Op::UpdateSize { ino, size: 100, mtime: Timestamp { secs: 7, nanos: 0 } },
+            Op::Fsync,
+            Op::ReadDir { dir: ino, after: None, max_entries: 100 },
+            Op::ReadDir { dir: ino, after: Some(name("m")), max_entries: 1 },
+            Op::Rename {
+                src_parent: ino,
+                src_name: name("a"),
+                dst_parent: InodeId::ROOT,
+                dst_name: name("b"),
+                flags: RENAME_NOREPLACE,
+            },
+            Op::Link { ino, parent: InodeId::ROOT, name: name("hard") },
+            Op::ReadLink { ino },
+            Op::TruncateChunks { ino, size: 5 },
+            Op::StatFs,
+            Op::Seal { dir: ino, action: SealAction::Removed },
+            Op::AdjustLinks { ino, delta: -1 },
+            Op::RenameInstall {
+                tx: TxId(9),
+                coordinator: ServerId(2),
+                dst_parent: ino,
+                dst_name: name("n"),
+                ino: InodeId(5),
+                kind: FileKind::Dir,
+                noreplace: false,
+            },
+            Op::RenameResolve { tx: TxId(9), coordinator: ServerId(2), forget: true },
+            Op::PurgeChunks { ino },
+            Op::InvalidateDir { dir: ino },
+        ]
+    }
+
+    #[test]
+    fn every_request_round_trips() {
+        let creds = Credentials { uid: 1000, gid: 100, groups: vec![4, 27] };
+        for op in all_ops() {
+            let req = Request { creds: creds.clone(), op };
+            let body = req.encode();
+            let back = Request::decode(req.op.opcode() as u16, &body).unwrap();
+            assert_eq!(back, req);
+            // Every strict prefix must be refused, never accepted or panic.
+            for cut in 0..body.len() {
+                assert!(Request::decode(req.op.opcode() as u16, &body[..cut]).is_err());
+            }
+            let mut longer = body.clone();
+            longer.push(0);
+            assert!(Request::decode(req.op.opcode() as u16, &longer).is_err());
+        }
+    }
+
+    #[test]
+    fn every_reply_round_trips() {
+        let entry = Entry { ino: InodeId(3), kind: FileKind::Dir, attr: Some(attr()) };
+        let replies = vec![
+            Reply::Empty,
+            Reply::Entry(entry.clone()),
+            Reply::Entry(Entry { attr: None, ..entry.clone() }),
+            Reply::Created { entry, created: true },
+            Reply::Attr(attr()),
+            Reply::Removed { ino: InodeId(1), kind: FileKind::File },
+            Reply::DirPage {
+                entries: vec![DirEntry { name: name("f"), ino: InodeId(9), kind: FileKind::File }],
+                more: true,
+            },
+            Reply::Data,
+            Reply::Target(b"../x".to_vec()),
+            Reply::FsStats(FsStats { bytes_total: 1, bytes_free: 2, bytes_avail: 3, inodes: 4, data_bytes: 5 }),
+            Reply::Sealed { empty: false },
+            Reply::Links { nlink: 3 },
+            Reply::Installed { replaced: Some((InodeId(8), FileKind::File)) },
+            Reply::Installed { replaced: None },
+            Reply::Resolved { installed: true },
+        ];
+        for r in replies {
+            let body = r.encode();
+            assert_eq!(Reply::decode(&body).unwrap(), r);
+            for cut in 0..body.len() {
+                assert!(Reply::decode(&body[..cut]).is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn malformed_bodies_are_refused() {
+        let creds = Credentials::root();
+        let mut e = Encoder::new();
+        e.creds(&creds);
+        e.ino(InodeId::ROOT);
+        e.u8(2);
+        e.raw(b"..");
+        assert_eq!(
+            Request::decode(Opcode::Lookup as u16, &e.into_bytes()),
+            Err(ProtoError::BadValue("file name"))
+        );
+        assert_eq!(Request::decode(999, &[]), Err(ProtoError::UnknownOpcode(999)));
+        // A readdir page claiming 4096 entries in a 6-byte body.
+        let mut e = Encoder::new();
+        e.u8(5);
+        e.u32(4096);
+        e.bool(false);
+        assert!(Reply::decode(&e.into_bytes()).is_err());
+        // 33 groups is over the limit.
+        let mut e = Encoder::new();
+        e.u32(0);
+        e.u32(0);
+        e.u8(33);
+        assert_eq!(
+            Request::decode(Opcode::StatFs as u16, &e.into_bytes()),
+            Err(ProtoError::BadValue("group count"))
+        );
+    }
+
+    #[test]
+    fn opcodes_round_trip() {
+        for v in 0..=200u16 {
+            if let Some(op) = Opcode::from_u16(v) {
+                assert_eq!(op as u16, v);
+            }
+        }
+        assert!(Opcode::Seal.is_peer_only());
+        assert!(!Opcode::StatFs.is_peer_only());
+    }
+}

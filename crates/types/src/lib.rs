@@ -1,0 +1,342 @@
+//! Ids, limits and plain data types shared by every MadFS layer.
+//!
+//! Everything here is pure data: no I/O, no async. Ids are newtypes so that an
+//! inode number can never be passed where a chunk index or server id belongs.
+
+use std::fmt;
+
+/// Limits on every length the system accepts. Checked before allocating.
+pub mod limits {
+    /// Longest file name component, as on Linux (NAME_MAX).
+    pub const NAME_MAX_BYTES: usize = 255;
+    /// Longest path, as on Linux (PATH_MAX, including the trailing NUL there).
+    pub const PATH_MAX_BYTES: usize = 4096;
+    /// Longest symlink target.
+    pub const SYMLINK_MAX_BYTES: usize = 4095;
+    /// Most servers in one cluster: the server id lives in the top 16 bits of
+    /// an inode number.
+    pub const SERVERS_MAX: usize = 4096;
+    /// Supplementary groups carried with a request (like NFS AUTH_SYS).
+    pub const GROUPS_MAX: usize = 32;
+    /// Smallest and largest chunk size a cluster may configure.
+    pub const CHUNK_SIZE_MIN_BYTES: u64 = 64 * 1024;
+    pub const CHUNK_SIZE_MAX_BYTES: u64 = 64 * 1024 * 1024;
+    /// Default chunk size: large enough that a 1 MiB write touches at most two
+    /// servers, small enough that a 100 MiB file stripes over every server.
+    pub const CHUNK_SIZE_DEFAULT_BYTES: u64 = 4 * 1024 * 1024;
+    /// Chunk 0 of a file stays inline in the inode record (in RocksDB) while
+    /// it is at most this long: mdtest-hard's 3,901-byte files never touch a
+    /// chunk file.
+    pub const INLINE_DATA_MAX_BYTES: u64 = 64 * 1024;
+    /// Largest file size (the chunk index must fit in u32 at the smallest
+    /// chunk size, and offsets in i64).
+    pub const FILE_SIZE_MAX_BYTES: u64 = 1 << 46;
+    /// Entries returned by one server in one readdir page.
+    pub const READDIR_PAGE_ENTRIES_MAX: u32 = 4096;
+}
+
+/// An inode number. The top 16 bits name the server that allocated it and
+/// holds its record; the low 48 bits are that server's counter.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub struct InodeId(pub u64);
+
+impl InodeId {
+    /// The root directory, owned by server 0.
+    pub const ROOT: InodeId = InodeId(1);
+    const SERVER_SHIFT: u32 = 48;
+    const COUNTER_MASK: u64 = (1 << 48) - 1;
+
+    pub fn new(owner: ServerId, counter: u64) -> InodeId {
+        InodeId(((owner.0 as u64) << Self::SERVER_SHIFT) | (counter & Self::COUNTER_MASK))
+    }
+
+    /// The server that holds this inode's record.
+    pub fn owner(self) -> ServerId {
+        ServerId((self.0 >> Self::SERVER_SHIFT) as u16)
+    }
+
+    pub fn counter(self) -> u64 {
+        self.0 & Self::COUNTER_MASK
+    }
+}
+
+impl fmt::Display for InodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A server's id: its index in the cluster file.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub struct ServerId(pub u16);
+
+impl fmt::Display for ServerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Index of a chunk within a file: byte offset / chunk size.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub struct ChunkIndex(pub u32);
+
+/// Id of one request on one connection, chosen by the sender.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct RequestId(pub u64);
+
+/// Id of a cross-server rename, unique per coordinating server.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct TxId(pub u64);
+
+/// File type of an inode.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+#[repr(u8)]
+pub enum FileKind {
+    File = 1,
+    Dir = 2,
+    Symlink = 3,
+}
+
+impl FileKind {
+    pub fn from_u8(v: u8) -> Option<FileKind> {
+        match v {
+            1 => Some(FileKind::File),
+            2 => Some(FileKind::Dir),
+            3 => Some(FileKind::Symlink),
+            _ => None,
+        }
+    }
+
+    /// The S_IFMT bits of this kind.
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            FileKind::File => 0o100000,
+            FileKind::Dir => 0o040000,
+            FileKind::Symlink => 0o120000,
+        }
+    }
+}
+
+/// A point in time: seconds and nanoseconds since the Unix epoch.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug, Default, Hash)]
+pub struct Timestamp {
+    pub secs: i64,
+    pub nanos: u32,
+}
+
+impl Timestamp {
+    pub fn now() -> Timestamp {
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        Timestamp { secs: d.as_secs() as i64, nanos: d.subsec_nanos() }
+    }
+}
+
+/// How a setattr sets a time: leave it, set it to the server's clock, or to a
+/// given value (UTIME_OMIT, UTIME_NOW, explicit).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum TimeSet {
+    Omit,
+    Now,
+    At(Timestamp),
+}
+
+/// Attributes of an inode, as `stat` shows them.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Attr {
+    pub ino: InodeId,
+    pub kind: FileKind,
+    /// Permission bits only (0o7777); the kind gives S_IFMT.
+    pub perm: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub atime: Timestamp,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+    pub btime: Timestamp,
+}
+
+impl Attr {
+    /// st_mode: kind bits and permission bits.
+    pub fn mode(&self) -> u32 {
+        self.kind.mode_bits() | (self.perm & 0o7777)
+    }
+
+    /// st_blocks in 512-byte units (sparse-unaware: the size rounded up).
+    pub fn blocks(&self) -> u64 {
+        self.size.div_ceil(512)
+    }
+}
+
+/// Who is asking: the credentials a client presents with every request
+/// (AUTH_SYS style). The server checks mode bits against them.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Credentials {
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups, at most `limits::GROUPS_MAX`.
+    pub groups: Vec<u32>,
+}
+
+impl Credentials {
+    pub fn root() -> Credentials {
+        Credentials { uid: 0, gid: 0, groups: Vec::new() }
+    }
+
+    /// The credentials of the calling process.
+    pub fn current_process() -> Credentials {
+        // SAFETY: these libc calls take no arguments and cannot fail.
+        let (uid, gid) = unsafe { (libc_geteuid(), libc_getegid()) };
+        Credentials { uid, gid, groups: Vec::new() }
+    }
+
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(&gid)
+    }
+}
+
+extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+    #[link_name = "getegid"]
+    fn libc_getegid() -> u32;
+}
+
+/// A file name component: 1..=255 bytes, no '/' and no NUL, not "." or "..".
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct FileName(Vec<u8>);
+
+/// Why a name or path was refused.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum NameError {
+    Empty,
+    TooLong,
+    /// Contains '/' or NUL, or is "." or "..".
+    Invalid,
+}
+
+impl FileName {
+    pub fn new(bytes: &[u8]) -> Result<FileName, NameError> {
+        if bytes.is_empty() {
+            return Err(NameError::Empty);
+        }
+        if bytes.len() > limits::NAME_MAX_BYTES {
+            return Err(NameError::TooLong);
+        }
+        if bytes == b"." || bytes == b".." || bytes.iter().any(|&b| b == b'/' || b == 0) {
+            return Err(NameError::Invalid);
+        }
+        Ok(FileName(bytes.to_vec()))
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn to_string_lossy(&self) -> String {
+        String::from_utf8_lossy(&self.0).into_owned()
+    }
+}
+
+impl fmt::Display for FileName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&String::from_utf8_lossy(&self.0))
+    }
+}
+
+/// FNV-1a over the given parts: stable across processes, versions and
+/// machines (std's hasher is randomly seeded and may change between releases,
+/// which would move every dentry and chunk).
+pub fn stable_hash(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for &b in *part {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        // Separate parts so ("ab","c") and ("a","bc") differ.
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    // Final avalanche (from splitmix64) so low bits are well mixed for `% n`.
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+/// Server holding the dentry `(parent, name)`.
+pub fn dentry_server(parent: InodeId, name: &FileName, servers: usize) -> ServerId {
+    let h = stable_hash(&[&parent.0.to_le_bytes(), name.as_bytes()]);
+    ServerId((h % servers.max(1) as u64) as u16)
+}
+
+/// Server holding chunk `index` of inode `ino`. Chunk 0 lives with the inode
+/// (inline while small), so a small file is served by one server.
+pub fn chunk_server(ino: InodeId, index: ChunkIndex, servers: usize) -> ServerId {
+    if index.0 == 0 {
+        return ino.owner();
+    }
+    let h = stable_hash(&[&ino.0.to_le_bytes(), &index.0.to_le_bytes()]);
+    ServerId((h % servers.max(1) as u64) as u16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inode_id_carries_owner() {
+        let ino = InodeId::new(ServerId(7), 12345);
+        assert_eq!(ino.owner(), ServerId(7));
+        assert_eq!(ino.counter(), 12345);
+        assert_eq!(InodeId::ROOT.owner(), ServerId(0));
+    }
+
+    #[test]
+    fn names_are_validated() {
+        assert_eq!(FileName::new(b""), Err(NameError::Empty));
+        assert_eq!(FileName::new(&[b'a'; 256]), Err(NameError::TooLong));
+        assert!(FileName::new(&[b'a'; 255]).is_ok());
+        assert_eq!(FileName::new(b"."), Err(NameError::Invalid));
+        assert_eq!(FileName::new(b".."), Err(NameError::Invalid));
+        assert_eq!(FileName::new(b"a/b"), Err(NameError::Invalid));
+        assert_eq!(FileName::new(b"a\0b"), Err(NameError::Invalid));
+        assert!(FileName::new(b"...").is_ok());
+    }
+
+    #[test]
+    fn hash_separates_parts_and_is_stable() {
+        assert_ne!(stable_hash(&[b"ab", b"c"]), stable_hash(&[b"a", b"bc"]));
+        // Pinned value: placement must never change between releases, or
+        // every existing dentry and chunk would be looked for on the wrong server.
+        assert_eq!(stable_hash(&[b"madfs"]), 0x9963_d0ee_fa83_e154);
+    }
+
+    #[test]
+    fn dentries_spread_over_servers() {
+        let mut counts = [0usize; 4];
+        for i in 0..10_000 {
+            let name = FileName::new(format!("file.{i}").as_bytes()).unwrap();
+            counts[dentry_server(InodeId::ROOT, &name, 4).0 as usize] += 1;
+        }
+        for c in counts {
+            assert!((2_000..3_000).contains(&c), "uneven spread {counts:?}");
+        }
+    }
+
+    #[test]
+    fn chunk_zero_stays_with_owner() {
+        let ino = InodeId::new(ServerId(3), 9);
+        assert_eq!(chunk_server(ino, ChunkIndex(0), 8), ServerId(3));
+        let mut seen = std::collections::HashSet::new();
+        for i in 1..200 {
+            seen.insert(chunk_server(ino, ChunkIndex(i), 8));
+        }
+        assert_eq!(seen.len(), 8);
+    }
+}
