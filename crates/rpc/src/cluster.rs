@@ -1,0 +1,217 @@
+//! The cluster file (TOML): cluster id, chunk size, and the servers with
+//! their addresses and data directories. The key lives in its own file beside
+//! it (mode 0600), so the cluster file can be shared and printed freely.
+
+use crate::error::RpcError;
+use madfs_proto::auth::ClusterKey;
+use madfs_types::{limits, ServerId};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// Environment variable naming the cluster file.
+pub const CLUSTER_ENV: &str = "MADFS_CLUSTER";
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    pub cluster_id: String,
+    pub chunk_size: u64,
+    /// Key file; relative paths are relative to the cluster file.
+    pub key_file: PathBuf,
+    #[serde(rename = "server")]
+    pub servers: Vec<ServerEntry>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ServerEntry {
+    pub id: u16,
+    pub address: SocketAddr,
+    pub data_dir: PathBuf,
+}
+
+impl ClusterConfig {
+    pub fn from_toml(text: &str) -> Result<ClusterConfig, RpcError> {
+        let cfg: ClusterConfig =
+            toml::from_str(text).map_err(|e| RpcError::Config(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Load and check a cluster file; a relative key path is made absolute.
+    pub fn load(path: &Path) -> Result<ClusterConfig, RpcError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| RpcError::Config(format!("cannot read {}: {e}", path.display())))?;
+        let mut cfg = Self::from_toml(&text)
+            .map_err(|e| RpcError::Config(format!("{}: {e}", path.display())))?;
+        if cfg.key_file.is_relative() {
+            let dir = path.parent().unwrap_or(Path::new("."));
+            cfg.key_file = dir.join(&cfg.key_file);
+        }
+        Ok(cfg)
+    }
+
+    /// The cluster file named by `explicit`, else $MADFS_CLUSTER, else
+    /// ./madfs-data/cluster.toml (where `madfs up` puts it).
+    pub fn locate(explicit: Option<&Path>) -> PathBuf {
+        if let Some(p) = explicit {
+            return p.to_path_buf();
+        }
+        if let Some(p) = std::env::var_os(CLUSTER_ENV) {
+            return PathBuf::from(p);
+        }
+        PathBuf::from("madfs-data/cluster.toml")
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("cluster config always serializes")
+    }
+
+    pub fn validate(&self) -> Result<(), RpcError> {
+        let bad = |m: String| Err(RpcError::Config(m));
+        if self.servers.is_empty() {
+            return bad("no [[server]] entries".into());
+        }
+        if self.servers.len() > limits::SERVERS_MAX {
+            return bad(format!(
+                "{} servers, at most {}",
+                self.servers.len(),
+                limits::SERVERS_MAX
+            ));
+        }
+        for (i, s) in self.servers.iter().enumerate() {
+            if s.id as usize != i {
+                return bad(format!(
+                    "server ids must be 0,1,2,... in order; entry {i} has id {}",
+                    s.id
+                ));
+            }
+            if self.servers[..i].iter().any(|o| o.address == s.address) {
+                return bad(format!("address {} is used twice", s.address));
+            }
+        }
+        if !(limits::CHUNK_SIZE_MIN_BYTES..=limits::CHUNK_SIZE_MAX_BYTES).contains(&self.chunk_size)
+            || self.chunk_size % 4096 != 0
+        {
+            return bad(format!(
+                "chunk_size {} must be a multiple of 4096 between {} and {}",
+                self.chunk_size,
+                limits::CHUNK_SIZE_MIN_BYTES,
+                limits::CHUNK_SIZE_MAX_BYTES
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn server(&self, id: ServerId) -> Option<&ServerEntry> {
+        self.servers.get(id.0 as usize)
+    }
+
+    pub fn server_count(&self) -> usize {
+        self.servers.len()
+    }
+
+    pub fn load_key(&self) -> Result<ClusterKey, RpcError> {
+        let text = std::fs::read_to_string(&self.key_file).map_err(|e| {
+            RpcError::Config(format!(
+                "cannot read key file {}: {e}",
+                self.key_file.display()
+            ))
+        })?;
+        ClusterKey::from_hex(&text).ok_or_else(|| {
+            RpcError::Config(format!(
+                "key file {} must hold 64 hex digits",
+                self.key_file.display()
+            ))
+        })
+    }
+}
+
+/// A fresh random cluster key.
+pub fn generate_key() -> ClusterKey {
+    let mut k = [0u8; 32];
+    getrandom::getrandom(&mut k).expect("the OS random source is available");
+    ClusterKey(k)
+}
+
+/// Write `key` to `path` readable by the owner only.
+pub fn write_key_file(path: &Path, key: &ClusterKey) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    writeln!(f, "{}", key.to_hex())?;
+    f.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> ClusterConfig {
+        ClusterConfig {
+            cluster_id: "t".into(),
+            chunk_size: 1 << 20,
+            key_file: "cluster.key".into(),
+            servers: (0..3)
+                .map(|i| ServerEntry {
+                    id: i,
+                    address: format!("127.0.0.1:{}", 7000 + i).parse().unwrap(),
+                    data_dir: format!("/tmp/s{i}").into(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn toml_round_trips() {
+        let c = sample();
+        assert_eq!(ClusterConfig::from_toml(&c.to_toml()).unwrap(), c);
+    }
+
+    #[test]
+    fn bad_configs_are_refused_with_reasons() {
+        let mut c = sample();
+        c.servers[1].id = 5;
+        assert!(c.validate().unwrap_err().to_string().contains("in order"));
+        let mut c = sample();
+        c.servers[2].address = c.servers[0].address;
+        assert!(c.validate().unwrap_err().to_string().contains("used twice"));
+        let mut c = sample();
+        c.chunk_size = 1000;
+        assert!(c.validate().unwrap_err().to_string().contains("chunk_size"));
+        let mut c = sample();
+        c.servers.clear();
+        assert!(c.validate().is_err());
+        assert!(ClusterConfig::from_toml("cluster_id = 3").is_err());
+        assert!(ClusterConfig::from_toml(&(sample().to_toml() + "\nbogus = 1\n")).is_err());
+    }
+
+    #[test]
+    fn key_file_round_trips_with_private_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let cfg_path = dir.path().join("cluster.toml");
+        std::fs::write(&cfg_path, sample().to_toml()).unwrap();
+        let cfg = ClusterConfig::load(&cfg_path).unwrap();
+        assert_eq!(cfg.key_file, dir.path().join("cluster.key"));
+        assert!(cfg
+            .load_key()
+            .unwrap_err()
+            .to_string()
+            .contains("cannot read key file"));
+        let key = generate_key();
+        write_key_file(&cfg.key_file, &key).unwrap();
+        assert_eq!(cfg.load_key().unwrap(), key);
+        let mode = std::fs::metadata(&cfg.key_file)
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+}

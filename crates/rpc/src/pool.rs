@@ -1,0 +1,94 @@
+//! Connections to every server of a cluster, opened on first use (so a
+//! client's memory and sockets grow with the servers it talks to, not with
+//! the cluster size) and reopened after a failure.
+
+use crate::cluster::ClusterConfig;
+use crate::conn::{Connection, Response};
+use crate::error::RpcError;
+use madfs_proto::auth::{ClusterKey, Role};
+use madfs_proto::Request;
+use madfs_types::ServerId;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    pub connect: Duration,
+    pub call: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        // A dead server must give a clear error, not a hang; a live one
+        // under an fsync storm may take a while to answer.
+        Timeouts {
+            connect: Duration::from_secs(5),
+            call: Duration::from_secs(120),
+        }
+    }
+}
+
+pub struct Pool {
+    addrs: Vec<SocketAddr>,
+    key: ClusterKey,
+    role: Role,
+    timeouts: Timeouts,
+    slots: Vec<Mutex<Option<Connection>>>,
+}
+
+impl Pool {
+    pub fn new(cfg: &ClusterConfig, key: ClusterKey, role: Role, timeouts: Timeouts) -> Pool {
+        let addrs: Vec<SocketAddr> = cfg.servers.iter().map(|s| s.address).collect();
+        let slots = addrs.iter().map(|_| Mutex::new(None)).collect();
+        Pool {
+            addrs,
+            key,
+            role,
+            timeouts,
+            slots,
+        }
+    }
+
+    pub fn server_count(&self) -> usize {
+        self.addrs.len()
+    }
+
+    pub fn servers(&self) -> impl Iterator<Item = ServerId> {
+        (0..self.addrs.len() as u16).map(ServerId)
+    }
+
+    /// A live connection to `server`, connecting if needed.
+    pub async fn connection(&self, server: ServerId) -> Result<Connection, RpcError> {
+        let slot = self
+            .slots
+            .get(server.0 as usize)
+            .ok_or_else(|| RpcError::Config(format!("no server {server} in the cluster")))?;
+        let mut guard = slot.lock().await;
+        if let Some(c) = guard.as_ref() {
+            if !c.is_closed() {
+                return Ok(c.clone());
+            }
+        }
+        let c = Connection::connect(
+            server,
+            self.addrs[server.0 as usize],
+            &self.key,
+            self.role,
+            self.timeouts.connect,
+            self.timeouts.call,
+        )
+        .await?;
+        *guard = Some(c.clone());
+        Ok(c)
+    }
+
+    pub async fn call(
+        &self,
+        server: ServerId,
+        req: &Request,
+        data: &[u8],
+    ) -> Result<Response, RpcError> {
+        self.connection(server).await?.call(req, data).await
+    }
+}

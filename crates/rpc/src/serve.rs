@@ -1,0 +1,216 @@
+//! The server side of the transport: accept connections, authenticate them,
+//! read requests and run each in its own task (so one connection carries
+//! many in flight), and write responses back as they finish.
+
+use crate::conn::{header, random_nonce, read_frame, write_frame, Frame};
+use crate::error::RpcError;
+use crate::{log_debug, log_warn};
+use madfs_proto::auth::{self, Challenge, ClusterKey, Hello, Role};
+use madfs_proto::message::{encode_error_message, Op};
+use madfs_proto::{ErrorCode, Opcode, Reply, Request, WireError};
+use madfs_types::{RequestId, ServerId};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Mutex, Semaphore};
+
+/// Requests one connection may have running at once; beyond it the server
+/// stops reading from that connection (backpressure, bounded memory).
+pub const SERVER_IN_FLIGHT_MAX: usize = 256;
+/// Connections one server accepts at once.
+pub const CONNECTIONS_MAX: usize = 4096;
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Who sent a request.
+#[derive(Clone, Copy, Debug)]
+pub struct CallContext {
+    pub role: Role,
+    pub peer: SocketAddr,
+}
+
+/// What a server does with requests.
+pub trait Handler: Send + Sync + 'static {
+    fn handle(
+        &self,
+        ctx: CallContext,
+        req: Request,
+        data: Vec<u8>,
+    ) -> impl Future<Output = Result<(Reply, Vec<u8>), WireError>> + Send;
+}
+
+/// Accept connections forever.
+pub async fn serve<H: Handler>(
+    listener: TcpListener,
+    server_id: ServerId,
+    key: ClusterKey,
+    handler: Arc<H>,
+) {
+    let key = Arc::new(key);
+    let slots = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+    loop {
+        let permit = match slots.clone().acquire_owned().await {
+            Ok(p) => p,
+            Err(_) => return,
+        };
+        let (stream, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                log_warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let (key, handler) = (key.clone(), handler.clone());
+        tokio::spawn(async move {
+            if let Err(e) = connection(stream, peer, server_id, &key, handler).await {
+                log_warn!("connection from {peer} closed: {e}");
+            }
+            drop(permit);
+        });
+    }
+}
+
+async fn connection<H: Handler>(
+    stream: TcpStream,
+    peer: SocketAddr,
+    server_id: ServerId,
+    key: &ClusterKey,
+    handler: Arc<H>,
+) -> Result<(), RpcError> {
+    let (mut r, mut w) = stream.into_split();
+    let role = tokio::time::timeout(
+        HANDSHAKE_TIMEOUT,
+        accept_handshake(&mut r, &mut w, server_id, key),
+    )
+    .await
+    .map_err(|_| RpcError::Timeout("handshake".into()))??;
+    log_debug!("{peer} authenticated as {role:?}");
+    let ctx = CallContext { role, peer };
+    let writer = Arc::new(Mutex::new(w));
+    let in_flight = Arc::new(Semaphore::new(SERVER_IN_FLIGHT_MAX));
+    loop {
+        let permit = in_flight
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| RpcError::Io("closed".into()))?;
+        let frame = read_frame(&mut r, |h| {
+            Opcode::from_u16(h.opcode).is_some_and(Op::carries_data)
+        })
+        .await?;
+        let Some(Frame {
+            header: h,
+            body,
+            data,
+        }) = frame
+        else {
+            return Ok(());
+        };
+        if h.is_response {
+            return Err(ProtoErrorMsg("client sent a response frame").into());
+        }
+        // A malformed request closes the connection: after a decode error
+        // we cannot trust where the next frame starts.
+        let req = Request::decode(h.opcode, &body)?;
+        let (handler, writer) = (handler.clone(), writer.clone());
+        tokio::spawn(async move {
+            let result = if req.op.opcode().is_peer_only() && ctx.role != Role::Peer {
+                Err(WireError::new(
+                    ErrorCode::NotPermitted,
+                    "peer operation from a client",
+                ))
+            } else {
+                handler.handle(ctx, req, data).await
+            };
+            let (status, body, data) = match result {
+                Ok((reply, data)) => (0, reply.encode(), data),
+                Err(e) => (e.code as u16, encode_error_message(&e.message), Vec::new()),
+            };
+            let mut w = writer.lock().await;
+            if let Err(e) = write_frame(
+                &mut *w,
+                header(h.opcode, h.request_id, true, status, data.len()),
+                &body,
+                &data,
+            )
+            .await
+            {
+                log_debug!("writing response to {}: {e}", ctx.peer);
+            }
+            drop(permit);
+        });
+    }
+}
+
+struct ProtoErrorMsg(&'static str);
+impl From<ProtoErrorMsg> for RpcError {
+    fn from(m: ProtoErrorMsg) -> Self {
+        RpcError::Protocol(madfs_proto::ProtoError::BadValue(m.0))
+    }
+}
+
+async fn accept_handshake(
+    r: &mut tokio::net::tcp::OwnedReadHalf,
+    w: &mut OwnedWriteHalf,
+    server_id: ServerId,
+    key: &ClusterKey,
+) -> Result<Role, RpcError> {
+    let server_nonce = random_nonce();
+    let challenge = Challenge {
+        server_id,
+        server_nonce,
+    };
+    write_frame(
+        w,
+        header(Opcode::Challenge as u16, RequestId(0), true, 0, 0),
+        &challenge.encode(),
+        &[],
+    )
+    .await
+    .map_err(|e| RpcError::Io(e.to_string()))?;
+    let frame = read_frame(r, |_| false)
+        .await?
+        .ok_or_else(|| RpcError::Io("closed during handshake".into()))?;
+    if frame.header.opcode != Opcode::Hello as u16 {
+        return Err(RpcError::Auth(format!(
+            "expected Hello, got opcode {}",
+            frame.header.opcode
+        )));
+    }
+    let hello = Hello::decode(&frame.body)?;
+    let expected = key.client_proof(hello.role, &server_nonce, &hello.client_nonce);
+    if !auth::proofs_equal(&expected, &hello.proof) {
+        let msg = encode_error_message("wrong cluster key");
+        let _ = write_frame(
+            w,
+            header(
+                Opcode::Hello as u16,
+                RequestId(0),
+                true,
+                ErrorCode::AuthFailed as u16,
+                0,
+            ),
+            &msg,
+            &[],
+        )
+        .await;
+        return Err(RpcError::Auth(
+            "client presented a wrong cluster key".into(),
+        ));
+    }
+    let welcome = auth::encode_welcome(&key.server_proof(&server_nonce, &hello.client_nonce));
+    write_frame(
+        w,
+        header(Opcode::Hello as u16, RequestId(0), true, 0, 0),
+        &welcome,
+        &[],
+    )
+    .await
+    .map_err(|e| RpcError::Io(e.to_string()))?;
+    Ok(hello.role)
+}
