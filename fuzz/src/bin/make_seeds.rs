@@ -1,0 +1,191 @@
+//! Write a few valid frames into fuzz/seeds/ so the fuzzer starts from
+//! well-formed input instead of having to discover the magic and checksum.
+//! Run: `cd fuzz && cargo run --bin make_seeds`
+
+use madfs_proto::auth::{Challenge, Hello, Role};
+use madfs_proto::message::{encode_error_message, DirEntry, Entry, Op, SetAttrs};
+use madfs_proto::{ErrorCode, FrameHeader, Reply, Request};
+use madfs_types::{
+    Attr, ChunkIndex, Credentials, FileKind, FileName, InodeId, RequestId, ServerId, TimeSet,
+    Timestamp,
+};
+use std::path::Path;
+
+fn frame(is_response: bool, opcode: u16, status: u16, body: &[u8], data: &[u8]) -> Vec<u8> {
+    let header = FrameHeader {
+        is_response,
+        opcode,
+        request_id: RequestId(7),
+        body_len: body.len() as u32,
+        data_len: data.len() as u32,
+        status,
+        checksum: 0,
+    };
+    let mut out = header.encode(body).to_vec();
+    out.extend_from_slice(body);
+    out.extend_from_slice(data);
+    // Every seed must itself be a valid frame.
+    madfs_proto::frame::decode_frame(&out).expect("seed frame decodes");
+    out
+}
+
+fn request(op: Op, data: &[u8]) -> Vec<u8> {
+    let opcode = op.opcode() as u16;
+    let req = Request {
+        creds: Credentials {
+            uid: 1000,
+            gid: 100,
+            groups: vec![4, 27],
+        },
+        op,
+    };
+    frame(false, opcode, 0, &req.encode(), data)
+}
+
+fn name(s: &str) -> FileName {
+    FileName::new(s.as_bytes()).unwrap()
+}
+
+fn main() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds");
+    std::fs::create_dir_all(&dir).unwrap();
+    let ino = InodeId(42);
+    let attr = Attr {
+        ino,
+        kind: FileKind::File,
+        perm: 0o644,
+        nlink: 1,
+        uid: 1000,
+        gid: 100,
+        size: 3901,
+        atime: Timestamp { secs: 1, nanos: 2 },
+        mtime: Timestamp { secs: -3, nanos: 4 },
+        ctime: Timestamp {
+            secs: 5,
+            nanos: 999_999_999,
+        },
+        btime: Timestamp::default(),
+    };
+    let seeds: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "request-lookup",
+            request(
+                Op::Lookup {
+                    parent: InodeId::ROOT,
+                    name: name("a"),
+                },
+                &[],
+            ),
+        ),
+        (
+            "request-setattr",
+            request(
+                Op::SetAttr {
+                    ino,
+                    changes: SetAttrs {
+                        perm: Some(0o755),
+                        size: Some(1 << 40),
+                        mtime: TimeSet::At(Timestamp { secs: 9, nanos: 8 }),
+                        ..SetAttrs::default()
+                    },
+                },
+                &[],
+            ),
+        ),
+        (
+            "request-write",
+            request(
+                Op::Write {
+                    ino,
+                    chunk: ChunkIndex(0),
+                    offset: 0,
+                    file_size: 5,
+                },
+                b"hello",
+            ),
+        ),
+        (
+            "reply-entry",
+            frame(
+                true,
+                10,
+                0,
+                &Reply::Entry(Entry {
+                    ino,
+                    kind: FileKind::File,
+                    attr: Some(attr),
+                })
+                .encode(),
+                &[],
+            ),
+        ),
+        (
+            "reply-dirpage",
+            frame(
+                true,
+                20,
+                0,
+                &Reply::DirPage {
+                    entries: vec![
+                        DirEntry {
+                            name: name("f"),
+                            ino,
+                            kind: FileKind::File,
+                        },
+                        DirEntry {
+                            name: name("sub"),
+                            ino: InodeId(43),
+                            kind: FileKind::Dir,
+                        },
+                    ],
+                    more: true,
+                }
+                .encode(),
+                &[],
+            ),
+        ),
+        (
+            "reply-error",
+            frame(
+                true,
+                10,
+                ErrorCode::NotFound as u16,
+                &encode_error_message("no such name"),
+                &[],
+            ),
+        ),
+        (
+            "handshake-challenge",
+            frame(
+                true,
+                1,
+                0,
+                &Challenge {
+                    server_id: ServerId(3),
+                    server_nonce: [7; 32],
+                }
+                .encode(),
+                &[],
+            ),
+        ),
+        (
+            "handshake-hello",
+            frame(
+                false,
+                2,
+                0,
+                &Hello {
+                    role: Role::Client,
+                    client_nonce: [1; 32],
+                    proof: [2; 32],
+                }
+                .encode(),
+                &[],
+            ),
+        ),
+    ];
+    for (file, bytes) in seeds {
+        std::fs::write(dir.join(file), bytes).unwrap();
+    }
+    println!("wrote seeds to {}", dir.display());
+}
