@@ -92,7 +92,7 @@ impl ClusterConfig {
             }
         }
         if !(limits::CHUNK_SIZE_MIN_BYTES..=limits::CHUNK_SIZE_MAX_BYTES).contains(&self.chunk_size)
-            || self.chunk_size % 4096 != 0
+            || !self.chunk_size.is_multiple_of(4096)
         {
             return bad(format!(
                 "chunk_size {} must be a multiple of 4096 between {} and {}",

@@ -34,7 +34,7 @@ pub struct CallContext {
 /// What a server does with requests.
 pub trait Handler: Send + Sync + 'static {
     fn handle(
-        &self,
+        self: &Arc<Self>,
         ctx: CallContext,
         req: Request,
         data: Vec<u8>,

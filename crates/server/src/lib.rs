@@ -1,1 +1,77 @@
-//! placeholder
+//! The MadFS server: one process owning a shard of the metadata (RocksDB)
+//! and a share of the file data (chunk files on its local disk), serving
+//! clients and peer servers over the `rpc` transport.
+
+pub mod chunks;
+pub mod inode;
+pub mod keys;
+pub mod locks;
+pub mod perm;
+mod rename;
+mod service;
+pub mod sync;
+
+pub use service::Server;
+
+use madfs_rpc::{log_info, ClusterConfig};
+use madfs_types::ServerId;
+use std::fmt;
+use std::sync::Arc;
+
+#[derive(Debug)]
+pub enum ServerError {
+    Config(String),
+    Storage(String),
+    Bind(String),
+}
+
+impl fmt::Display for ServerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ServerError::Config(m) => write!(f, "configuration: {m}"),
+            ServerError::Storage(m) => write!(f, "storage: {m}"),
+            ServerError::Bind(m) => write!(f, "listening: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for ServerError {}
+
+/// Run server `id` of the cluster until SIGTERM or SIGINT, then make every
+/// acknowledged write durable and return.
+pub fn run(cfg: ClusterConfig, id: ServerId) -> Result<(), ServerError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("madfs-server")
+        .build()
+        .map_err(|e| ServerError::Config(format!("starting the runtime: {e}")))?;
+    rt.block_on(async move {
+        let entry = cfg
+            .server(id)
+            .ok_or_else(|| ServerError::Config(format!("no server {id} in the cluster file")))?
+            .clone();
+        let key = cfg.load_key().map_err(|e| ServerError::Config(e.to_string()))?;
+        let server = Arc::new(Server::open(&cfg, id, key.clone())?);
+        let listener = tokio::net::TcpListener::bind(entry.address)
+            .await
+            .map_err(|e| ServerError::Bind(format!("{}: {e}", entry.address)))?;
+        log_info!("server {id} listening on {}", entry.address);
+        server.clone().start_background();
+        let serving = tokio::spawn(madfs_rpc::serve::serve(listener, id, key, server.clone()));
+        wait_for_shutdown().await;
+        serving.abort();
+        server.shutdown().await;
+        log_info!("server {id} stopped");
+        Ok(())
+    })
+}
+
+async fn wait_for_shutdown() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,526 @@
+//! rename(2), the one namespace operation whose two names may live on two
+//! servers. The client sends it to A, the server of the source name; B is
+//! the server of the destination name. The inode itself never moves, so a
+//! directory's whole subtree follows it for free.
+//!
+//! When A == B, one atomic RocksDB batch deletes the old name and writes the
+//! new one. When A != B, A coordinates a two-phase protocol; what a crash
+//! (kill -9, or power loss: these writes are synced) at each step leaves:
+//!
+//! 1. A checks the source and permissions under its dentry lock.
+//!    Crash: nothing written; only the old name exists.
+//! 2. A writes intent RNTX(tx) = {source, destination, inode} (synced).
+//!    Crash: old name only; A's recovery asks B about tx (step 6).
+//! 3. A sends RenameInstall(tx) to B. B writes the new dentry and a marker
+//!    RNDN(A, tx) in one synced batch (replacing an existing target as POSIX
+//!    says: a file over a file, an empty directory over an empty directory).
+//!    Crash of B before its batch: old name only; A's recovery sees "not
+//!    installed". Crash after: both names are on disk until step 4 or 6.
+//! 4. A deletes the old dentry and the intent in one synced batch.
+//!    Crash before: A's recovery sees "installed" and finishes this step.
+//!    After: only the new name exists.
+//! 5. A tells B to forget the marker (best effort; a stale marker is a few
+//!    bytes and harmless).
+//! 6. Recovery (at A's start, and after a failed step 3): for every intent,
+//!    ask B with RenameResolve. "Installed" -> do step 4. "Not installed" ->
+//!    B first records tx as aborted (so a late-arriving install of tx is
+//!    refused) and A drops the intent. B unreachable -> retry later.
+//!
+//! So after recovery exactly one of the two names exists. While B is
+//! unreachable, step 3 fails with EIO and the outcome is settled by step 6.
+//! Whether a directory is moved into its own subtree is checked by the
+//! client on paths (and by the kernel for FUSE mounts).
+
+use crate::inode::Inode;
+use crate::keys;
+use crate::locks::LockKey;
+use crate::perm;
+use crate::service::{err, kv_err, Server};
+use madfs_kv::WriteBatch;
+use madfs_proto::codec::{Decoder, Encoder};
+use madfs_proto::message::{Op, Reply, RENAME_EXCHANGE, RENAME_NOREPLACE};
+use madfs_proto::{ErrorCode, WireError};
+use madfs_rpc::log_warn;
+use madfs_types::{dentry_server, Credentials, FileKind, FileName, InodeId, ServerId, TxId};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+const LOCK_WAIT: Duration = Duration::from_secs(10);
+const MARK_INSTALLED: u8 = 0;
+const MARK_REPLACED: u8 = 1;
+const MARK_ABORTED: u8 = 2;
+
+struct Intent {
+    src_parent: InodeId,
+    src_name: FileName,
+    dst_parent: InodeId,
+    dst_name: FileName,
+    ino: InodeId,
+    kind: FileKind,
+}
+
+impl Intent {
+    fn encode(&self) -> Vec<u8> {
+        let mut e = Encoder::new();
+        e.u8(1);
+        e.ino(self.src_parent);
+        e.name(&self.src_name);
+        e.ino(self.dst_parent);
+        e.name(&self.dst_name);
+        e.ino(self.ino);
+        e.kind(self.kind);
+        e.into_bytes()
+    }
+
+    fn decode(v: &[u8]) -> Option<Intent> {
+        let mut d = Decoder::new(v);
+        if d.u8().ok()? != 1 {
+            return None;
+        }
+        Some(Intent {
+            src_parent: d.ino().ok()?,
+            src_name: d.name().ok()?,
+            dst_parent: d.ino().ok()?,
+            dst_name: d.name().ok()?,
+            ino: d.ino().ok()?,
+            kind: d.kind().ok()?,
+        })
+    }
+}
+
+/// What installing a name did to an existing entry of that name.
+#[derive(Default)]
+struct Installed {
+    /// The target was already a link to the same inode: nothing changes.
+    same: bool,
+    replaced: Option<(InodeId, FileKind)>,
+    /// The replaced inode was local and lost its last link.
+    freed: Option<Inode>,
+}
+
+/// Put `(dst_parent, dst_name) -> ino` into `b`, replacing what is there as
+/// POSIX allows. `sealed` is the target directory the caller sealed empty.
+#[allow(clippy::too_many_arguments)]
+fn install_into(
+    srv: &Server,
+    b: &mut WriteBatch,
+    dst_parent: InodeId,
+    dst_name: &FileName,
+    ino: InodeId,
+    kind: FileKind,
+    noreplace: bool,
+    sealed: Option<InodeId>,
+) -> Result<Installed, WireError> {
+    let mut out = Installed::default();
+    if let Some((dk, dino)) = srv.load_dentry(dst_parent, dst_name)? {
+        if dino == ino {
+            out.same = true;
+            return Ok(out);
+        }
+        if noreplace {
+            return Err(err(ErrorCode::Exists, ""));
+        }
+        if kind == FileKind::Dir && dk != FileKind::Dir {
+            return Err(err(ErrorCode::NotDir, ""));
+        }
+        if kind != FileKind::Dir && dk == FileKind::Dir {
+            return Err(err(ErrorCode::IsDir, ""));
+        }
+        if dk == FileKind::Dir && sealed != Some(dino) {
+            return Err(err(ErrorCode::TryAgain, "the target directory changed"));
+        }
+        if dino.owner() == srv.id {
+            if let Some(mut victim) = srv.load_inode(dino)? {
+                if srv.unlink_inode(b, &mut victim, -1) == 0 {
+                    out.freed = Some(victim);
+                }
+            }
+        }
+        out.replaced = Some((dino, dk));
+    }
+    Server::put_dentry(b, dst_parent, dst_name, kind, ino);
+    Ok(out)
+}
+
+/// Work after a committed install: free, unlink remotely, announce.
+async fn after_install(srv: &Arc<Server>, done: &Installed) {
+    if let Some(victim) = &done.freed {
+        srv.after_free(victim);
+    }
+    if let Some((dino, dk)) = done.replaced {
+        if dino.owner() != srv.id {
+            if let Err(e) = srv.call_peer(dino.owner(), Op::AdjustLinks { ino: dino, delta: -1 }).await {
+                log_warn!("dropping a link of replaced {dino}: {e}");
+            }
+        }
+        if dk == FileKind::Dir {
+            srv.announce_removed(dino).await;
+        }
+    }
+}
+
+/// If the destination is a directory that `kind` may replace, seal it empty.
+async fn seal_target(
+    srv: &Server,
+    dst_parent: InodeId,
+    dst_name: &FileName,
+    ino: InodeId,
+    kind: FileKind,
+    noreplace: bool,
+) -> Result<(Option<InodeId>, Option<InodeId>), WireError> {
+    match srv.load_dentry(dst_parent, dst_name)? {
+        Some((FileKind::Dir, dino)) if kind == FileKind::Dir && dino != ino && !noreplace => {
+            srv.seal_empty_dir(dino).await?;
+            Ok((Some(dino), Some(dino)))
+        }
+        Some((_, dino)) => Ok((None, Some(dino))),
+        None => Ok((None, None)),
+    }
+}
+
+pub(crate) async fn rename(
+    srv: &Arc<Server>,
+    c: &Credentials,
+    sp: InodeId,
+    sn: &FileName,
+    dp: InodeId,
+    dn: &FileName,
+    flags: u32,
+) -> Result<(), WireError> {
+    if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
+        || flags & RENAME_NOREPLACE != 0 && flags & RENAME_EXCHANGE != 0
+    {
+        return Err(err(ErrorCode::InvalidArgument, "bad rename flags"));
+    }
+    let noreplace = flags & RENAME_NOREPLACE != 0;
+    let sdir = srv.dir_owner(sp).await?;
+    perm::check_dir_write(&sdir, c)?;
+    let ddir = srv.dir_owner(dp).await?;
+    perm::check_dir_write(&ddir, c)?;
+    let (kind, ino) = srv.load_dentry(sp, sn)?.ok_or_else(|| err(ErrorCode::NotFound, ""))?;
+    if sp == dp && sn == dn {
+        return Ok(());
+    }
+    if dp == ino {
+        return Err(err(ErrorCode::InvalidArgument, "cannot move a directory into itself"));
+    }
+    if sdir.perm & 0o1000 != 0 || ddir.perm & 0o1000 != 0 || (kind == FileKind::Dir && sp != dp && c.uid != 0) {
+        let a = srv.attr_of(ino).await?;
+        perm::check_sticky(&sdir, a.uid, c)?;
+        if kind == FileKind::Dir && sp != dp {
+            // Its ".." entry changes: that needs write access to it.
+            perm::check(&crate::service::owner_of(&a), c, perm::WRITE)?;
+        }
+    }
+    if ddir.perm & 0o1000 != 0 {
+        if let Some((_, dino)) = srv.load_dentry(dp, dn)? {
+            let a = srv.attr_of(dino).await?;
+            perm::check_sticky(&ddir, a.uid, c)?;
+        }
+    }
+    if flags & RENAME_EXCHANGE != 0 {
+        return exchange(srv, sp, sn, dp, dn).await;
+    }
+    if dentry_server(dp, dn, srv.servers) == srv.id {
+        rename_local(srv, sp, sn, dp, dn, ino, kind, noreplace).await
+    } else {
+        rename_remote(srv, sp, sn, dp, dn, ino, kind, noreplace).await
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn rename_local(
+    srv: &Arc<Server>,
+    sp: InodeId,
+    sn: &FileName,
+    dp: InodeId,
+    dn: &FileName,
+    ino: InodeId,
+    kind: FileKind,
+    noreplace: bool,
+) -> Result<(), WireError> {
+    let (sealed, target) = seal_target(srv, dp, dn, ino, kind, noreplace).await?;
+    let result = async {
+        srv.wait_unsealed(dp).await?;
+        let _gate = srv.locks.gate(dp).read().await;
+        let mut keys = vec![LockKey::Dentry(sp, sn), LockKey::Dentry(dp, dn), LockKey::Inode(ino)];
+        if let Some(t) = target {
+            keys.push(LockKey::Inode(t));
+        }
+        let guard = srv.locks.lock(&keys).await;
+        if srv.load_dentry(sp, sn)? != Some((kind, ino)) {
+            return Err(err(ErrorCode::TryAgain, "the source changed during rename"));
+        }
+        if srv.load_dentry(dp, dn)?.map(|(_, i)| i) != target {
+            return Err(err(ErrorCode::TryAgain, "the target changed during rename"));
+        }
+        let mut b = WriteBatch::new();
+        let done = install_into(srv, &mut b, dp, dn, ino, kind, noreplace, sealed)?;
+        if done.same {
+            return Ok(done);
+        }
+        b.delete(&keys::dentry(sp, sn));
+        srv.kv.write(b, false).map_err(kv_err)?;
+        drop(guard);
+        Ok(done)
+    }
+    .await;
+    match result {
+        Ok(done) => {
+            after_install(srv, &done).await;
+            Ok(())
+        }
+        Err(e) => {
+            if let Some(d) = sealed {
+                srv.unseal(d).await;
+            }
+            Err(e)
+        }
+    }
+}
+
+fn is_uncertain(e: &WireError) -> bool {
+    matches!(e.code, ErrorCode::Unavailable | ErrorCode::TimedOut | ErrorCode::Protocol)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn rename_remote(
+    srv: &Arc<Server>,
+    sp: InodeId,
+    sn: &FileName,
+    dp: InodeId,
+    dn: &FileName,
+    ino: InodeId,
+    kind: FileKind,
+    noreplace: bool,
+) -> Result<(), WireError> {
+    let b_server = dentry_server(dp, dn, srv.servers);
+    // Step 1.
+    let guard = srv.locks.lock(&[LockKey::Dentry(sp, sn), LockKey::Inode(ino)]).await;
+    if srv.load_dentry(sp, sn)? != Some((kind, ino)) {
+        return Err(err(ErrorCode::TryAgain, "the source changed during rename"));
+    }
+    // Step 2.
+    let tx = TxId(srv.next_tx.fetch_add(1, Ordering::Relaxed));
+    let intent = Intent { src_parent: sp, src_name: sn.clone(), dst_parent: dp, dst_name: dn.clone(), ino, kind };
+    let mut b = WriteBatch::new();
+    b.put(&keys::rename_intent(tx), &intent.encode());
+    srv.kv.write(b, true).map_err(kv_err)?;
+    // Step 3.
+    let install = Op::RenameInstall {
+        tx,
+        coordinator: srv.id,
+        dst_parent: dp,
+        dst_name: dn.clone(),
+        ino,
+        kind,
+        noreplace,
+    };
+    match srv.call_peer(b_server, install).await {
+        Err(e) if is_uncertain(&e) => {
+            drop(guard);
+            let me = srv.clone();
+            tokio::spawn(async move { settle(&me, tx, intent).await });
+            Err(err(ErrorCode::Io, format!("rename: server {b_server} did not answer ({}); it will be completed or undone", e.message)))
+        }
+        Err(e) => {
+            let mut b = WriteBatch::new();
+            b.delete(&keys::rename_intent(tx));
+            srv.kv.write(b, true).map_err(kv_err)?;
+            Err(e)
+        }
+        Ok(reply) => {
+            let same = matches!(reply, Reply::Installed { replaced: Some((r, _)) } if r == ino);
+            // Step 4 (unless the target already was this inode).
+            let mut b = WriteBatch::new();
+            if !same {
+                b.delete(&keys::dentry(sp, sn));
+            }
+            b.delete(&keys::rename_intent(tx));
+            srv.kv.write(b, true).map_err(kv_err)?;
+            drop(guard);
+            // Step 5.
+            let me = srv.clone();
+            tokio::spawn(async move {
+                let _ = me.call_peer(b_server, Op::RenameResolve { tx, coordinator: me.id, forget: true }).await;
+            });
+            Ok(())
+        }
+    }
+}
+
+/// Step 3 on B.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn install(
+    srv: &Arc<Server>,
+    tx: TxId,
+    coordinator: ServerId,
+    dp: InodeId,
+    dn: &FileName,
+    ino: InodeId,
+    kind: FileKind,
+    noreplace: bool,
+) -> Result<Option<(InodeId, FileKind)>, WireError> {
+    let marker = keys::rename_done(coordinator, tx);
+    if let Some(v) = srv.kv.get(&marker).map_err(kv_err)? {
+        return match decode_marker(&v) {
+            Some(Marker::Aborted) => Err(err(ErrorCode::Stale, "rename was aborted")),
+            Some(Marker::Installed(r)) => Ok(r), // a retry: already done
+            None => Err(err(ErrorCode::Io, "corrupt rename marker")),
+        };
+    }
+    if !srv.holds_dentry(dp, dn) {
+        return Err(err(ErrorCode::Stale, "destination name is not held by this server"));
+    }
+    let (sealed, target) = seal_target(srv, dp, dn, ino, kind, noreplace).await?;
+    let result = async {
+        srv.wait_unsealed(dp).await?;
+        let _gate = srv.locks.gate(dp).read().await;
+        srv.dir_owner(dp).await?;
+        let mut keys = vec![LockKey::Dentry(dp, dn)];
+        if let Some(t) = target {
+            keys.push(LockKey::Inode(t));
+        }
+        let guard = tokio::time::timeout(LOCK_WAIT, srv.locks.lock(&keys))
+            .await
+            .map_err(|_| err(ErrorCode::TryAgain, "destination busy"))?;
+        if srv.load_dentry(dp, dn)?.map(|(_, i)| i) != target {
+            return Err(err(ErrorCode::TryAgain, "the target changed during rename"));
+        }
+        let mut b = WriteBatch::new();
+        let done = install_into(srv, &mut b, dp, dn, ino, kind, noreplace, sealed)?;
+        let replaced = if done.same { Some((ino, kind)) } else { done.replaced };
+        b.put(&marker, &encode_marker(&Marker::Installed(replaced)));
+        srv.kv.write(b, true).map_err(kv_err)?;
+        drop(guard);
+        Ok((done, replaced))
+    }
+    .await;
+    match result {
+        Ok((done, replaced)) => {
+            after_install(srv, &done).await;
+            Ok(replaced)
+        }
+        Err(e) => {
+            if let Some(d) = sealed {
+                srv.unseal(d).await;
+            }
+            Err(e)
+        }
+    }
+}
+
+enum Marker {
+    Installed(Option<(InodeId, FileKind)>),
+    Aborted,
+}
+
+fn encode_marker(m: &Marker) -> Vec<u8> {
+    let mut e = Encoder::new();
+    match m {
+        Marker::Installed(None) => e.u8(MARK_INSTALLED),
+        Marker::Installed(Some((i, k))) => {
+            e.u8(MARK_REPLACED);
+            e.ino(*i);
+            e.kind(*k);
+        }
+        Marker::Aborted => e.u8(MARK_ABORTED),
+    }
+    e.into_bytes()
+}
+
+fn decode_marker(v: &[u8]) -> Option<Marker> {
+    let mut d = Decoder::new(v);
+    match d.u8().ok()? {
+        MARK_INSTALLED => Some(Marker::Installed(None)),
+        MARK_REPLACED => Some(Marker::Installed(Some((d.ino().ok()?, d.kind().ok()?)))),
+        MARK_ABORTED => Some(Marker::Aborted),
+        _ => None,
+    }
+}
+
+/// Step 6 on B: was tx installed? If not, make sure it never will be.
+pub(crate) fn resolve(srv: &Server, tx: TxId, coordinator: ServerId, forget: bool) -> Result<bool, WireError> {
+    let marker = keys::rename_done(coordinator, tx);
+    let installed = match srv.kv.get(&marker).map_err(kv_err)? {
+        Some(v) => matches!(decode_marker(&v), Some(Marker::Installed(_))),
+        None => false,
+    };
+    let mut b = WriteBatch::new();
+    if forget {
+        b.delete(&marker);
+    } else if !installed {
+        b.put(&marker, &encode_marker(&Marker::Aborted));
+    }
+    srv.kv.write(b, true).map_err(kv_err)?;
+    Ok(installed)
+}
+
+/// Step 6 on A for one intent: retry until B answers.
+async fn settle(srv: &Arc<Server>, tx: TxId, intent: Intent) {
+    let b_server = dentry_server(intent.dst_parent, &intent.dst_name, srv.servers);
+    let mut wait = Duration::from_millis(200);
+    loop {
+        let q = Op::RenameResolve { tx, coordinator: srv.id, forget: false };
+        match srv.call_peer(b_server, q).await {
+            Ok(Reply::Resolved { installed }) => {
+                let _g = srv.locks.lock(&[LockKey::Dentry(intent.src_parent, &intent.src_name)]).await;
+                let mut b = WriteBatch::new();
+                if installed
+                    && srv.load_dentry(intent.src_parent, &intent.src_name).ok().flatten()
+                        == Some((intent.kind, intent.ino))
+                {
+                    b.delete(&keys::dentry(intent.src_parent, &intent.src_name));
+                }
+                b.delete(&keys::rename_intent(tx));
+                match srv.kv.write(b, true) {
+                    Ok(()) => {
+                        let _ = srv.call_peer(b_server, Op::RenameResolve { tx, coordinator: srv.id, forget: true }).await;
+                        return;
+                    }
+                    Err(e) => log_warn!("settling rename {tx:?}: {e}"),
+                }
+            }
+            Ok(other) => log_warn!("settling rename {tx:?}: unexpected reply {other:?}"),
+            Err(e) => log_warn!("settling rename {tx:?} with server {b_server}: {e}"),
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(10));
+    }
+}
+
+/// Finish every rename a crash interrupted.
+pub(crate) async fn recover(srv: &Arc<Server>) {
+    let intents = match srv.kv.scan(keys::RENAME_INTENT, keys::RENAME_INTENT, 100_000) {
+        Ok(v) => v,
+        Err(e) => {
+            log_warn!("scanning rename intents: {e}");
+            return;
+        }
+    };
+    for (k, v) in intents {
+        let Some(tx) = k.get(4..12).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes) else { continue };
+        match Intent::decode(&v) {
+            Some(intent) => settle(srv, TxId(tx), intent).await,
+            None => log_warn!("corrupt rename intent {tx}"),
+        }
+    }
+}
+
+/// RENAME_EXCHANGE: swap two names held by this server atomically.
+async fn exchange(srv: &Arc<Server>, sp: InodeId, sn: &FileName, dp: InodeId, dn: &FileName) -> Result<(), WireError> {
+    if !srv.holds_dentry(dp, dn) {
+        return Err(err(
+            ErrorCode::NotSupported,
+            "RENAME_EXCHANGE of names held by two servers is not supported yet",
+        ));
+    }
+    let _g = srv.locks.lock(&[LockKey::Dentry(sp, sn), LockKey::Dentry(dp, dn)]).await;
+    let (sk, si) = srv.load_dentry(sp, sn)?.ok_or_else(|| err(ErrorCode::NotFound, ""))?;
+    let (dk, di) = srv.load_dentry(dp, dn)?.ok_or_else(|| err(ErrorCode::NotFound, ""))?;
+    let mut b = WriteBatch::new();
+    Server::put_dentry(&mut b, sp, sn, dk, di);
+    Server::put_dentry(&mut b, dp, dn, sk, si);
+    srv.kv.write(b, false).map_err(kv_err)
+}
