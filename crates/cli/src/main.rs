@@ -1,1 +1,127 @@
-fn main() {}
+//! `madfs`: the one binary. Runs a server, starts and stops a local cluster,
+//! and offers file commands over the client library (no mount needed).
+
+mod cluster_cmd;
+mod files;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "madfs",
+    version,
+    about = "MadFS: a user-space distributed parallel file system"
+)]
+struct Cli {
+    /// Cluster file (default: $MADFS_CLUSTER, else ./madfs-data/cluster.toml)
+    #[arg(long, global = true)]
+    cluster: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one server of a cluster (in the foreground).
+    Server {
+        /// This server's id in the cluster file.
+        #[arg(long)]
+        id: u16,
+    },
+    /// Start a local cluster on 127.0.0.1 and wait until every server answers.
+    Up {
+        /// Number of servers (for a new cluster).
+        #[arg(long, default_value_t = 4)]
+        servers: u16,
+        /// Where data, logs, the cluster file and the key go.
+        #[arg(long, default_value = "madfs-data")]
+        data: PathBuf,
+        /// Chunk size in bytes (for a new cluster).
+        #[arg(long, default_value_t = madfs_types::limits::CHUNK_SIZE_DEFAULT_BYTES)]
+        chunk_size: u64,
+        /// First TCP port (default: free ports chosen by the OS).
+        #[arg(long)]
+        base_port: Option<u16>,
+    },
+    /// Stop the local cluster started by `madfs up`.
+    Down {
+        #[arg(long, default_value = "madfs-data")]
+        data: PathBuf,
+    },
+    /// Show every server: address, up/down, inodes, bytes used.
+    Status,
+    /// List directory contents.
+    Ls {
+        /// Long format: mode, links, owner, size, mtime.
+        #[arg(short = 'l')]
+        long: bool,
+        #[arg(default_value = "/")]
+        paths: Vec<String>,
+    },
+    /// Show a file's attributes.
+    Stat { paths: Vec<String> },
+    /// Make directories.
+    Mkdir {
+        /// Make parents as needed; no error if it exists.
+        #[arg(short = 'p')]
+        parents: bool,
+        /// Permission bits, octal.
+        #[arg(short = 'm', default_value = "755")]
+        mode: String,
+        #[arg(required = true)]
+        paths: Vec<String>,
+    },
+    /// Copy a local file into MadFS ("-" reads stdin).
+    Put { local: PathBuf, remote: String },
+    /// Copy a MadFS file to a local file ("-" writes stdout).
+    Get { remote: String, local: PathBuf },
+    /// Print files to stdout.
+    Cat {
+        #[arg(required = true)]
+        paths: Vec<String>,
+    },
+    /// Remove files (and with -r, directories and their contents).
+    Rm {
+        #[arg(short = 'r')]
+        recursive: bool,
+        /// Ignore missing files.
+        #[arg(short = 'f')]
+        force: bool,
+        #[arg(required = true)]
+        paths: Vec<String>,
+    },
+    /// Rename or move a file or directory.
+    Mv { from: String, to: String },
+    /// Make a hard link (or with -s, a symbolic link).
+    Ln {
+        #[arg(short = 's')]
+        symbolic: bool,
+        target: String,
+        link: String,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Server { id } => cluster_cmd::server(cli.cluster.as_deref(), id),
+        Command::Up {
+            servers,
+            data,
+            chunk_size,
+            base_port,
+        } => cluster_cmd::up(servers, &data, chunk_size, base_port),
+        Command::Down { data } => cluster_cmd::down(&data),
+        Command::Status => cluster_cmd::status(cli.cluster.as_deref()),
+        other => files::run(cli.cluster.as_deref(), other),
+    };
+    match result {
+        Ok(code) => code,
+        Err(msg) => {
+            eprintln!("madfs: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! `madfs server`, `up`, `down` and `status`: running servers and the
+//! one-command local cluster.
+
+use madfs_rpc::cluster::{generate_key, write_key_file};
+use madfs_rpc::{ClusterConfig, ServerEntry};
+use madfs_types::ServerId;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+const CLUSTER_FILE: &str = "cluster.toml";
+const KEY_FILE: &str = "cluster.key";
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub fn server(cluster: Option<&Path>, id: u16) -> Result<ExitCode, String> {
+    let path = ClusterConfig::locate(cluster);
+    let cfg = ClusterConfig::load(&path).map_err(|e| e.to_string())?;
+    madfs_server::run(cfg, ServerId(id)).map_err(|e| format!("server {id}: {e}"))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn absolute(p: &Path) -> Result<PathBuf, String> {
+    if p.is_absolute() {
+        Ok(p.to_path_buf())
+    } else {
+        Ok(std::env::current_dir().map_err(|e| e.to_string())?.join(p))
+    }
+}
+
+fn pid_file(data: &Path, id: u16) -> PathBuf {
+    data.join(format!("server-{id}.pid"))
+}
+
+fn log_file(data: &Path, id: u16) -> PathBuf {
+    data.join(format!("server-{id}.log"))
+}
+
+/// A running madfs process with this pid? (Guards against recycled pids.)
+fn madfs_alive(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks that the process exists.
+    if unsafe { libc::kill(pid, 0) } != 0 {
+        return false;
+    }
+    match std::fs::read(format!("/proc/{pid}/cmdline")) {
+        Ok(cmd) => {
+            let text = String::from_utf8_lossy(&cmd);
+            text.contains("madfs") && text.contains("server")
+        }
+        Err(_) => false,
+    }
+}
+
+fn read_pid(data: &Path, id: u16) -> Option<i32> {
+    std::fs::read_to_string(pid_file(data, id))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+fn free_port() -> Result<u16, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| format!("finding a free port: {e}"))?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+pub fn up(
+    servers: u16,
+    data: &Path,
+    chunk_size: u64,
+    base_port: Option<u16>,
+) -> Result<ExitCode, String> {
+    let data = absolute(data)?;
+    std::fs::create_dir_all(&data).map_err(|e| format!("{}: {e}", data.display()))?;
+    let cfg_path = data.join(CLUSTER_FILE);
+    let cfg = if cfg_path.exists() {
+        // Restart an existing cluster with its data, ports and key.
+        ClusterConfig::load(&cfg_path).map_err(|e| e.to_string())?
+    } else {
+        if servers == 0 || servers as usize > madfs_types::limits::SERVERS_MAX {
+            return Err(format!(
+                "--servers must be between 1 and {}",
+                madfs_types::limits::SERVERS_MAX
+            ));
+        }
+        let mut entries = Vec::new();
+        for id in 0..servers {
+            let port = match base_port {
+                Some(b) => b.checked_add(id).ok_or("--base-port too high")?,
+                None => free_port()?,
+            };
+            entries.push(ServerEntry {
+                id,
+                address: format!("127.0.0.1:{port}").parse().expect("valid address"),
+                data_dir: data.join(format!("server-{id}")),
+            });
+        }
+        let cfg = ClusterConfig {
+            cluster_id: format!("madfs-local-{}", std::process::id()),
+            chunk_size,
+            key_file: PathBuf::from(KEY_FILE),
+            servers: entries,
+        };
+        cfg.validate().map_err(|e| e.to_string())?;
+        write_key_file(&data.join(KEY_FILE), &generate_key())
+            .map_err(|e| format!("writing the key: {e}"))?;
+        std::fs::write(&cfg_path, cfg.to_toml())
+            .map_err(|e| format!("writing {}: {e}", cfg_path.display()))?;
+        ClusterConfig::load(&cfg_path).map_err(|e| e.to_string())?
+    };
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut started = Vec::new();
+    for s in &cfg.servers {
+        if read_pid(&data, s.id).is_some_and(madfs_alive) {
+            continue;
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log_file(&data, s.id))
+            .map_err(|e| e.to_string())?;
+        let mut cmd = Command::new(&exe);
+        cmd.arg("server")
+            .arg("--cluster")
+            .arg(&cfg_path)
+            .arg("--id")
+            .arg(s.id.to_string());
+        cmd.stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log);
+        // Own process group: a Ctrl-C in this terminal must not kill the cluster.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("starting server {}: {e}", s.id))?;
+        std::fs::write(pid_file(&data, s.id), child.id().to_string()).map_err(|e| e.to_string())?;
+        started.push((s.id, child));
+    }
+    // Wait until every server answers a request.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let client = madfs_client::Client::connect(Some(&cfg_path)).map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        let stats = rt.block_on(client.server_stats());
+        let down: Vec<ServerId> = stats
+            .iter()
+            .filter(|(_, r)| r.is_err())
+            .map(|(id, _)| *id)
+            .collect();
+        if down.is_empty() {
+            break;
+        }
+        for (id, child) in started.iter_mut() {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!(
+                    "server {id} exited ({status}) during start-up; its log says:\n{}",
+                    tail(&log_file(&data, *id))
+                ));
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "servers {down:?} did not answer within {START_TIMEOUT:?}; see their logs in {}",
+                data.display()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!(
+        "MadFS cluster up: {} servers, data in {}",
+        cfg.server_count(),
+        data.display()
+    );
+    println!();
+    println!("  export MADFS_CLUSTER={}", cfg_path.display());
+    println!("  madfs status                   # servers, inodes, bytes");
+    println!("  madfs put ./file /file         # copy in;  madfs get /file ./copy to copy out");
+    println!("  madfs ls -l /                  # also: stat, cat, mkdir, rm, mv, ln");
+    println!("  madfs down --data {}   # stop it", data.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn tail(path: &Path) -> String {
+    let mut s = String::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let _ = f.read_to_string(&mut s);
+    }
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+pub fn down(data: &Path) -> Result<ExitCode, String> {
+    let data = absolute(data)?;
+    let cfg_path = data.join(CLUSTER_FILE);
+    let cfg = ClusterConfig::load(&cfg_path)
+        .map_err(|e| format!("no local cluster in {}: {e}", data.display()))?;
+    let mut pids = Vec::new();
+    for s in &cfg.servers {
+        if let Some(pid) = read_pid(&data, s.id) {
+            if madfs_alive(pid) {
+                // SAFETY: sending SIGTERM to a process we started.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+                pids.push((s.id, pid));
+            }
+        }
+    }
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    for (id, pid) in &pids {
+        while madfs_alive(*pid) && Instant::now() < deadline {
+            reap(*pid);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if madfs_alive(*pid) {
+            eprintln!("server {id} (pid {pid}) did not stop in {STOP_TIMEOUT:?}; killing it");
+            // SAFETY: as above.
+            unsafe { libc::kill(*pid, libc::SIGKILL) };
+        }
+    }
+    for s in &cfg.servers {
+        let _ = std::fs::remove_file(pid_file(&data, s.id));
+    }
+    println!(
+        "MadFS cluster down: stopped {} servers (data kept in {})",
+        pids.len(),
+        data.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Collect the exit status if the server is our child (it is not when
+/// `up` ran in another process); a zombie would look alive.
+fn reap(pid: i32) {
+    let mut status = 0;
+    // SAFETY: WNOHANG never blocks; ECHILD for non-children is fine.
+    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+}
+
+pub fn status(cluster: Option<&Path>) -> Result<ExitCode, String> {
+    let path = ClusterConfig::locate(cluster);
+    let cfg = ClusterConfig::load(&path).map_err(|e| e.to_string())?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let client = madfs_client::Client::connect(Some(&path)).map_err(|e| e.to_string())?;
+    let stats = rt.block_on(client.server_stats());
+    println!(
+        "{:<4} {:<22} {:<5} {:>10} {:>14} {:>14}",
+        "ID", "ADDRESS", "STATE", "INODES", "DATA BYTES", "DISK FREE"
+    );
+    let mut all_up = true;
+    for (id, r) in stats {
+        let addr = cfg
+            .server(id)
+            .map(|s| s.address.to_string())
+            .unwrap_or_default();
+        match r {
+            Ok(s) => println!(
+                "{:<4} {:<22} {:<5} {:>10} {:>14} {:>14}",
+                id.0, addr, "up", s.inodes, s.data_bytes, s.bytes_avail
+            ),
+            Err(e) => {
+                all_up = false;
+                println!(
+                    "{:<4} {:<22} {:<5} {:>10} {:>14} {:>14}  ({e})",
+                    id.0, addr, "down", "-", "-", "-"
+                );
+            }
+        }
+    }
+    Ok(if all_up {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

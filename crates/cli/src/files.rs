@@ -1,0 +1,328 @@
+//! File commands over the client library, no mount needed: ls, stat, mkdir,
+//! put, get, cat, rm, mv, ln. Errors print like coreutils: the command, the
+//! path, and what went wrong.
+
+use crate::Command;
+use madfs_client::{Attr, Client, ClientError, FileKind, OpenOptions};
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::ExitCode;
+
+/// Bytes moved per request by put/get: a few chunks in flight at once.
+const COPY_BLOCK_BYTES: usize = 8 * 1024 * 1024;
+
+pub fn run(cluster: Option<&Path>, cmd: Command) -> Result<ExitCode, String> {
+    let client = Client::connect(cluster).map_err(|e| e.to_string())?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(run_async(&client, cmd))
+}
+
+fn fail(cmd: &str, path: &str, e: ClientError) -> String {
+    format!("{cmd}: cannot access '{path}': {}", e.code.describe())
+}
+
+async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
+    let mut failed = false;
+    match cmd {
+        Command::Ls { long, paths } => {
+            let many = paths.len() > 1;
+            for p in &paths {
+                match c.lstat(p.as_str()).await {
+                    Err(e) => {
+                        eprintln!("madfs ls: cannot access '{p}': {}", e.code.describe());
+                        failed = true;
+                    }
+                    Ok(a) if a.kind != FileKind::Dir => print_entry(c, p, p, &a, long).await,
+                    Ok(_) => {
+                        if many {
+                            println!("{p}:");
+                        }
+                        let entries = c.read_dir(p.as_str()).await.map_err(|e| fail("ls", p, e))?;
+                        for ent in entries {
+                            let name = ent.name.to_string_lossy();
+                            let full = format!("{}/{}", p.trim_end_matches('/'), name);
+                            match c.lstat(full.as_str()).await {
+                                Ok(a) => print_entry(c, &full, &name, &a, long).await,
+                                // Removed between readdir and stat: skip.
+                                Err(_) => continue,
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Command::Stat { paths } => {
+            for p in &paths {
+                match c.lstat(p.as_str()).await {
+                    Ok(a) => print_stat(p, &a),
+                    Err(e) => {
+                        eprintln!("madfs stat: cannot stat '{p}': {}", e.code.describe());
+                        failed = true;
+                    }
+                }
+            }
+        }
+        Command::Mkdir {
+            parents,
+            mode,
+            paths,
+        } => {
+            let perm = u32::from_str_radix(&mode, 8)
+                .map_err(|_| format!("mkdir: invalid mode '{mode}'"))?;
+            if perm > 0o7777 {
+                return Err(format!("mkdir: invalid mode '{mode}'"));
+            }
+            for p in &paths {
+                let r = if parents {
+                    c.mkdir_all(p.as_str(), perm).await
+                } else {
+                    c.mkdir(p.as_str(), perm).await
+                };
+                if let Err(e) = r {
+                    eprintln!(
+                        "madfs mkdir: cannot create directory '{p}': {}",
+                        e.code.describe()
+                    );
+                    failed = true;
+                }
+            }
+        }
+        Command::Put { local, remote } => put(c, &local, &remote).await?,
+        Command::Get { remote, local } => get(c, &remote, &local).await?,
+        Command::Cat { paths } => {
+            let mut out = std::io::stdout().lock();
+            for p in &paths {
+                if let Err(e) = copy_out(c, p, &mut out).await {
+                    eprintln!("madfs cat: {p}: {e}");
+                    failed = true;
+                }
+            }
+        }
+        Command::Rm {
+            recursive,
+            force,
+            paths,
+        } => {
+            for p in &paths {
+                let r = match c.lstat(p.as_str()).await {
+                    Ok(a) if a.kind == FileKind::Dir => {
+                        if recursive {
+                            c.remove_dir_all(p.as_str()).await
+                        } else {
+                            eprintln!("madfs rm: cannot remove '{p}': Is a directory (use -r)");
+                            failed = true;
+                            continue;
+                        }
+                    }
+                    Ok(_) => c.remove_file(p.as_str()).await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = r {
+                    if !(force && e.code == madfs_client::ErrorCode::NotFound) {
+                        eprintln!("madfs rm: cannot remove '{p}': {}", e.code.describe());
+                        failed = true;
+                    }
+                }
+            }
+        }
+        Command::Mv { from, to } => {
+            // Like mv: moving onto an existing directory moves into it.
+            let target = match c.stat(to.as_str()).await {
+                Ok(a) if a.kind == FileKind::Dir => {
+                    let base = from
+                        .trim_end_matches('/')
+                        .rsplit('/')
+                        .next()
+                        .unwrap_or(&from)
+                        .to_string();
+                    format!("{}/{}", to.trim_end_matches('/'), base)
+                }
+                _ => to.clone(),
+            };
+            c.rename(from.as_str(), target.as_str())
+                .await
+                .map_err(|e| {
+                    format!(
+                        "mv: cannot move '{from}' to '{target}': {}",
+                        e.code.describe()
+                    )
+                })?;
+        }
+        Command::Ln {
+            symbolic,
+            target,
+            link,
+        } => {
+            let r = if symbolic {
+                c.symlink(target.as_str(), link.as_str()).await
+            } else {
+                c.hard_link(target.as_str(), link.as_str()).await
+            };
+            r.map_err(|e| {
+                format!(
+                    "ln: failed to create link '{link}' -> '{target}': {}",
+                    e.code.describe()
+                )
+            })?;
+        }
+        Command::Server { .. } | Command::Up { .. } | Command::Down { .. } | Command::Status => {
+            unreachable!("handled in main")
+        }
+    }
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+async fn put(c: &Client, local: &Path, remote: &str) -> Result<(), String> {
+    let mut input: Box<dyn Read> = if local == Path::new("-") {
+        Box::new(std::io::stdin().lock())
+    } else {
+        Box::new(
+            std::fs::File::open(local)
+                .map_err(|e| format!("put: cannot open '{}': {e}", local.display()))?,
+        )
+    };
+    let opts = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .perm(0o644);
+    let f = c
+        .open(remote, opts)
+        .await
+        .map_err(|e| fail("put", remote, e))?;
+    let mut buf = vec![0u8; COPY_BLOCK_BYTES];
+    let mut offset = 0u64;
+    loop {
+        let mut filled = 0;
+        while filled < buf.len() {
+            match input.read(&mut buf[filled..]) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(format!("put: reading '{}': {e}", local.display())),
+            }
+        }
+        if filled == 0 {
+            break;
+        }
+        f.write_at(offset, &buf[..filled])
+            .await
+            .map_err(|e| fail("put", remote, e))?;
+        offset += filled as u64;
+    }
+    f.close().await.map_err(|e| fail("put", remote, e))
+}
+
+async fn copy_out(c: &Client, remote: &str, out: &mut dyn Write) -> Result<(), String> {
+    let f = c
+        .open(remote, OpenOptions::new().read(true))
+        .await
+        .map_err(|e| e.code.describe().to_string())?;
+    if f.attr().kind == FileKind::Dir {
+        return Err("Is a directory".into());
+    }
+    let size = f.size();
+    let mut offset = 0u64;
+    while offset < size {
+        let n = ((size - offset) as usize).min(COPY_BLOCK_BYTES);
+        let data = f.read_at(offset, n).await.map_err(|e| e.to_string())?;
+        if data.is_empty() {
+            break;
+        }
+        out.write_all(&data)
+            .map_err(|e| format!("writing output: {e}"))?;
+        offset += data.len() as u64;
+    }
+    out.flush().map_err(|e| format!("writing output: {e}"))?;
+    f.close().await.map_err(|e| e.to_string())
+}
+
+async fn get(c: &Client, remote: &str, local: &Path) -> Result<(), String> {
+    if local == Path::new("-") {
+        return copy_out(c, remote, &mut std::io::stdout().lock())
+            .await
+            .map_err(|e| format!("get: {remote}: {e}"));
+    }
+    let mut out = std::fs::File::create(local)
+        .map_err(|e| format!("get: cannot create '{}': {e}", local.display()))?;
+    copy_out(c, remote, &mut out)
+        .await
+        .map_err(|e| format!("get: {remote}: {e}"))
+}
+
+fn mode_string(a: &Attr) -> String {
+    let mut s = String::with_capacity(10);
+    s.push(match a.kind {
+        FileKind::Dir => 'd',
+        FileKind::Symlink => 'l',
+        FileKind::File => '-',
+    });
+    let p = a.perm;
+    for (shift, special, ch) in [(6, 0o4000, 's'), (3, 0o2000, 's'), (0, 0o1000, 't')] {
+        let bits = (p >> shift) & 7;
+        s.push(if bits & 4 != 0 { 'r' } else { '-' });
+        s.push(if bits & 2 != 0 { 'w' } else { '-' });
+        let x = bits & 1 != 0;
+        s.push(match (p & special != 0, x) {
+            (true, true) => ch,
+            (true, false) => ch.to_ascii_uppercase(),
+            (false, true) => 'x',
+            (false, false) => '-',
+        });
+    }
+    s
+}
+
+async fn print_entry(c: &Client, full: &str, name: &str, a: &Attr, long: bool) {
+    if !long {
+        println!("{name}");
+        return;
+    }
+    let link = if a.kind == FileKind::Symlink {
+        match c.read_link(full).await {
+            Ok(t) => format!(" -> {}", String::from_utf8_lossy(&t)),
+            Err(_) => String::new(),
+        }
+    } else {
+        String::new()
+    };
+    println!(
+        "{} {:>3} {:>6} {:>6} {:>12} {:>11} {name}{link}",
+        mode_string(a),
+        a.nlink,
+        a.uid,
+        a.gid,
+        a.size,
+        a.mtime.secs
+    );
+}
+
+fn print_stat(path: &str, a: &Attr) {
+    let kind = match a.kind {
+        FileKind::File => "regular file",
+        FileKind::Dir => "directory",
+        FileKind::Symlink => "symbolic link",
+    };
+    println!("  File: {path}");
+    println!("  Size: {:<12} Blocks: {:<10} {kind}", a.size, a.blocks());
+    println!("Inode: {:<13} Links: {}", a.ino, a.nlink);
+    println!(
+        "Access: ({:04o}/{})  Uid: {}  Gid: {}",
+        a.perm,
+        mode_string(a),
+        a.uid,
+        a.gid
+    );
+    println!("Access: {}.{:09}", a.atime.secs, a.atime.nanos);
+    println!("Modify: {}.{:09}", a.mtime.secs, a.mtime.nanos);
+    println!("Change: {}.{:09}", a.ctime.secs, a.ctime.nanos);
+    println!(" Birth: {}.{:09}", a.btime.secs, a.btime.nanos);
+}
