@@ -1,0 +1,586 @@
+//! The async client and its inode-level API: each method is one operation of
+//! the protocol (or a fan-out of one to several servers), sent to the server
+//! the placement functions name. The FUSE adapter maps its callbacks onto
+//! these one to one; the path-level API (path.rs) and open files (file.rs)
+//! are built on them.
+
+use crate::chunk::{clamp_read, fill_piece, split_range};
+use crate::dir::{merge_pages, DirCursor, Page};
+use crate::error::{ClientError, Result};
+use crate::join::{join_bounded, try_join_bounded, IN_FLIGHT_PER_CALL};
+use madfs_proto::auth::{ClusterKey, Role};
+use madfs_proto::message::{DirEntry, Entry, FsStats, SetAttrs};
+use madfs_proto::{ErrorCode, Op, Reply, Request};
+use madfs_rpc::pool::Timeouts;
+use madfs_rpc::{ClusterConfig, Pool, Response};
+use madfs_types::{
+    chunk_server, dentry_server, limits, Attr, Credentials, FileKind, FileName, InodeId, ServerId,
+    Timestamp,
+};
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Requests a fan-out to every server keeps in flight at once: all of a
+/// typical cluster, without opening thousands of sockets at once on a huge one.
+const FANOUT_MAX: usize = 128;
+
+/// A handle on a cluster. Cheap to clone (the connection pool is shared);
+/// `Send + Sync`, so one client serves every thread of a process.
+#[derive(Clone)]
+pub struct Client {
+    pool: Arc<Pool>,
+    creds: Arc<Credentials>,
+    chunk_size: u64,
+    timeouts: Timeouts,
+}
+
+/// What a `Client::write` did, for the open file's bookkeeping.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WriteOutcome {
+    /// Servers that acknowledged data and must be fsynced for durability.
+    pub servers_written: Vec<ServerId>,
+    /// Whether any chunk past chunk 0 was written: only the owner (holding
+    /// chunk 0) grows the size as it writes, so such a write needs an
+    /// `UpdateSize` at close or fsync.
+    pub touched_non_zero_chunk: bool,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("servers", &self.server_count())
+            .field("chunk_size", &self.chunk_size)
+            .field("creds", &self.creds)
+            .finish()
+    }
+}
+
+impl Client {
+    /// Read the cluster file (`cluster_file`, else $MADFS_CLUSTER, else
+    /// ./madfs-data/cluster.toml) and its key. No server is contacted yet:
+    /// connections open on first use, so an unreachable server shows up as an
+    /// error of the first operation that needs it.
+    pub fn connect(cluster_file: Option<&Path>) -> Result<Client> {
+        let path = ClusterConfig::locate(cluster_file);
+        let cfg = ClusterConfig::load(&path)?;
+        let key = cfg.load_key()?;
+        Client::from_config(&cfg, key)
+    }
+
+    pub fn from_config(cfg: &ClusterConfig, key: ClusterKey) -> Result<Client> {
+        Client::from_config_with_timeouts(cfg, key, Timeouts::default())
+    }
+
+    pub fn from_config_with_timeouts(
+        cfg: &ClusterConfig,
+        key: ClusterKey,
+        timeouts: Timeouts,
+    ) -> Result<Client> {
+        cfg.validate()?;
+        Ok(Client {
+            pool: Arc::new(Pool::new(cfg, key, Role::Client, timeouts)),
+            creds: Arc::new(Credentials::current_process()),
+            chunk_size: cfg.chunk_size,
+            timeouts,
+        })
+    }
+
+    /// A client sharing this one's connections but acting as `creds` (the
+    /// FUSE adapter makes one per request, with the caller's uid and gids).
+    pub fn with_credentials(&self, creds: Credentials) -> Client {
+        Client {
+            creds: Arc::new(creds),
+            ..self.clone()
+        }
+    }
+
+    pub fn credentials(&self) -> &Credentials {
+        &self.creds
+    }
+
+    pub fn chunk_size(&self) -> u64 {
+        self.chunk_size
+    }
+
+    pub fn server_count(&self) -> usize {
+        self.pool.server_count()
+    }
+
+    pub fn timeouts(&self) -> Timeouts {
+        self.timeouts
+    }
+
+    async fn call_data(&self, server: ServerId, op: Op, data: &[u8]) -> Result<Response> {
+        let req = Request {
+            creds: (*self.creds).clone(),
+            op,
+        };
+        Ok(self.pool.call(server, &req, data).await?)
+    }
+
+    async fn call(&self, server: ServerId, op: Op) -> Result<Reply> {
+        Ok(self.call_data(server, op, &[]).await?.reply)
+    }
+
+    /// The attributes in a reply that should carry them; `Empty` is taken
+    /// as "done, ask the owner" so a server may answer either way.
+    async fn attr_reply(&self, what: &str, ino: InodeId, reply: Reply) -> Result<Attr> {
+        match reply {
+            Reply::Attr(a) => Ok(a),
+            Reply::Empty => self.getattr(ino).await,
+            other => Err(ClientError::unexpected(what, &other)),
+        }
+    }
+
+    /// An entry's attributes: included when the dentry server owns the
+    /// inode, otherwise fetched from the owner.
+    async fn entry_attr(&self, entry: Entry) -> Result<Attr> {
+        match entry.attr {
+            Some(a) => Ok(a),
+            None => self.getattr(entry.ino).await,
+        }
+    }
+
+    fn dentry_server(&self, parent: InodeId, name: &FileName) -> ServerId {
+        dentry_server(parent, name, self.server_count())
+    }
+
+    pub async fn lookup(&self, parent: InodeId, name: &FileName) -> Result<Attr> {
+        let op = Op::Lookup {
+            parent,
+            name: name.clone(),
+        };
+        match self.call(self.dentry_server(parent, name), op).await? {
+            Reply::Entry(e) => self.entry_attr(e).await,
+            other => Err(ClientError::unexpected("lookup", &other)),
+        }
+    }
+
+    pub async fn getattr(&self, ino: InodeId) -> Result<Attr> {
+        match self.call(ino.owner(), Op::GetAttr { ino }).await? {
+            Reply::Attr(a) => Ok(a),
+            other => Err(ClientError::unexpected("getattr", &other)),
+        }
+    }
+
+    /// Change attributes. Shrinking a file that has chunks beyond chunk 0
+    /// first drops those chunks on every server, then sets the size on the
+    /// owner (which trims chunk 0 itself): a crash in between leaves zeros
+    /// below the old size, never stale data that a later extension would
+    /// expose again.
+    pub async fn setattr(&self, ino: InodeId, changes: SetAttrs) -> Result<Attr> {
+        self.setattr_known_size(ino, changes, 0).await
+    }
+
+    /// `setattr` for a caller that knows the file may be at least
+    /// `known_size` long (an open file with writes whose size is not yet on
+    /// the owner), so their chunks are dropped too; also saves the getattr
+    /// when `known_size` alone proves a shrink past chunk 0.
+    pub async fn setattr_known_size(
+        &self,
+        ino: InodeId,
+        changes: SetAttrs,
+        known_size: u64,
+    ) -> Result<Attr> {
+        if let Some(new_size) = changes.size {
+            if new_size > limits::FILE_SIZE_MAX_BYTES {
+                return Err(ClientError::new(
+                    ErrorCode::FileTooBig,
+                    format!("size {new_size} is over the limit"),
+                ));
+            }
+            // Skip the getattr when what we know already proves the shrink.
+            let old_size = if known_size > self.chunk_size && new_size < known_size {
+                known_size
+            } else {
+                let a = self.getattr(ino).await?;
+                if a.kind != FileKind::File {
+                    0 // the owner refuses the size change with the right error
+                } else {
+                    a.size.max(known_size)
+                }
+            };
+            if new_size < old_size && old_size > self.chunk_size {
+                self.truncate_chunks(ino, new_size).await?;
+            }
+        }
+        let reply = self.call(ino.owner(), Op::SetAttr { ino, changes }).await?;
+        self.attr_reply("setattr", ino, reply).await
+    }
+
+    /// Drop chunk data at and beyond `size` on every server.
+    async fn truncate_chunks(&self, ino: InodeId, size: u64) -> Result<()> {
+        let calls: Vec<_> = self
+            .pool
+            .servers()
+            .map(|s| self.call(s, Op::TruncateChunks { ino, size }))
+            .collect();
+        try_join_bounded(calls, FANOUT_MAX).await?;
+        Ok(())
+    }
+
+    /// Check `mask` (ACCESS_* bits) for this client's credentials.
+    pub async fn access(&self, ino: InodeId, mask: u8) -> Result<Attr> {
+        let reply = self.call(ino.owner(), Op::Access { ino, mask }).await?;
+        self.attr_reply("access", ino, reply).await
+    }
+
+    async fn create_entry(
+        &self,
+        parent: InodeId,
+        name: &FileName,
+        kind: FileKind,
+        perm: u32,
+        exclusive: bool,
+        symlink_target: Vec<u8>,
+    ) -> Result<(Attr, bool)> {
+        let op = Op::Create {
+            parent,
+            name: name.clone(),
+            kind,
+            perm: perm & 0o7777,
+            exclusive,
+            symlink_target,
+        };
+        match self.call(self.dentry_server(parent, name), op).await? {
+            Reply::Created { entry, created } => Ok((self.entry_attr(entry).await?, created)),
+            other => Err(ClientError::unexpected("create", &other)),
+        }
+    }
+
+    /// Create a regular file; without `exclusive`, an existing regular file
+    /// is returned instead (`created` false), as open(O_CREAT) does.
+    pub async fn create(
+        &self,
+        parent: InodeId,
+        name: &FileName,
+        perm: u32,
+        exclusive: bool,
+    ) -> Result<(Attr, bool)> {
+        self.create_entry(parent, name, FileKind::File, perm, exclusive, Vec::new())
+            .await
+    }
+
+    pub async fn mkdir_at(&self, parent: InodeId, name: &FileName, perm: u32) -> Result<Attr> {
+        let (attr, _) = self
+            .create_entry(parent, name, FileKind::Dir, perm, true, Vec::new())
+            .await?;
+        Ok(attr)
+    }
+
+    pub async fn symlink_at(
+        &self,
+        parent: InodeId,
+        name: &FileName,
+        target: &[u8],
+    ) -> Result<Attr> {
+        if target.len() > limits::SYMLINK_MAX_BYTES {
+            return Err(ClientError::new(
+                ErrorCode::NameTooLong,
+                format!(
+                    "symlink target of {} bytes (at most {})",
+                    target.len(),
+                    limits::SYMLINK_MAX_BYTES
+                ),
+            ));
+        }
+        if target.is_empty() {
+            // As on Linux: an empty target names nothing.
+            return Err(ClientError::new(
+                ErrorCode::NotFound,
+                "empty symlink target",
+            ));
+        }
+        if target.contains(&0) {
+            return Err(ClientError::new(
+                ErrorCode::InvalidArgument,
+                "symlink target contains a NUL byte",
+            ));
+        }
+        let (attr, _) = self
+            .create_entry(
+                parent,
+                name,
+                FileKind::Symlink,
+                0o777,
+                true,
+                target.to_vec(),
+            )
+            .await?;
+        Ok(attr)
+    }
+
+    async fn remove(&self, parent: InodeId, name: &FileName, dir: bool) -> Result<()> {
+        let op = Op::Remove {
+            parent,
+            name: name.clone(),
+            dir,
+        };
+        self.call(self.dentry_server(parent, name), op).await?;
+        Ok(())
+    }
+
+    pub async fn unlink(&self, parent: InodeId, name: &FileName) -> Result<()> {
+        self.remove(parent, name, false).await
+    }
+
+    pub async fn rmdir(&self, parent: InodeId, name: &FileName) -> Result<()> {
+        self.remove(parent, name, true).await
+    }
+
+    /// `flags`: 0, RENAME_NOREPLACE or RENAME_EXCHANGE.
+    pub async fn rename_at(
+        &self,
+        src_parent: InodeId,
+        src_name: &FileName,
+        dst_parent: InodeId,
+        dst_name: &FileName,
+        flags: u32,
+    ) -> Result<()> {
+        let op = Op::Rename {
+            src_parent,
+            src_name: src_name.clone(),
+            dst_parent,
+            dst_name: dst_name.clone(),
+            flags,
+        };
+        self.call(self.dentry_server(src_parent, src_name), op)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn link(
+        &self,
+        ino: InodeId,
+        new_parent: InodeId,
+        new_name: &FileName,
+    ) -> Result<Attr> {
+        let op = Op::Link {
+            ino,
+            parent: new_parent,
+            name: new_name.clone(),
+        };
+        match self
+            .call(self.dentry_server(new_parent, new_name), op)
+            .await?
+        {
+            Reply::Entry(e) => self.entry_attr(e).await,
+            other => Err(ClientError::unexpected("link", &other)),
+        }
+    }
+
+    pub async fn readlink(&self, ino: InodeId) -> Result<Vec<u8>> {
+        match self.call(ino.owner(), Op::ReadLink { ino }).await? {
+            Reply::Target(t) => Ok(t),
+            other => Err(ClientError::unexpected("readlink", &other)),
+        }
+    }
+
+    /// One page of a directory listing: up to `max_per_server` entries from
+    /// each server not yet finished, asked concurrently, sorted by name, and
+    /// the cursor to continue from. Entries come in name order per server,
+    /// not across pages.
+    pub async fn readdir_page(
+        &self,
+        dir: InodeId,
+        cursor: &DirCursor,
+        max_per_server: u32,
+    ) -> Result<(Vec<DirEntry>, DirCursor)> {
+        let n = self.server_count();
+        let max_entries = max_per_server.clamp(1, limits::READDIR_PAGE_ENTRIES_MAX);
+        let calls: Vec<_> = cursor
+            .requests(n)?
+            .into_iter()
+            .map(|(server, after)| async move {
+                let op = Op::ReadDir {
+                    dir,
+                    after,
+                    max_entries,
+                };
+                match self.call(server, op).await? {
+                    Reply::DirPage { entries, more } => Ok(Page {
+                        server,
+                        entries,
+                        more,
+                    }),
+                    other => Err(ClientError::unexpected("readdir", &other)),
+                }
+            })
+            .collect();
+        let pages = try_join_bounded(calls, FANOUT_MAX).await?;
+        merge_pages(cursor, n, pages)
+    }
+
+    /// Every entry of a directory, sorted by name ("." and ".." excluded).
+    pub async fn readdir(&self, dir: InodeId) -> Result<Vec<DirEntry>> {
+        let mut cursor = DirCursor::new();
+        let mut all = Vec::new();
+        while !cursor.is_done() {
+            let (page, next) = self
+                .readdir_page(dir, &cursor, limits::READDIR_PAGE_ENTRIES_MAX)
+                .await?;
+            all.extend(page);
+            cursor = next;
+        }
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(all)
+    }
+
+    async fn statfs_one(&self, server: ServerId) -> Result<FsStats> {
+        match self.call(server, Op::StatFs).await? {
+            Reply::FsStats(s) => Ok(s),
+            other => Err(ClientError::unexpected("statfs", &other)),
+        }
+    }
+
+    /// Space and inode counts summed over every server.
+    pub async fn statfs(&self) -> Result<FsStats> {
+        let all = try_join_bounded(
+            self.pool.servers().map(|s| self.statfs_one(s)).collect(),
+            FANOUT_MAX,
+        )
+        .await?;
+        Ok(all.iter().fold(FsStats::default(), |acc, s| FsStats {
+            bytes_total: acc.bytes_total.saturating_add(s.bytes_total),
+            bytes_free: acc.bytes_free.saturating_add(s.bytes_free),
+            bytes_avail: acc.bytes_avail.saturating_add(s.bytes_avail),
+            inodes: acc.inodes.saturating_add(s.inodes),
+            data_bytes: acc.data_bytes.saturating_add(s.data_bytes),
+        }))
+    }
+
+    /// Each server's statistics or why it could not answer. Bounded by the
+    /// connect timeout, so a hung server shows as an error, not a hang.
+    pub async fn server_stats(&self) -> Vec<(ServerId, Result<FsStats>)> {
+        let limit = self.timeouts.connect;
+        let calls = self.pool.servers().map(|s| async move {
+            let r = match tokio::time::timeout(limit, self.statfs_one(s)).await {
+                Ok(r) => r,
+                Err(_) => Err(ClientError::new(
+                    ErrorCode::TimedOut,
+                    format!("server {s} did not answer within {limit:?}"),
+                )),
+            };
+            (s, r)
+        });
+        let calls: Vec<_> = calls.collect();
+        join_bounded(calls, usize::MAX).await
+    }
+
+    /// Read `len` bytes at `offset` of a file whose size is `file_size`:
+    /// exactly `min(len, file_size - offset)` bytes (none at or past the
+    /// end). Chunks are read concurrently; holes and short chunks read as
+    /// zeros.
+    pub async fn read(
+        &self,
+        ino: InodeId,
+        offset: u64,
+        len: usize,
+        file_size: u64,
+    ) -> Result<Vec<u8>> {
+        let n = clamp_read(offset, len as u64, file_size);
+        let mut buf = vec![0u8; n as usize];
+        let pieces = split_range(offset, n, self.chunk_size);
+        // Each piece fills its own disjoint part of the buffer as it arrives.
+        let mut rest: &mut [u8] = &mut buf;
+        let mut parts = Vec::with_capacity(pieces.len());
+        for p in &pieces {
+            let (part, tail) = std::mem::take(&mut rest).split_at_mut(p.len as usize);
+            parts.push(part);
+            rest = tail;
+        }
+        let servers = self.server_count();
+        let calls = pieces.iter().zip(parts).map(|(p, dst)| async move {
+            let op = Op::Read {
+                ino,
+                chunk: p.chunk,
+                offset: p.offset_in_chunk,
+                len: p.len,
+            };
+            let server = chunk_server(ino, p.chunk, servers);
+            let resp = self.call_data(server, op, &[]).await?;
+            if !matches!(resp.reply, Reply::Data) {
+                return Err(ClientError::unexpected("read", &resp.reply));
+            }
+            if !fill_piece(dst, &resp.data) {
+                return Err(ClientError::protocol(format!(
+                    "server {server} returned {} bytes for a read of {}",
+                    resp.data.len(),
+                    p.len
+                )));
+            }
+            Ok(())
+        });
+        let calls: Vec<_> = calls.collect();
+        try_join_bounded(calls, IN_FLIGHT_PER_CALL).await?;
+        Ok(buf)
+    }
+
+    /// Write `data` at `offset`, each chunk's piece to its server,
+    /// concurrently. The owner grows the size for a write to chunk 0; writes
+    /// to other chunks leave the size to `update_size` (see `WriteOutcome`).
+    pub async fn write(&self, ino: InodeId, offset: u64, data: &[u8]) -> Result<WriteOutcome> {
+        let end = offset.checked_add(data.len() as u64);
+        if !matches!(end, Some(e) if e <= limits::FILE_SIZE_MAX_BYTES) {
+            return Err(ClientError::new(
+                ErrorCode::FileTooBig,
+                format!(
+                    "write of {} bytes at offset {offset} goes past the largest file size",
+                    data.len()
+                ),
+            ));
+        }
+        let pieces = split_range(offset, data.len() as u64, self.chunk_size);
+        let servers = self.server_count();
+        let placed: Vec<_> = pieces
+            .iter()
+            .map(|p| (p, chunk_server(ino, p.chunk, servers)))
+            .collect();
+        let calls = placed.iter().map(|&(p, server)| async move {
+            let op = Op::Write {
+                ino,
+                chunk: p.chunk,
+                offset: p.offset_in_chunk,
+                file_size: p.file_end(),
+            };
+            self.call_data(server, op, &data[p.buf_range()]).await
+        });
+        let calls: Vec<_> = calls.collect();
+        try_join_bounded(calls, IN_FLIGHT_PER_CALL).await?;
+        let written: BTreeSet<ServerId> = placed.iter().map(|&(_, s)| s).collect();
+        Ok(WriteOutcome {
+            servers_written: written.into_iter().collect(),
+            touched_non_zero_chunk: pieces.iter().any(|p| p.chunk.0 != 0),
+        })
+    }
+
+    /// Grow the size to at least `size` and set mtime, on the owner.
+    pub async fn update_size(&self, ino: InodeId, size: u64, mtime: Timestamp) -> Result<Attr> {
+        let reply = self
+            .call(ino.owner(), Op::UpdateSize { ino, size, mtime })
+            .await?;
+        self.attr_reply("update_size", ino, reply).await
+    }
+
+    /// Make everything these servers acknowledged durable.
+    pub async fn fsync_servers(&self, servers: &[ServerId]) -> Result<()> {
+        try_join_bounded(
+            servers.iter().map(|&s| self.call(s, Op::Fsync)).collect(),
+            FANOUT_MAX,
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_is_send_sync_and_cheap_to_clone() {
+        fn assert_send_sync<T: Send + Sync + Clone>() {}
+        assert_send_sync::<Client>();
+    }
+}

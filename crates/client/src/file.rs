@@ -1,0 +1,445 @@
+//! An open file: the bookkeeping between open and close that gives
+//! close-to-open consistency. Writes to chunk 0 grow the size on the owner as
+//! they land; writes to other chunks only reach their chunk servers, so the
+//! file remembers that the owner's size (and mtime) needs an `UpdateSize` at
+//! close or fsync, and which servers hold unsynced data.
+
+use crate::client::Client;
+use crate::error::{ClientError, Result};
+use madfs_proto::message::{SetAttrs, ACCESS_READ, ACCESS_WRITE};
+use madfs_proto::ErrorCode;
+use madfs_types::{Attr, FileKind, InodeId, ServerId, Timestamp};
+use std::collections::BTreeSet;
+use std::sync::{Mutex, MutexGuard};
+
+/// How to open a file, like `std::fs::OpenOptions` (builder by value).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpenOptions {
+    pub read: bool,
+    pub write: bool,
+    /// Every write goes to the end of the file; implies `write`.
+    pub append: bool,
+    pub create: bool,
+    /// With `create`: fail if the name exists (O_EXCL).
+    pub exclusive: bool,
+    pub truncate: bool,
+    /// Permission bits for a created file. No umask is applied here: the
+    /// caller (shell, preload library, FUSE request) knows the right one.
+    pub perm: u32,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions::new()
+    }
+}
+
+impl OpenOptions {
+    /// Nothing set; `perm` 0o644.
+    pub fn new() -> OpenOptions {
+        OpenOptions {
+            read: false,
+            write: false,
+            append: false,
+            create: false,
+            exclusive: false,
+            truncate: false,
+            perm: 0o644,
+        }
+    }
+
+    pub fn read(mut self, v: bool) -> Self {
+        self.read = v;
+        self
+    }
+    pub fn write(mut self, v: bool) -> Self {
+        self.write = v;
+        self
+    }
+    pub fn append(mut self, v: bool) -> Self {
+        self.append = v;
+        self
+    }
+    pub fn create(mut self, v: bool) -> Self {
+        self.create = v;
+        self
+    }
+    /// Create, failing if the name exists (like std's `create_new`).
+    pub fn create_new(mut self, v: bool) -> Self {
+        self.create = v;
+        self.exclusive = v;
+        self
+    }
+    pub fn exclusive(mut self, v: bool) -> Self {
+        self.exclusive = v;
+        self
+    }
+    pub fn truncate(mut self, v: bool) -> Self {
+        self.truncate = v;
+        self
+    }
+    pub fn perm(mut self, perm: u32) -> Self {
+        self.perm = perm & 0o7777;
+        self
+    }
+
+    /// From open(2) flags and mode (for the preload library and FUSE).
+    pub fn from_flags(flags: i32, mode: u32) -> OpenOptions {
+        let acc = flags & libc::O_ACCMODE;
+        OpenOptions {
+            read: acc == libc::O_RDONLY || acc == libc::O_RDWR,
+            write: acc == libc::O_WRONLY || acc == libc::O_RDWR,
+            append: flags & libc::O_APPEND != 0,
+            create: flags & libc::O_CREAT != 0,
+            exclusive: flags & libc::O_CREAT != 0 && flags & libc::O_EXCL != 0,
+            truncate: flags & libc::O_TRUNC != 0,
+            perm: mode & 0o7777,
+        }
+    }
+
+    pub(crate) fn writes(&self) -> bool {
+        self.write || self.append
+    }
+
+    /// Neither read nor write asked: read, as O_RDONLY (which is 0) means.
+    pub(crate) fn reads(&self) -> bool {
+        self.read || !self.writes()
+    }
+
+    /// The access(2) bits this open needs.
+    pub(crate) fn access_mask(&self) -> u8 {
+        let mut mask = 0;
+        if self.reads() {
+            mask |= ACCESS_READ;
+        }
+        if self.writes() || self.truncate {
+            mask |= ACCESS_WRITE;
+        }
+        mask
+    }
+}
+
+struct FileState {
+    /// The largest size this handle knows of: the size at open, raised by
+    /// writes and by fresh attributes.
+    size_hint: u64,
+    /// Servers that acknowledged writes not yet fsynced.
+    dirty: BTreeSet<ServerId>,
+    /// Writes beyond chunk 0 happened since the last UpdateSize.
+    needs_size_update: bool,
+}
+
+/// An open file. Methods take `&self` (state is behind a lock), so one handle
+/// may be shared by several threads, as a file descriptor is.
+pub struct File {
+    client: Client,
+    attr: Attr,
+    read: bool,
+    write: bool,
+    append: bool,
+    state: Mutex<FileState>,
+    /// Serialises appends through this handle, so two appends never pick
+    /// the same end offset.
+    append_lock: tokio::sync::Mutex<()>,
+}
+
+impl Client {
+    /// Open an inode (FUSE open): check access for `opts`, truncate if asked.
+    /// `opts.create` and `opts.exclusive` are ignored here: creation happens
+    /// by name (`create`, or the path-level `open`).
+    pub async fn open_inode(&self, ino: InodeId, opts: &OpenOptions) -> Result<File> {
+        let attr = self.access(ino, opts.access_mask()).await?;
+        self.open_checked(attr, opts, false).await
+    }
+
+    /// Finish an open whose access check is done (or not needed, for a file
+    /// this open just created).
+    pub(crate) async fn open_checked(
+        &self,
+        attr: Attr,
+        opts: &OpenOptions,
+        created: bool,
+    ) -> Result<File> {
+        let mut attr = attr;
+        match attr.kind {
+            FileKind::Dir if opts.writes() || opts.truncate => {
+                return Err(ClientError::new(
+                    ErrorCode::IsDir,
+                    "cannot open a directory for writing",
+                ))
+            }
+            FileKind::Symlink => {
+                return Err(ClientError::new(
+                    ErrorCode::Loop,
+                    "cannot open a symbolic link",
+                ))
+            }
+            _ => {}
+        }
+        if opts.truncate && !created && attr.kind == FileKind::File && attr.size > 0 {
+            let changes = SetAttrs {
+                size: Some(0),
+                ..SetAttrs::default()
+            };
+            attr = self
+                .setattr_known_size(attr.ino, changes, attr.size)
+                .await?;
+        }
+        Ok(File::new(self, attr, opts))
+    }
+}
+
+impl File {
+    /// A handle on an inode whose access check the caller has done (or does
+    /// not need); no request is sent.
+    pub fn new(client: &Client, attr: Attr, opts: &OpenOptions) -> File {
+        File {
+            client: client.clone(),
+            read: opts.reads(),
+            write: opts.writes(),
+            append: opts.append,
+            state: Mutex::new(FileState {
+                size_hint: attr.size,
+                dirty: BTreeSet::new(),
+                needs_size_update: false,
+            }),
+            attr,
+            append_lock: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, FileState> {
+        // The state stays consistent across a panic (plain field updates).
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn ino(&self) -> InodeId {
+        self.attr.ino
+    }
+
+    /// The attributes at open.
+    pub fn attr(&self) -> Attr {
+        self.attr.clone()
+    }
+
+    /// The largest size this handle knows of (size at open, or its writes).
+    pub fn size(&self) -> u64 {
+        self.state().size_hint
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Whether writes beyond chunk 0 still wait for `close` or `fsync` to
+    /// publish the size.
+    pub fn needs_size_update(&self) -> bool {
+        self.state().needs_size_update
+    }
+
+    /// Servers holding writes of this handle not yet fsynced.
+    pub fn dirty_servers(&self) -> Vec<ServerId> {
+        self.state().dirty.iter().copied().collect()
+    }
+
+    /// Read up to `len` bytes at `offset`; shorter only at the end of file.
+    /// A read reaching past the size this handle knows asks the owner for
+    /// the current size first, so data appended by others (and closed) is
+    /// seen, as with `tail -f`.
+    pub async fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        if !self.read {
+            return Err(ClientError::new(
+                ErrorCode::BadFileHandle,
+                "file not open for reading",
+            ));
+        }
+        if self.attr.kind == FileKind::Dir {
+            return Err(ClientError::new(
+                ErrorCode::IsDir,
+                "cannot read a directory",
+            ));
+        }
+        let mut size = self.size();
+        if offset.saturating_add(len as u64) > size {
+            let fresh = self.client.getattr(self.attr.ino).await?;
+            let mut st = self.state();
+            st.size_hint = st.size_hint.max(fresh.size);
+            size = st.size_hint;
+        }
+        self.client.read(self.attr.ino, offset, len, size).await
+    }
+
+    /// Write all of `data` at `offset` (at the end of the file in append
+    /// mode) and return its length.
+    pub async fn write_at(&self, offset: u64, data: &[u8]) -> Result<usize> {
+        if !self.write {
+            return Err(ClientError::new(
+                ErrorCode::BadFileHandle,
+                "file not open for writing",
+            ));
+        }
+        if self.append {
+            let _serial = self.append_lock.lock().await;
+            let end = self.size();
+            self.write_inner(end, data).await
+        } else {
+            self.write_inner(offset, data).await
+        }
+    }
+
+    async fn write_inner(&self, offset: u64, data: &[u8]) -> Result<usize> {
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let outcome = self.client.write(self.attr.ino, offset, data).await?;
+        let mut st = self.state();
+        st.size_hint = st.size_hint.max(offset + data.len() as u64);
+        st.dirty.extend(outcome.servers_written);
+        st.needs_size_update |= outcome.touched_non_zero_chunk;
+        Ok(data.len())
+    }
+
+    /// Make this handle's writes durable: data on every server written to,
+    /// then the size on the owner, then the owner's log. Data is durable
+    /// before the size that exposes it.
+    pub async fn fsync(&self) -> Result<()> {
+        let (dirty, size, update) = {
+            let st = self.state();
+            (st.dirty.clone(), st.size_hint, st.needs_size_update)
+        };
+        let owner = self.attr.ino.owner();
+        if update {
+            // The owner is synced once, after the size: that covers its data too.
+            let others: Vec<ServerId> = dirty.iter().copied().filter(|&s| s != owner).collect();
+            self.client.fsync_servers(&others).await?;
+            self.client
+                .update_size(self.attr.ino, size, Timestamp::now())
+                .await?;
+            self.client.fsync_servers(&[owner]).await?;
+        } else {
+            let all: Vec<ServerId> = dirty.iter().copied().collect();
+            self.client.fsync_servers(&all).await?;
+        }
+        let mut st = self.state();
+        // Writes that raced with this fsync stay pending.
+        for s in &dirty {
+            st.dirty.remove(s);
+        }
+        if update && st.size_hint == size {
+            st.needs_size_update = false;
+        }
+        Ok(())
+    }
+
+    /// Set the file size (ftruncate). Chunks this handle wrote beyond the
+    /// owner's size are dropped too.
+    pub async fn set_len(&self, size: u64) -> Result<Attr> {
+        if !self.write {
+            return Err(ClientError::new(
+                ErrorCode::InvalidArgument,
+                "file not open for writing",
+            ));
+        }
+        let known = self.size();
+        let changes = SetAttrs {
+            size: Some(size),
+            ..SetAttrs::default()
+        };
+        let attr = self
+            .client
+            .setattr_known_size(self.attr.ino, changes, known)
+            .await?;
+        let mut st = self.state();
+        // The owner now holds the size (and a new mtime): nothing to update.
+        st.size_hint = size;
+        st.needs_size_update = false;
+        Ok(attr)
+    }
+
+    /// Publish the size of writes beyond chunk 0 to the owner, so that any
+    /// later open sees this handle's data and size. Does not fsync. Call it
+    /// before dropping the handle (dropping cannot send requests).
+    pub async fn close(&self) -> Result<()> {
+        let (size, update) = {
+            let st = self.state();
+            (st.size_hint, st.needs_size_update)
+        };
+        if update {
+            self.client
+                .update_size(self.attr.ino, size, Timestamp::now())
+                .await?;
+            let mut st = self.state();
+            if st.size_hint == size {
+                st.needs_size_update = false;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for File {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.state();
+        f.debug_struct("File")
+            .field("ino", &self.attr.ino)
+            .field("read", &self.read)
+            .field("write", &self.write)
+            .field("append", &self.append)
+            .field("size_hint", &st.size_hint)
+            .field("dirty", &st.dirty)
+            .field("needs_size_update", &st.needs_size_update)
+            .finish()
+    }
+}
+
+impl Drop for File {
+    /// A handle dropped without `close` inside a runtime still publishes
+    /// its size, in the background and best effort: nobody is left to
+    /// report an error to.
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        if !st.needs_size_update {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (client, ino, size) = (self.client.clone(), self.attr.ino, st.size_hint);
+            rt.spawn(async move {
+                let _ = client.update_size(ino, size, Timestamp::now()).await;
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_map_to_options_and_masks() {
+        let o = OpenOptions::from_flags(libc::O_RDONLY, 0);
+        assert!(o.reads() && !o.writes());
+        assert_eq!(o.access_mask(), ACCESS_READ);
+        let o = OpenOptions::from_flags(libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o100640);
+        assert!(!o.reads() && o.writes() && o.create && o.exclusive);
+        assert_eq!(o.perm, 0o640);
+        assert_eq!(o.access_mask(), ACCESS_WRITE);
+        let o = OpenOptions::from_flags(libc::O_RDWR | libc::O_APPEND, 0);
+        assert!(o.reads() && o.writes() && o.append);
+        assert_eq!(o.access_mask(), ACCESS_READ | ACCESS_WRITE);
+        // O_EXCL without O_CREAT means nothing for regular files.
+        assert!(!OpenOptions::from_flags(libc::O_EXCL, 0).exclusive);
+        // No mode at all reads, as O_RDONLY does; append alone writes.
+        assert!(OpenOptions::new().reads());
+        assert!(OpenOptions::new().append(true).writes());
+        assert_eq!(
+            OpenOptions::new().read(true).truncate(true).access_mask(),
+            ACCESS_READ | ACCESS_WRITE
+        );
+    }
+
+    #[test]
+    fn file_is_send_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<File>();
+    }
+}
