@@ -1,0 +1,157 @@
+//! Guards the transport's promises: many requests in flight on one
+//! connection each get their own answer; a wrong key is refused at the
+//! handshake; clients cannot send peer operations; a malformed frame closes
+//! only its own connection.
+
+use madfs_proto::auth::{ClusterKey, Role};
+use madfs_proto::message::{Op, Reply, SealAction};
+use madfs_proto::{ErrorCode, Request, WireError};
+use madfs_rpc::serve::{serve, CallContext, Handler};
+use madfs_rpc::{Connection, RpcError};
+use madfs_types::{Credentials, InodeId, ServerId};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Answers GetAttr{ino} with an error whose message is the inode number,
+/// after a delay that makes later requests finish first.
+struct Echo;
+
+impl Handler for Echo {
+    fn handle(
+        self: &Arc<Self>,
+        _ctx: CallContext,
+        req: Request,
+        data: Vec<u8>,
+    ) -> impl std::future::Future<Output = Result<(Reply, Vec<u8>), WireError>> + Send {
+        async move {
+            match req.op {
+                Op::GetAttr { ino } => {
+                    tokio::time::sleep(Duration::from_millis(100 - (ino.0 % 100))).await;
+                    Err(WireError::new(ErrorCode::NotFound, ino.0.to_string()))
+                }
+                Op::Write { .. } => Ok((
+                    Reply::Links {
+                        nlink: data.len() as u32,
+                    },
+                    Vec::new(),
+                )),
+                _ => Ok((Reply::Empty, Vec::new())),
+            }
+        }
+    }
+}
+
+async fn start(key: ClusterKey) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(listener, ServerId(0), key, Arc::new(Echo)));
+    addr
+}
+
+async fn connect(
+    addr: std::net::SocketAddr,
+    key: &ClusterKey,
+    role: Role,
+) -> Result<Connection, RpcError> {
+    Connection::connect(
+        ServerId(0),
+        addr,
+        key,
+        role,
+        Duration::from_secs(5),
+        Duration::from_secs(10),
+    )
+    .await
+}
+
+fn req(op: Op) -> Request {
+    Request {
+        creds: Credentials::root(),
+        op,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_get_their_own_answers() {
+    let key = ClusterKey([7; 32]);
+    let addr = start(key.clone()).await;
+    let conn = connect(addr, &key, Role::Client).await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..200u64 {
+        let conn = conn.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = conn.call(&req(Op::GetAttr { ino: InodeId(i) }), &[]).await;
+            (i, r)
+        }));
+    }
+    for t in tasks {
+        let (i, r) = t.await.unwrap();
+        match r {
+            Err(RpcError::Remote(e)) => assert_eq!(e.message, i.to_string()),
+            other => panic!("request {i}: unexpected {other:?}"),
+        }
+    }
+    // Bulk data travels with the request.
+    let w = Op::Write {
+        ino: InodeId(1),
+        chunk: madfs_types::ChunkIndex(0),
+        offset: 0,
+        file_size: 5,
+    };
+    let r = conn.call(&req(w), &[1u8; 12345]).await.unwrap();
+    assert_eq!(r.reply, Reply::Links { nlink: 12345 });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_key_is_refused() {
+    let addr = start(ClusterKey([1; 32])).await;
+    match connect(addr, &ClusterKey([2; 32]), Role::Client).await {
+        Err(RpcError::Auth(m)) => assert!(m.contains("wrong cluster key"), "{m}"),
+        Err(e) => panic!("expected an auth error, got {e}"),
+        Ok(_) => panic!("a wrong key was accepted"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_cannot_send_peer_operations() {
+    let key = ClusterKey([3; 32]);
+    let addr = start(key.clone()).await;
+    let op = Op::Seal {
+        dir: InodeId(5),
+        action: SealAction::Seal,
+    };
+    let client = connect(addr, &key, Role::Client).await.unwrap();
+    match client.call(&req(op.clone()), &[]).await {
+        Err(RpcError::Remote(e)) => assert_eq!(e.code, ErrorCode::NotPermitted),
+        other => panic!("expected NotPermitted, got {other:?}"),
+    }
+    let peer = connect(addr, &key, Role::Peer).await.unwrap();
+    assert_eq!(peer.call(&req(op), &[]).await.unwrap().reply, Reply::Empty);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_closes_only_its_own_connection() {
+    let key = ClusterKey([4; 32]);
+    let addr = start(key.clone()).await;
+    let good = connect(addr, &key, Role::Client).await.unwrap();
+    // Before authenticating: the server sends its challenge, we send junk.
+    let mut raw = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut challenge = [0u8; 32 + 34];
+    raw.read_exact(&mut challenge).await.unwrap();
+    raw.write_all(&[0xAB; 64]).await.unwrap();
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(5), raw.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    assert_eq!(
+        n, 0,
+        "the server should close a connection that sends garbage"
+    );
+    // Everyone else is still served.
+    assert_eq!(
+        good.call(&req(Op::StatFs), &[]).await.unwrap().reply,
+        Reply::Empty
+    );
+}
