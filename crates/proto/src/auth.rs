@@ -51,7 +51,8 @@ impl ClusterKey {
     }
 
     fn mac(&self, label: &[u8], parts: &[&[u8]]) -> Proof {
-        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes any key length");
+        let mut m =
+            <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes any key length");
         m.update(label);
         for p in parts {
             m.update(p);
@@ -60,7 +61,10 @@ impl ClusterKey {
     }
 
     pub fn client_proof(&self, role: Role, server_nonce: &Nonce, client_nonce: &Nonce) -> Proof {
-        self.mac(b"madfs-v1 client", &[&[role as u8], server_nonce, client_nonce])
+        self.mac(
+            b"madfs-v1 client",
+            &[&[role as u8], server_nonce, client_nonce],
+        )
     }
 
     pub fn server_proof(&self, server_nonce: &Nonce, client_nonce: &Nonce) -> Proof {
@@ -70,7 +74,10 @@ impl ClusterKey {
 
 /// Compare proofs in constant time so timing does not leak the MAC.
 pub fn proofs_equal(a: &Proof, b: &Proof) -> bool {
-    a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
 }
 
 /// Who is connecting: a client, or another server (which may send peer ops).
@@ -96,7 +103,10 @@ impl Challenge {
     }
     pub fn decode(body: &[u8]) -> Result<Challenge, ProtoError> {
         let mut d = Decoder::new(body);
-        let c = Challenge { server_id: ServerId(d.u16()?), server_nonce: d.fixed32()? };
+        let c = Challenge {
+            server_id: ServerId(d.u16()?),
+            server_nonce: d.fixed32()?,
+        };
         d.finish()?;
         Ok(c)
     }
@@ -124,7 +134,11 @@ impl Hello {
             2 => Role::Peer,
             _ => return Err(ProtoError::BadValue("role")),
         };
-        let h = Hello { role, client_nonce: d.fixed32()?, proof: d.fixed32()? };
+        let h = Hello {
+            role,
+            client_nonce: d.fixed32()?,
+            proof: d.fixed32()?,
+        };
         d.finish()?;
         Ok(h)
     }
@@ -171,9 +185,16 @@ mod tests {
 
     #[test]
     fn handshake_messages_round_trip() {
-        let c = Challenge { server_id: ServerId(3), server_nonce: [7; 32] };
+        let c = Challenge {
+            server_id: ServerId(3),
+            server_nonce: [7; 32],
+        };
         assert_eq!(Challenge::decode(&c.encode()).unwrap(), c);
-        let h = Hello { role: Role::Peer, client_nonce: [1; 32], proof: [2; 32] };
+        let h = Hello {
+            role: Role::Peer,
+            client_nonce: [1; 32],
+            proof: [2; 32],
+        };
         assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
         assert!(Hello::decode(&h.encode()[..40]).is_err());
         assert_eq!(decode_welcome(&encode_welcome(&[9; 32])).unwrap(), [9; 32]);

@@ -12,7 +12,9 @@ pub struct Encoder {
 
 impl Encoder {
     pub fn new() -> Encoder {
-        Encoder { buf: Vec::with_capacity(128) }
+        Encoder {
+            buf: Vec::with_capacity(128),
+        }
     }
 
     pub fn with_buffer(buf: Vec<u8>) -> Encoder {
@@ -236,10 +238,18 @@ impl<'a> Decoder<'a> {
         }
     }
     pub fn opt_u32(&mut self) -> Result<Option<u32>, ProtoError> {
-        Ok(if self.bool()? { Some(self.u32()?) } else { None })
+        Ok(if self.bool()? {
+            Some(self.u32()?)
+        } else {
+            None
+        })
     }
     pub fn opt_u64(&mut self) -> Result<Option<u64>, ProtoError> {
-        Ok(if self.bool()? { Some(self.u64()?) } else { None })
+        Ok(if self.bool()? {
+            Some(self.u64()?)
+        } else {
+            None
+        })
     }
     pub fn creds(&mut self) -> Result<Credentials, ProtoError> {
         let uid = self.u32()?;

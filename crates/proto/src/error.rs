@@ -150,7 +150,10 @@ pub struct WireError {
 
 impl WireError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> WireError {
-        WireError { code, message: message.into() }
+        WireError {
+            code,
+            message: message.into(),
+        }
     }
 }
 
@@ -175,7 +178,10 @@ pub enum ProtoError {
     TrailingBytes(usize),
     BadMagic(u32),
     BadVersion(u8),
-    BadChecksum { expected: u32, actual: u32 },
+    BadChecksum {
+        expected: u32,
+        actual: u32,
+    },
     BodyTooLong(u32),
     DataTooLong(u32),
     UnknownOpcode(u16),

@@ -110,7 +110,10 @@ impl FrameHeader {
     ) -> Result<(), ProtoError> {
         let actual = checksum(&raw_header[0..28], body);
         if actual != self.checksum {
-            return Err(ProtoError::BadChecksum { expected: self.checksum, actual });
+            return Err(ProtoError::BadChecksum {
+                expected: self.checksum,
+                actual,
+            });
         }
         Ok(())
     }
@@ -177,7 +180,10 @@ mod tests {
         let mut raw = sample().encode(&body);
         raw[12] ^= 1; // flip a request id bit
         let h = FrameHeader::decode(&raw).unwrap();
-        assert!(matches!(h.verify_body(&raw, &body), Err(ProtoError::BadChecksum { .. })));
+        assert!(matches!(
+            h.verify_body(&raw, &body),
+            Err(ProtoError::BadChecksum { .. })
+        ));
         let raw = sample().encode(&body);
         let h = FrameHeader::decode(&raw).unwrap();
         assert!(h.verify_body(&raw, &[1, 2, 4]).is_err());
@@ -188,19 +194,31 @@ mod tests {
         let good = sample().encode(&[1, 2, 3]);
         let mut bad = good;
         bad[0] = b'X';
-        assert!(matches!(FrameHeader::decode(&bad), Err(ProtoError::BadMagic(_))));
+        assert!(matches!(
+            FrameHeader::decode(&bad),
+            Err(ProtoError::BadMagic(_))
+        ));
         let mut bad = good;
         bad[4] = 99;
         assert_eq!(FrameHeader::decode(&bad), Err(ProtoError::BadVersion(99)));
         let mut bad = good;
         bad[16..20].copy_from_slice(&(BODY_MAX_BYTES + 1).to_le_bytes());
-        assert_eq!(FrameHeader::decode(&bad), Err(ProtoError::BodyTooLong(BODY_MAX_BYTES + 1)));
+        assert_eq!(
+            FrameHeader::decode(&bad),
+            Err(ProtoError::BodyTooLong(BODY_MAX_BYTES + 1))
+        );
         let mut bad = good;
         bad[20..24].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert_eq!(FrameHeader::decode(&bad), Err(ProtoError::DataTooLong(u32::MAX)));
+        assert_eq!(
+            FrameHeader::decode(&bad),
+            Err(ProtoError::DataTooLong(u32::MAX))
+        );
         let mut bad = good;
         bad[24] = 250;
-        assert_eq!(FrameHeader::decode(&bad), Err(ProtoError::UnknownErrorCode(250)));
+        assert_eq!(
+            FrameHeader::decode(&bad),
+            Err(ProtoError::UnknownErrorCode(250))
+        );
         assert_eq!(decode_frame(&good[..10]), Err(ProtoError::Truncated));
     }
 }

@@ -134,10 +134,18 @@ pub enum SealAction {
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum Op {
     /// Find `name` in `parent`. Sent to the name's dentry server.
-    Lookup { parent: InodeId, name: FileName },
+    Lookup {
+        parent: InodeId,
+        name: FileName,
+    },
     /// Sent to the inode's owner.
-    GetAttr { ino: InodeId },
-    SetAttr { ino: InodeId, changes: SetAttrs },
+    GetAttr {
+        ino: InodeId,
+    },
+    SetAttr {
+        ino: InodeId,
+        changes: SetAttrs,
+    },
     /// Make a file, directory or symlink. Sent to the name's dentry server,
     /// which allocates the inode too. Non-exclusive create of an existing
     /// regular file returns that file (open with O_CREAT, no O_EXCL).
@@ -150,21 +158,46 @@ pub enum Op {
         symlink_target: Vec<u8>,
     },
     /// unlink (`dir` false) or rmdir (`dir` true). Sent to the dentry server.
-    Remove { parent: InodeId, name: FileName, dir: bool },
+    Remove {
+        parent: InodeId,
+        name: FileName,
+        dir: bool,
+    },
     /// Check `mask` (ACCESS_* bits) against the inode; used by open and
     /// access(2). Sent to the owner; returns the attributes.
-    Access { ino: InodeId, mask: u8 },
+    Access {
+        ino: InodeId,
+        mask: u8,
+    },
     /// Read up to `len` bytes of one chunk. Sent to the chunk's server.
-    Read { ino: InodeId, chunk: ChunkIndex, offset: u32, len: u32 },
+    Read {
+        ino: InodeId,
+        chunk: ChunkIndex,
+        offset: u32,
+        len: u32,
+    },
     /// Write the frame's data into one chunk at `offset`. For chunk 0 (held
     /// by the owner) the file size grows to `file_size` in the same step.
-    Write { ino: InodeId, chunk: ChunkIndex, offset: u32, file_size: u64 },
+    Write {
+        ino: InodeId,
+        chunk: ChunkIndex,
+        offset: u32,
+        file_size: u64,
+    },
     /// Grow the size to at least `size` and set mtime (close and fsync).
-    UpdateSize { ino: InodeId, size: u64, mtime: Timestamp },
+    UpdateSize {
+        ino: InodeId,
+        size: u64,
+        mtime: Timestamp,
+    },
     /// Make everything this server acknowledged durable.
     Fsync,
     /// One page of this server's entries of `dir`, names after `after`.
-    ReadDir { dir: InodeId, after: Option<FileName>, max_entries: u32 },
+    ReadDir {
+        dir: InodeId,
+        after: Option<FileName>,
+        max_entries: u32,
+    },
     /// Sent to the dentry server of the source name, which coordinates.
     Rename {
         src_parent: InodeId,
@@ -174,13 +207,28 @@ pub enum Op {
         flags: u32,
     },
     /// A new name for an existing inode. Sent to the new name's server.
-    Link { ino: InodeId, parent: InodeId, name: FileName },
-    ReadLink { ino: InodeId },
+    Link {
+        ino: InodeId,
+        parent: InodeId,
+        name: FileName,
+    },
+    ReadLink {
+        ino: InodeId,
+    },
     /// Drop chunk data at and beyond `size` that this server holds.
-    TruncateChunks { ino: InodeId, size: u64 },
+    TruncateChunks {
+        ino: InodeId,
+        size: u64,
+    },
     StatFs,
-    Seal { dir: InodeId, action: SealAction },
-    AdjustLinks { ino: InodeId, delta: i32 },
+    Seal {
+        dir: InodeId,
+        action: SealAction,
+    },
+    AdjustLinks {
+        ino: InodeId,
+        delta: i32,
+    },
     /// Phase 2 of a cross-server rename: write the new dentry.
     RenameInstall {
         tx: TxId,
@@ -192,9 +240,17 @@ pub enum Op {
         noreplace: bool,
     },
     /// Ask whether `tx` was installed; `forget` drops its record.
-    RenameResolve { tx: TxId, coordinator: ServerId, forget: bool },
-    PurgeChunks { ino: InodeId },
-    InvalidateDir { dir: InodeId },
+    RenameResolve {
+        tx: TxId,
+        coordinator: ServerId,
+        forget: bool,
+    },
+    PurgeChunks {
+        ino: InodeId,
+    },
+    InvalidateDir {
+        dir: InodeId,
+    },
 }
 
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -233,18 +289,35 @@ pub struct FsStats {
 pub enum Reply {
     Empty,
     Entry(Entry),
-    Created { entry: Entry, created: bool },
+    Created {
+        entry: Entry,
+        created: bool,
+    },
     Attr(Attr),
-    Removed { ino: InodeId, kind: FileKind },
-    DirPage { entries: Vec<DirEntry>, more: bool },
+    Removed {
+        ino: InodeId,
+        kind: FileKind,
+    },
+    DirPage {
+        entries: Vec<DirEntry>,
+        more: bool,
+    },
     /// Read: the bytes are the frame's data section.
     Data,
     Target(Vec<u8>),
     FsStats(FsStats),
-    Sealed { empty: bool },
-    Links { nlink: u32 },
-    Installed { replaced: Option<(InodeId, FileKind)> },
-    Resolved { installed: bool },
+    Sealed {
+        empty: bool,
+    },
+    Links {
+        nlink: u32,
+    },
+    Installed {
+        replaced: Option<(InodeId, FileKind)>,
+    },
+    Resolved {
+        installed: bool,
+    },
 }
 
 impl Op {
@@ -301,7 +374,14 @@ impl Request {
                 e.time_set(changes.atime);
                 e.time_set(changes.mtime);
             }
-            Op::Create { parent, name, kind, perm, exclusive, symlink_target } => {
+            Op::Create {
+                parent,
+                name,
+                kind,
+                perm,
+                exclusive,
+                symlink_target,
+            } => {
                 e.ino(*parent);
                 e.name(name);
                 e.kind(*kind);
@@ -318,13 +398,23 @@ impl Request {
                 e.ino(*ino);
                 e.u8(*mask);
             }
-            Op::Read { ino, chunk, offset, len } => {
+            Op::Read {
+                ino,
+                chunk,
+                offset,
+                len,
+            } => {
                 e.ino(*ino);
                 e.u32(chunk.0);
                 e.u32(*offset);
                 e.u32(*len);
             }
-            Op::Write { ino, chunk, offset, file_size } => {
+            Op::Write {
+                ino,
+                chunk,
+                offset,
+                file_size,
+            } => {
                 e.ino(*ino);
                 e.u32(chunk.0);
                 e.u32(*offset);
@@ -336,7 +426,11 @@ impl Request {
                 e.ts(*mtime);
             }
             Op::Fsync | Op::StatFs => {}
-            Op::ReadDir { dir, after, max_entries } => {
+            Op::ReadDir {
+                dir,
+                after,
+                max_entries,
+            } => {
                 e.ino(*dir);
                 match after {
                     None => e.u8(0),
@@ -344,7 +438,13 @@ impl Request {
                 }
                 e.u32(*max_entries);
             }
-            Op::Rename { src_parent, src_name, dst_parent, dst_name, flags } => {
+            Op::Rename {
+                src_parent,
+                src_name,
+                dst_parent,
+                dst_name,
+                flags,
+            } => {
                 e.ino(*src_parent);
                 e.name(src_name);
                 e.ino(*dst_parent);
@@ -368,7 +468,15 @@ impl Request {
                 e.ino(*ino);
                 e.i32(*delta);
             }
-            Op::RenameInstall { tx, coordinator, dst_parent, dst_name, ino, kind, noreplace } => {
+            Op::RenameInstall {
+                tx,
+                coordinator,
+                dst_parent,
+                dst_name,
+                ino,
+                kind,
+                noreplace,
+            } => {
                 e.u64(tx.0);
                 e.u16(coordinator.0);
                 e.ino(*dst_parent);
@@ -377,7 +485,11 @@ impl Request {
                 e.kind(*kind);
                 e.bool(*noreplace);
             }
-            Op::RenameResolve { tx, coordinator, forget } => {
+            Op::RenameResolve {
+                tx,
+                coordinator,
+                forget,
+            } => {
                 e.u64(tx.0);
                 e.u16(coordinator.0);
                 e.bool(*forget);
@@ -392,7 +504,10 @@ impl Request {
         let creds = d.creds()?;
         let op = match code {
             Opcode::Challenge | Opcode::Hello => return Err(ProtoError::UnknownOpcode(opcode)),
-            Opcode::Lookup => Op::Lookup { parent: d.ino()?, name: d.name()? },
+            Opcode::Lookup => Op::Lookup {
+                parent: d.ino()?,
+                name: d.name()?,
+            },
             Opcode::GetAttr => Op::GetAttr { ino: d.ino()? },
             Opcode::ReadLink => Op::ReadLink { ino: d.ino()? },
             Opcode::PurgeChunks => Op::PurgeChunks { ino: d.ino()? },
@@ -416,8 +531,15 @@ impl Request {
                 exclusive: d.bool()?,
                 symlink_target: d.bytes16(limits::SYMLINK_MAX_BYTES, "symlink target")?,
             },
-            Opcode::Remove => Op::Remove { parent: d.ino()?, name: d.name()?, dir: d.bool()? },
-            Opcode::Access => Op::Access { ino: d.ino()?, mask: d.u8()? },
+            Opcode::Remove => Op::Remove {
+                parent: d.ino()?,
+                name: d.name()?,
+                dir: d.bool()?,
+            },
+            Opcode::Access => Op::Access {
+                ino: d.ino()?,
+                mask: d.u8()?,
+            },
             Opcode::Read => Op::Read {
                 ino: d.ino()?,
                 chunk: ChunkIndex(d.u32()?),
@@ -430,7 +552,11 @@ impl Request {
                 offset: d.u32()?,
                 file_size: d.u64()?,
             },
-            Opcode::UpdateSize => Op::UpdateSize { ino: d.ino()?, size: d.u64()?, mtime: d.ts()? },
+            Opcode::UpdateSize => Op::UpdateSize {
+                ino: d.ino()?,
+                size: d.u64()?,
+                mtime: d.ts()?,
+            },
             Opcode::Fsync => Op::Fsync,
             Opcode::StatFs => Op::StatFs,
             Opcode::ReadDir => {
@@ -442,7 +568,11 @@ impl Request {
                             .map_err(|_| ProtoError::BadValue("file name"))?,
                     ),
                 };
-                Op::ReadDir { dir, after, max_entries: d.u32()? }
+                Op::ReadDir {
+                    dir,
+                    after,
+                    max_entries: d.u32()?,
+                }
             }
             Opcode::Rename => Op::Rename {
                 src_parent: d.ino()?,
@@ -451,8 +581,15 @@ impl Request {
                 dst_name: d.name()?,
                 flags: d.u32()?,
             },
-            Opcode::Link => Op::Link { ino: d.ino()?, parent: d.ino()?, name: d.name()? },
-            Opcode::TruncateChunks => Op::TruncateChunks { ino: d.ino()?, size: d.u64()? },
+            Opcode::Link => Op::Link {
+                ino: d.ino()?,
+                parent: d.ino()?,
+                name: d.name()?,
+            },
+            Opcode::TruncateChunks => Op::TruncateChunks {
+                ino: d.ino()?,
+                size: d.u64()?,
+            },
             Opcode::Seal => Op::Seal {
                 dir: d.ino()?,
                 action: match d.u8()? {
@@ -462,7 +599,10 @@ impl Request {
                     _ => return Err(ProtoError::BadValue("seal action")),
                 },
             },
-            Opcode::AdjustLinks => Op::AdjustLinks { ino: d.ino()?, delta: d.i32()? },
+            Opcode::AdjustLinks => Op::AdjustLinks {
+                ino: d.ino()?,
+                delta: d.i32()?,
+            },
             Opcode::RenameInstall => Op::RenameInstall {
                 tx: TxId(d.u64()?),
                 coordinator: ServerId(d.u16()?),
@@ -596,9 +736,15 @@ impl Reply {
         let reply = match d.u8()? {
             tag::EMPTY => Reply::Empty,
             tag::ENTRY => Reply::Entry(decode_entry(&mut d)?),
-            tag::CREATED => Reply::Created { entry: decode_entry(&mut d)?, created: d.bool()? },
+            tag::CREATED => Reply::Created {
+                entry: decode_entry(&mut d)?,
+                created: d.bool()?,
+            },
             tag::ATTR => Reply::Attr(d.attr()?),
-            tag::REMOVED => Reply::Removed { ino: d.ino()?, kind: d.kind()? },
+            tag::REMOVED => Reply::Removed {
+                ino: d.ino()?,
+                kind: d.kind()?,
+            },
             tag::DIR_PAGE => {
                 let n = d.u32()?;
                 if n > limits::READDIR_PAGE_ENTRIES_MAX {
@@ -611,9 +757,16 @@ impl Reply {
                 }
                 let mut entries = Vec::with_capacity(n as usize);
                 for _ in 0..n {
-                    entries.push(DirEntry { name: d.name()?, ino: d.ino()?, kind: d.kind()? });
+                    entries.push(DirEntry {
+                        name: d.name()?,
+                        ino: d.ino()?,
+                        kind: d.kind()?,
+                    });
                 }
-                Reply::DirPage { entries, more: d.bool()? }
+                Reply::DirPage {
+                    entries,
+                    more: d.bool()?,
+                }
             }
             tag::DATA => Reply::Data,
             tag::TARGET => Reply::Target(d.bytes16(limits::SYMLINK_MAX_BYTES, "symlink target")?),
@@ -627,9 +780,15 @@ impl Reply {
             tag::SEALED => Reply::Sealed { empty: d.bool()? },
             tag::LINKS => Reply::Links { nlink: d.u32()? },
             tag::INSTALLED => Reply::Installed {
-                replaced: if d.bool()? { Some((d.ino()?, d.kind()?)) } else { None },
+                replaced: if d.bool()? {
+                    Some((d.ino()?, d.kind()?))
+                } else {
+                    None
+                },
             },
-            tag::RESOLVED => Reply::Resolved { installed: d.bool()? },
+            tag::RESOLVED => Reply::Resolved {
+                installed: d.bool()?,
+            },
             _ => return Err(ProtoError::BadValue("reply tag")),
         };
         d.finish()?;
@@ -671,7 +830,10 @@ mod tests {
             size: 3901,
             atime: Timestamp { secs: 1, nanos: 2 },
             mtime: Timestamp { secs: -3, nanos: 4 },
-            ctime: Timestamp { secs: 5, nanos: 999_999_999 },
+            ctime: Timestamp {
+                secs: 5,
+                nanos: 999_999_999,
+            },
             btime: Timestamp::default(),
         }
     }
@@ -679,7 +841,10 @@ mod tests {
     fn all_ops() -> Vec<Op> {
         let ino = InodeId(42);
         vec![
-            Op::Lookup { parent: InodeId::ROOT, name: name("a") },
+            Op::Lookup {
+                parent: InodeId::ROOT,
+                name: name("a"),
+            },
             Op::GetAttr { ino },
             Op::SetAttr {
                 ino,
@@ -700,14 +865,43 @@ mod tests {
                 exclusive: true,
                 symlink_target: b"/some/where".to_vec(),
             },
-            Op::Remove { parent: ino, name: name("x"), dir: true },
-            Op::Access { ino, mask: ACCESS_READ | ACCESS_WRITE },
-            Op::Read { ino, chunk: ChunkIndex(3), offset: 4096, len: 1 << 20 },
-            Op::Write { ino, chunk: ChunkIndex(0), offset: 0, file_size: 3901 },
-            Op::UpdateSize { ino, size: 100, mtime: Timestamp { secs: 7, nanos: 0 } },
+            Op::Remove {
+                parent: ino,
+                name: name("x"),
+                dir: true,
+            },
+            Op::Access {
+                ino,
+                mask: ACCESS_READ | ACCESS_WRITE,
+            },
+            Op::Read {
+                ino,
+                chunk: ChunkIndex(3),
+                offset: 4096,
+                len: 1 << 20,
+            },
+            Op::Write {
+                ino,
+                chunk: ChunkIndex(0),
+                offset: 0,
+                file_size: 3901,
+            },
+            Op::UpdateSize {
+                ino,
+                size: 100,
+                mtime: Timestamp { secs: 7, nanos: 0 },
+            },
             Op::Fsync,
-            Op::ReadDir { dir: ino, after: None, max_entries: 100 },
-            Op::ReadDir { dir: ino, after: Some(name("m")), max_entries: 1 },
+            Op::ReadDir {
+                dir: ino,
+                after: None,
+                max_entries: 100,
+            },
+            Op::ReadDir {
+                dir: ino,
+                after: Some(name("m")),
+                max_entries: 1,
+            },
             Op::Rename {
                 src_parent: ino,
                 src_name: name("a"),
@@ -715,11 +909,18 @@ mod tests {
                 dst_name: name("b"),
                 flags: RENAME_NOREPLACE,
             },
-            Op::Link { ino, parent: InodeId::ROOT, name: name("hard") },
+            Op::Link {
+                ino,
+                parent: InodeId::ROOT,
+                name: name("hard"),
+            },
             Op::ReadLink { ino },
             Op::TruncateChunks { ino, size: 5 },
             Op::StatFs,
-            Op::Seal { dir: ino, action: SealAction::Removed },
+            Op::Seal {
+                dir: ino,
+                action: SealAction::Removed,
+            },
             Op::AdjustLinks { ino, delta: -1 },
             Op::RenameInstall {
                 tx: TxId(9),
@@ -730,7 +931,11 @@ mod tests {
                 kind: FileKind::Dir,
                 noreplace: false,
             },
-            Op::RenameResolve { tx: TxId(9), coordinator: ServerId(2), forget: true },
+            Op::RenameResolve {
+                tx: TxId(9),
+                coordinator: ServerId(2),
+                forget: true,
+            },
             Op::PurgeChunks { ino },
             Op::InvalidateDir { dir: ino },
         ]
@@ -738,9 +943,16 @@ mod tests {
 
     #[test]
     fn every_request_round_trips() {
-        let creds = Credentials { uid: 1000, gid: 100, groups: vec![4, 27] };
+        let creds = Credentials {
+            uid: 1000,
+            gid: 100,
+            groups: vec![4, 27],
+        };
         for op in all_ops() {
-            let req = Request { creds: creds.clone(), op };
+            let req = Request {
+                creds: creds.clone(),
+                op,
+            };
             let body = req.encode();
             let back = Request::decode(req.op.opcode() as u16, &body).unwrap();
             assert_eq!(back, req);
@@ -756,24 +968,49 @@ mod tests {
 
     #[test]
     fn every_reply_round_trips() {
-        let entry = Entry { ino: InodeId(3), kind: FileKind::Dir, attr: Some(attr()) };
+        let entry = Entry {
+            ino: InodeId(3),
+            kind: FileKind::Dir,
+            attr: Some(attr()),
+        };
         let replies = vec![
             Reply::Empty,
             Reply::Entry(entry.clone()),
-            Reply::Entry(Entry { attr: None, ..entry.clone() }),
-            Reply::Created { entry, created: true },
+            Reply::Entry(Entry {
+                attr: None,
+                ..entry.clone()
+            }),
+            Reply::Created {
+                entry,
+                created: true,
+            },
             Reply::Attr(attr()),
-            Reply::Removed { ino: InodeId(1), kind: FileKind::File },
+            Reply::Removed {
+                ino: InodeId(1),
+                kind: FileKind::File,
+            },
             Reply::DirPage {
-                entries: vec![DirEntry { name: name("f"), ino: InodeId(9), kind: FileKind::File }],
+                entries: vec![DirEntry {
+                    name: name("f"),
+                    ino: InodeId(9),
+                    kind: FileKind::File,
+                }],
                 more: true,
             },
             Reply::Data,
             Reply::Target(b"../x".to_vec()),
-            Reply::FsStats(FsStats { bytes_total: 1, bytes_free: 2, bytes_avail: 3, inodes: 4, data_bytes: 5 }),
+            Reply::FsStats(FsStats {
+                bytes_total: 1,
+                bytes_free: 2,
+                bytes_avail: 3,
+                inodes: 4,
+                data_bytes: 5,
+            }),
             Reply::Sealed { empty: false },
             Reply::Links { nlink: 3 },
-            Reply::Installed { replaced: Some((InodeId(8), FileKind::File)) },
+            Reply::Installed {
+                replaced: Some((InodeId(8), FileKind::File)),
+            },
             Reply::Installed { replaced: None },
             Reply::Resolved { installed: true },
         ];
@@ -798,7 +1035,10 @@ mod tests {
             Request::decode(Opcode::Lookup as u16, &e.into_bytes()),
             Err(ProtoError::BadValue("file name"))
         );
-        assert_eq!(Request::decode(999, &[]), Err(ProtoError::UnknownOpcode(999)));
+        assert_eq!(
+            Request::decode(999, &[]),
+            Err(ProtoError::UnknownOpcode(999))
+        );
         // A readdir page claiming 4096 entries in a 6-byte body.
         let mut e = Encoder::new();
         e.u8(5);

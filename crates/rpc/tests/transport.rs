@@ -18,26 +18,24 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 struct Echo;
 
 impl Handler for Echo {
-    fn handle(
+    async fn handle(
         self: &Arc<Self>,
         _ctx: CallContext,
         req: Request,
         data: Vec<u8>,
-    ) -> impl std::future::Future<Output = Result<(Reply, Vec<u8>), WireError>> + Send {
-        async move {
-            match req.op {
-                Op::GetAttr { ino } => {
-                    tokio::time::sleep(Duration::from_millis(100 - (ino.0 % 100))).await;
-                    Err(WireError::new(ErrorCode::NotFound, ino.0.to_string()))
-                }
-                Op::Write { .. } => Ok((
-                    Reply::Links {
-                        nlink: data.len() as u32,
-                    },
-                    Vec::new(),
-                )),
-                _ => Ok((Reply::Empty, Vec::new())),
+    ) -> Result<(Reply, Vec<u8>), WireError> {
+        match req.op {
+            Op::GetAttr { ino } => {
+                tokio::time::sleep(Duration::from_millis(100 - (ino.0 % 100))).await;
+                Err(WireError::new(ErrorCode::NotFound, ino.0.to_string()))
             }
+            Op::Write { .. } => Ok((
+                Reply::Links {
+                    nlink: data.len() as u32,
+                },
+                Vec::new(),
+            )),
+            _ => Ok((Reply::Empty, Vec::new())),
         }
     }
 }

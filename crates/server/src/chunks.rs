@@ -27,7 +27,11 @@ impl ChunkStore {
     pub fn open(root: PathBuf) -> io::Result<ChunkStore> {
         fs::create_dir_all(&root)?;
         let bytes = du(&root)?;
-        Ok(ChunkStore { root, dirty: Mutex::new(HashSet::new()), bytes: AtomicU64::new(bytes) })
+        Ok(ChunkStore {
+            root,
+            dirty: Mutex::new(HashSet::new()),
+            bytes: AtomicU64::new(bytes),
+        })
     }
 
     pub fn bytes_used(&self) -> u64 {
@@ -36,7 +40,9 @@ impl ChunkStore {
 
     fn inode_dir(&self, ino: InodeId) -> PathBuf {
         let spread = stable_hash(&[&ino.0.to_le_bytes()]) % 256;
-        self.root.join(format!("{spread:02x}")).join(format!("{:016x}", ino.0))
+        self.root
+            .join(format!("{spread:02x}"))
+            .join(format!("{:016x}", ino.0))
     }
 
     fn chunk_path(&self, ino: InodeId, index: ChunkIndex) -> PathBuf {
@@ -44,12 +50,21 @@ impl ChunkStore {
     }
 
     fn mark_dirty(&self, p: PathBuf) {
-        self.dirty.lock().unwrap_or_else(|e| e.into_inner()).insert(p);
+        self.dirty
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(p);
     }
 
     /// Read up to `len` bytes at `offset`; shorter (or empty) where the chunk
     /// file ends or does not exist: the caller fills holes with zeros.
-    pub fn read(&self, ino: InodeId, index: ChunkIndex, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+    pub fn read(
+        &self,
+        ino: InodeId,
+        index: ChunkIndex,
+        offset: u64,
+        len: usize,
+    ) -> io::Result<Vec<u8>> {
         let f = match File::open(self.chunk_path(ino, index)) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -72,9 +87,20 @@ impl ChunkStore {
         Ok(buf)
     }
 
-    pub fn write(&self, ino: InodeId, index: ChunkIndex, offset: u64, data: &[u8]) -> io::Result<()> {
+    pub fn write(
+        &self,
+        ino: InodeId,
+        index: ChunkIndex,
+        offset: u64,
+        data: &[u8],
+    ) -> io::Result<()> {
         let path = self.chunk_path(ino, index);
-        let f = match OpenOptions::new().write(true).create(true).truncate(false).open(&path) {
+        let f = match OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+        {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 let dir = self.inode_dir(ino);
@@ -84,7 +110,11 @@ impl ChunkStore {
                 if let Some(parent) = dir.parent() {
                     self.mark_dirty(parent.to_path_buf());
                 }
-                OpenOptions::new().write(true).create(true).truncate(false).open(&path)?
+                OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&path)?
             }
             Err(e) => return Err(e),
         };
@@ -108,18 +138,27 @@ impl ChunkStore {
         };
         for entry in entries {
             let entry = entry?;
-            let Some(index) = entry.file_name().to_str().and_then(|s| s.parse::<u64>().ok()) else {
+            let Some(index) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u64>().ok())
+            else {
                 continue;
             };
             let start = index * chunk_size;
             let len = entry.metadata()?.len();
             if start >= size {
                 fs::remove_file(entry.path())?;
-                self.bytes.fetch_sub(len.min(self.bytes_used()), Ordering::Relaxed);
+                self.bytes
+                    .fetch_sub(len.min(self.bytes_used()), Ordering::Relaxed);
             } else if size - start < len {
                 let keep = size - start;
-                OpenOptions::new().write(true).open(entry.path())?.set_len(keep)?;
-                self.bytes.fetch_sub((len - keep).min(self.bytes_used()), Ordering::Relaxed);
+                OpenOptions::new()
+                    .write(true)
+                    .open(entry.path())?
+                    .set_len(keep)?;
+                self.bytes
+                    .fetch_sub((len - keep).min(self.bytes_used()), Ordering::Relaxed);
                 self.mark_dirty(entry.path());
             }
         }
@@ -136,7 +175,8 @@ impl ChunkStore {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(e),
         }
-        self.bytes.fetch_sub(freed.min(self.bytes_used()), Ordering::Relaxed);
+        self.bytes
+            .fetch_sub(freed.min(self.bytes_used()), Ordering::Relaxed);
         if let Some(parent) = dir.parent() {
             self.mark_dirty(parent.to_path_buf());
         }
@@ -200,7 +240,10 @@ mod tests {
         let ino = InodeId(42);
         assert_eq!(s.read(ino, ChunkIndex(1), 0, 10).unwrap(), b"");
         s.write(ino, ChunkIndex(1), 5, b"hello").unwrap();
-        assert_eq!(s.read(ino, ChunkIndex(1), 0, 100).unwrap(), b"\0\0\0\0\0hello");
+        assert_eq!(
+            s.read(ino, ChunkIndex(1), 0, 100).unwrap(),
+            b"\0\0\0\0\0hello"
+        );
         assert_eq!(s.read(ino, ChunkIndex(1), 6, 2).unwrap(), b"el");
         assert_eq!(s.read(ino, ChunkIndex(1), 50, 2).unwrap(), b"");
         s.write(ino, ChunkIndex(2), 0, b"xyz").unwrap();

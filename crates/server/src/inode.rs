@@ -42,7 +42,14 @@ impl Inode {
         Ok(inode)
     }
 
-    pub fn new(ino: InodeId, kind: FileKind, perm: u32, uid: u32, gid: u32, target: Vec<u8>) -> Inode {
+    pub fn new(
+        ino: InodeId,
+        kind: FileKind,
+        perm: u32,
+        uid: u32,
+        gid: u32,
+        target: Vec<u8>,
+    ) -> Inode {
         let now = Timestamp::now();
         Inode {
             attr: Attr {
@@ -52,7 +59,11 @@ impl Inode {
                 nlink: if kind == FileKind::Dir { 2 } else { 1 },
                 uid,
                 gid,
-                size: if kind == FileKind::Symlink { target.len() as u64 } else { 0 },
+                size: if kind == FileKind::Symlink {
+                    target.len() as u64
+                } else {
+                    0
+                },
                 atime: now,
                 mtime: now,
                 ctime: now,
@@ -97,7 +108,10 @@ mod tests {
         assert_eq!(Inode::decode(&i.encode()).unwrap(), i);
         assert_eq!(i.attr.size, 2);
         assert!(Inode::decode(&i.encode()[1..]).is_err());
-        assert_eq!(decode_dentry(&encode_dentry(FileKind::Dir, InodeId(3))), Some((FileKind::Dir, InodeId(3))));
+        assert_eq!(
+            decode_dentry(&encode_dentry(FileKind::Dir, InodeId(3))),
+            Some((FileKind::Dir, InodeId(3)))
+        );
         assert_eq!(decode_dentry(&[9; 9]), None);
     }
 }

@@ -50,7 +50,9 @@ pub fn run(cfg: ClusterConfig, id: ServerId) -> Result<(), ServerError> {
             .server(id)
             .ok_or_else(|| ServerError::Config(format!("no server {id} in the cluster file")))?
             .clone();
-        let key = cfg.load_key().map_err(|e| ServerError::Config(e.to_string()))?;
+        let key = cfg
+            .load_key()
+            .map_err(|e| ServerError::Config(e.to_string()))?;
         let server = Arc::new(Server::open(&cfg, id, key.clone())?);
         let listener = tokio::net::TcpListener::bind(entry.address)
             .await

@@ -61,19 +61,31 @@ mod tests {
     use super::*;
 
     fn user(uid: u32, gid: u32) -> Credentials {
-        Credentials { uid, gid, groups: vec![50] }
+        Credentials {
+            uid,
+            gid,
+            groups: vec![50],
+        }
     }
 
     #[test]
     fn owner_group_other_bits() {
-        let o = Owner { kind: FileKind::File, perm: 0o640, uid: 10, gid: 20 };
+        let o = Owner {
+            kind: FileKind::File,
+            perm: 0o640,
+            uid: 10,
+            gid: 20,
+        };
         assert!(allowed(&o, &user(10, 1), READ | WRITE));
         assert!(!allowed(&o, &user(10, 1), EXEC));
         assert!(allowed(&o, &user(11, 20), READ));
         assert!(!allowed(&o, &user(11, 20), WRITE));
         assert!(!allowed(&o, &user(11, 21), READ));
         let g = Owner { gid: 50, ..o };
-        assert!(allowed(&g, &user(11, 21), READ), "supplementary group counts");
+        assert!(
+            allowed(&g, &user(11, 21), READ),
+            "supplementary group counts"
+        );
         // The owner class decides even when the group would allow more.
         let o2 = Owner { perm: 0o070, ..o };
         assert!(!allowed(&o2, &user(10, 20), READ));
@@ -81,16 +93,30 @@ mod tests {
 
     #[test]
     fn root_needs_an_x_bit_to_execute_files() {
-        let o = Owner { kind: FileKind::File, perm: 0o600, uid: 10, gid: 20 };
+        let o = Owner {
+            kind: FileKind::File,
+            perm: 0o600,
+            uid: 10,
+            gid: 20,
+        };
         assert!(allowed(&o, &Credentials::root(), READ | WRITE));
         assert!(!allowed(&o, &Credentials::root(), EXEC));
-        let d = Owner { kind: FileKind::Dir, perm: 0, ..o };
+        let d = Owner {
+            kind: FileKind::Dir,
+            perm: 0,
+            ..o
+        };
         assert!(allowed(&d, &Credentials::root(), EXEC));
     }
 
     #[test]
     fn sticky_directories_protect_other_users_entries() {
-        let d = Owner { kind: FileKind::Dir, perm: 0o1777, uid: 0, gid: 0 };
+        let d = Owner {
+            kind: FileKind::Dir,
+            perm: 0o1777,
+            uid: 0,
+            gid: 0,
+        };
         assert!(check_sticky(&d, 10, &user(10, 1)).is_ok());
         assert!(check_sticky(&d, 10, &user(11, 1)).is_err());
         assert!(check_sticky(&d, 10, &Credentials::root()).is_ok());

@@ -150,7 +150,16 @@ async fn after_install(srv: &Arc<Server>, done: &Installed) {
     }
     if let Some((dino, dk)) = done.replaced {
         if dino.owner() != srv.id {
-            if let Err(e) = srv.call_peer(dino.owner(), Op::AdjustLinks { ino: dino, delta: -1 }).await {
+            if let Err(e) = srv
+                .call_peer(
+                    dino.owner(),
+                    Op::AdjustLinks {
+                        ino: dino,
+                        delta: -1,
+                    },
+                )
+                .await
+            {
                 log_warn!("dropping a link of replaced {dino}: {e}");
             }
         }
@@ -198,14 +207,22 @@ pub(crate) async fn rename(
     perm::check_dir_write(&sdir, c)?;
     let ddir = srv.dir_owner(dp).await?;
     perm::check_dir_write(&ddir, c)?;
-    let (kind, ino) = srv.load_dentry(sp, sn)?.ok_or_else(|| err(ErrorCode::NotFound, ""))?;
+    let (kind, ino) = srv
+        .load_dentry(sp, sn)?
+        .ok_or_else(|| err(ErrorCode::NotFound, ""))?;
     if sp == dp && sn == dn {
         return Ok(());
     }
     if dp == ino {
-        return Err(err(ErrorCode::InvalidArgument, "cannot move a directory into itself"));
+        return Err(err(
+            ErrorCode::InvalidArgument,
+            "cannot move a directory into itself",
+        ));
     }
-    if sdir.perm & 0o1000 != 0 || ddir.perm & 0o1000 != 0 || (kind == FileKind::Dir && sp != dp && c.uid != 0) {
+    if sdir.perm & 0o1000 != 0
+        || ddir.perm & 0o1000 != 0
+        || (kind == FileKind::Dir && sp != dp && c.uid != 0)
+    {
         let a = srv.attr_of(ino).await?;
         perm::check_sticky(&sdir, a.uid, c)?;
         if kind == FileKind::Dir && sp != dp {
@@ -244,7 +261,11 @@ async fn rename_local(
     let result = async {
         srv.wait_unsealed(dp).await?;
         let _gate = srv.locks.gate(dp).read().await;
-        let mut keys = vec![LockKey::Dentry(sp, sn), LockKey::Dentry(dp, dn), LockKey::Inode(ino)];
+        let mut keys = vec![
+            LockKey::Dentry(sp, sn),
+            LockKey::Dentry(dp, dn),
+            LockKey::Inode(ino),
+        ];
         if let Some(t) = target {
             keys.push(LockKey::Inode(t));
         }
@@ -281,7 +302,10 @@ async fn rename_local(
 }
 
 fn is_uncertain(e: &WireError) -> bool {
-    matches!(e.code, ErrorCode::Unavailable | ErrorCode::TimedOut | ErrorCode::Protocol)
+    matches!(
+        e.code,
+        ErrorCode::Unavailable | ErrorCode::TimedOut | ErrorCode::Protocol
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -297,13 +321,23 @@ async fn rename_remote(
 ) -> Result<(), WireError> {
     let b_server = dentry_server(dp, dn, srv.servers);
     // Step 1.
-    let guard = srv.locks.lock(&[LockKey::Dentry(sp, sn), LockKey::Inode(ino)]).await;
+    let guard = srv
+        .locks
+        .lock(&[LockKey::Dentry(sp, sn), LockKey::Inode(ino)])
+        .await;
     if srv.load_dentry(sp, sn)? != Some((kind, ino)) {
         return Err(err(ErrorCode::TryAgain, "the source changed during rename"));
     }
     // Step 2.
     let tx = TxId(srv.next_tx.fetch_add(1, Ordering::Relaxed));
-    let intent = Intent { src_parent: sp, src_name: sn.clone(), dst_parent: dp, dst_name: dn.clone(), ino, kind };
+    let intent = Intent {
+        src_parent: sp,
+        src_name: sn.clone(),
+        dst_parent: dp,
+        dst_name: dn.clone(),
+        ino,
+        kind,
+    };
     let mut b = WriteBatch::new();
     b.put(&keys::rename_intent(tx), &intent.encode());
     srv.kv.write(b, true).map_err(kv_err)?;
@@ -322,7 +356,13 @@ async fn rename_remote(
             drop(guard);
             let me = srv.clone();
             tokio::spawn(async move { settle(&me, tx, intent).await });
-            Err(err(ErrorCode::Io, format!("rename: server {b_server} did not answer ({}); it will be completed or undone", e.message)))
+            Err(err(
+                ErrorCode::Io,
+                format!(
+                    "rename: server {b_server} did not answer ({}); it will be completed or undone",
+                    e.message
+                ),
+            ))
         }
         Err(e) => {
             let mut b = WriteBatch::new();
@@ -343,7 +383,16 @@ async fn rename_remote(
             // Step 5.
             let me = srv.clone();
             tokio::spawn(async move {
-                let _ = me.call_peer(b_server, Op::RenameResolve { tx, coordinator: me.id, forget: true }).await;
+                let _ = me
+                    .call_peer(
+                        b_server,
+                        Op::RenameResolve {
+                            tx,
+                            coordinator: me.id,
+                            forget: true,
+                        },
+                    )
+                    .await;
             });
             Ok(())
         }
@@ -371,7 +420,10 @@ pub(crate) async fn install(
         };
     }
     if !srv.holds_dentry(dp, dn) {
-        return Err(err(ErrorCode::Stale, "destination name is not held by this server"));
+        return Err(err(
+            ErrorCode::Stale,
+            "destination name is not held by this server",
+        ));
     }
     let (sealed, target) = seal_target(srv, dp, dn, ino, kind, noreplace).await?;
     let result = async {
@@ -390,7 +442,11 @@ pub(crate) async fn install(
         }
         let mut b = WriteBatch::new();
         let done = install_into(srv, &mut b, dp, dn, ino, kind, noreplace, sealed)?;
-        let replaced = if done.same { Some((ino, kind)) } else { done.replaced };
+        let replaced = if done.same {
+            Some((ino, kind))
+        } else {
+            done.replaced
+        };
         b.put(&marker, &encode_marker(&Marker::Installed(replaced)));
         srv.kv.write(b, true).map_err(kv_err)?;
         drop(guard);
@@ -441,7 +497,12 @@ fn decode_marker(v: &[u8]) -> Option<Marker> {
 }
 
 /// Step 6 on B: was tx installed? If not, make sure it never will be.
-pub(crate) fn resolve(srv: &Server, tx: TxId, coordinator: ServerId, forget: bool) -> Result<bool, WireError> {
+pub(crate) fn resolve(
+    srv: &Server,
+    tx: TxId,
+    coordinator: ServerId,
+    forget: bool,
+) -> Result<bool, WireError> {
     let marker = keys::rename_done(coordinator, tx);
     let installed = match srv.kv.get(&marker).map_err(kv_err)? {
         Some(v) => matches!(decode_marker(&v), Some(Marker::Installed(_))),
@@ -462,13 +523,23 @@ async fn settle(srv: &Arc<Server>, tx: TxId, intent: Intent) {
     let b_server = dentry_server(intent.dst_parent, &intent.dst_name, srv.servers);
     let mut wait = Duration::from_millis(200);
     loop {
-        let q = Op::RenameResolve { tx, coordinator: srv.id, forget: false };
+        let q = Op::RenameResolve {
+            tx,
+            coordinator: srv.id,
+            forget: false,
+        };
         match srv.call_peer(b_server, q).await {
             Ok(Reply::Resolved { installed }) => {
-                let _g = srv.locks.lock(&[LockKey::Dentry(intent.src_parent, &intent.src_name)]).await;
+                let _g = srv
+                    .locks
+                    .lock(&[LockKey::Dentry(intent.src_parent, &intent.src_name)])
+                    .await;
                 let mut b = WriteBatch::new();
                 if installed
-                    && srv.load_dentry(intent.src_parent, &intent.src_name).ok().flatten()
+                    && srv
+                        .load_dentry(intent.src_parent, &intent.src_name)
+                        .ok()
+                        .flatten()
                         == Some((intent.kind, intent.ino))
                 {
                     b.delete(&keys::dentry(intent.src_parent, &intent.src_name));
@@ -476,7 +547,16 @@ async fn settle(srv: &Arc<Server>, tx: TxId, intent: Intent) {
                 b.delete(&keys::rename_intent(tx));
                 match srv.kv.write(b, true) {
                     Ok(()) => {
-                        let _ = srv.call_peer(b_server, Op::RenameResolve { tx, coordinator: srv.id, forget: true }).await;
+                        let _ = srv
+                            .call_peer(
+                                b_server,
+                                Op::RenameResolve {
+                                    tx,
+                                    coordinator: srv.id,
+                                    forget: true,
+                                },
+                            )
+                            .await;
                         return;
                     }
                     Err(e) => log_warn!("settling rename {tx:?}: {e}"),
@@ -492,7 +572,10 @@ async fn settle(srv: &Arc<Server>, tx: TxId, intent: Intent) {
 
 /// Finish every rename a crash interrupted.
 pub(crate) async fn recover(srv: &Arc<Server>) {
-    let intents = match srv.kv.scan(keys::RENAME_INTENT, keys::RENAME_INTENT, 100_000) {
+    let intents = match srv
+        .kv
+        .scan(keys::RENAME_INTENT, keys::RENAME_INTENT, 100_000)
+    {
         Ok(v) => v,
         Err(e) => {
             log_warn!("scanning rename intents: {e}");
@@ -500,7 +583,13 @@ pub(crate) async fn recover(srv: &Arc<Server>) {
         }
     };
     for (k, v) in intents {
-        let Some(tx) = k.get(4..12).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes) else { continue };
+        let Some(tx) = k
+            .get(4..12)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_be_bytes)
+        else {
+            continue;
+        };
         match Intent::decode(&v) {
             Some(intent) => settle(srv, TxId(tx), intent).await,
             None => log_warn!("corrupt rename intent {tx}"),
@@ -509,16 +598,29 @@ pub(crate) async fn recover(srv: &Arc<Server>) {
 }
 
 /// RENAME_EXCHANGE: swap two names held by this server atomically.
-async fn exchange(srv: &Arc<Server>, sp: InodeId, sn: &FileName, dp: InodeId, dn: &FileName) -> Result<(), WireError> {
+async fn exchange(
+    srv: &Arc<Server>,
+    sp: InodeId,
+    sn: &FileName,
+    dp: InodeId,
+    dn: &FileName,
+) -> Result<(), WireError> {
     if !srv.holds_dentry(dp, dn) {
         return Err(err(
             ErrorCode::NotSupported,
             "RENAME_EXCHANGE of names held by two servers is not supported yet",
         ));
     }
-    let _g = srv.locks.lock(&[LockKey::Dentry(sp, sn), LockKey::Dentry(dp, dn)]).await;
-    let (sk, si) = srv.load_dentry(sp, sn)?.ok_or_else(|| err(ErrorCode::NotFound, ""))?;
-    let (dk, di) = srv.load_dentry(dp, dn)?.ok_or_else(|| err(ErrorCode::NotFound, ""))?;
+    let _g = srv
+        .locks
+        .lock(&[LockKey::Dentry(sp, sn), LockKey::Dentry(dp, dn)])
+        .await;
+    let (sk, si) = srv
+        .load_dentry(sp, sn)?
+        .ok_or_else(|| err(ErrorCode::NotFound, ""))?;
+    let (dk, di) = srv
+        .load_dentry(dp, dn)?
+        .ok_or_else(|| err(ErrorCode::NotFound, ""))?;
     let mut b = WriteBatch::new();
     Server::put_dentry(&mut b, sp, sn, dk, di);
     Server::put_dentry(&mut b, dp, dn, sk, si);

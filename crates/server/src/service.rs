@@ -90,7 +90,10 @@ pub struct Server {
 }
 
 fn read_u64(kv: &dyn KvStore, key: &[u8]) -> Result<Option<u64>, ServerError> {
-    match kv.get(key).map_err(|e| ServerError::Storage(e.to_string()))? {
+    match kv
+        .get(key)
+        .map_err(|e| ServerError::Storage(e.to_string()))?
+    {
         None => Ok(None),
         Some(v) => {
             let b: [u8; 8] = v.as_slice().try_into().map_err(|_| {
@@ -103,12 +106,15 @@ fn read_u64(kv: &dyn KvStore, key: &[u8]) -> Result<Option<u64>, ServerError> {
 
 impl Server {
     pub fn open(cfg: &ClusterConfig, id: ServerId, key: ClusterKey) -> Result<Server, ServerError> {
-        let entry = cfg.server(id).ok_or_else(|| ServerError::Config(format!("no server {id}")))?;
+        let entry = cfg
+            .server(id)
+            .ok_or_else(|| ServerError::Config(format!("no server {id}")))?;
         let data_dir = entry.data_dir.clone();
         std::fs::create_dir_all(&data_dir)
             .map_err(|e| ServerError::Storage(format!("{}: {e}", data_dir.display())))?;
         let kv: Arc<dyn KvStore> = Arc::new(
-            RocksStore::open(&data_dir.join("meta")).map_err(|e| ServerError::Storage(e.to_string()))?,
+            RocksStore::open(&data_dir.join("meta"))
+                .map_err(|e| ServerError::Storage(e.to_string()))?,
         );
         Self::with_store(cfg, id, key, kv, data_dir)
     }
@@ -128,7 +134,11 @@ impl Server {
                 kv.write(b, true).map_err(storage)?;
             }
             Some(v) => {
-                let version = v.as_slice().try_into().map(u32::from_le_bytes).unwrap_or(u32::MAX);
+                let version = v
+                    .as_slice()
+                    .try_into()
+                    .map(u32::from_le_bytes)
+                    .unwrap_or(u32::MAX);
                 if version > keys::FORMAT_VERSION {
                     return Err(ServerError::Storage(format!(
                         "data dir has format {version}, this server understands up to {}",
@@ -140,7 +150,8 @@ impl Server {
         // Counter 1 on server 0 is the root; start everyone above it.
         let mark = read_u64(kv.as_ref(), keys::META_NEXT_INODE)?.unwrap_or(16);
         let chunks = Arc::new(
-            ChunkStore::open(data_dir.join("chunks")).map_err(|e| ServerError::Storage(e.to_string()))?,
+            ChunkStore::open(data_dir.join("chunks"))
+                .map_err(|e| ServerError::Storage(e.to_string()))?,
         );
         let mut inodes = 0u64;
         let mut start = keys::INODE.to_vec();
@@ -173,9 +184,21 @@ impl Server {
             seal_changed: Notify::new(),
             next_tx: AtomicU64::new(Timestamp::now().secs as u64 * 1_000_000),
         };
-        if id == ServerId(0) && server.load_inode(InodeId::ROOT).map_err(|e| ServerError::Storage(e.message))?.is_none() {
+        if id == ServerId(0)
+            && server
+                .load_inode(InodeId::ROOT)
+                .map_err(|e| ServerError::Storage(e.message))?
+                .is_none()
+        {
             let creds = Credentials::current_process();
-            let root = Inode::new(InodeId::ROOT, FileKind::Dir, 0o755, creds.uid, creds.gid, Vec::new());
+            let root = Inode::new(
+                InodeId::ROOT,
+                FileKind::Dir,
+                0o755,
+                creds.uid,
+                creds.gid,
+                Vec::new(),
+            );
             let mut b = WriteBatch::new();
             b.put(&keys::inode(InodeId::ROOT), &root.encode());
             kv.write(b, true).map_err(storage)?;
@@ -211,12 +234,20 @@ impl Server {
 
     pub(crate) fn must_inode(&self, ino: InodeId) -> Result<Inode, WireError> {
         if ino.owner() != self.id {
-            return Err(err(ErrorCode::Stale, format!("inode {ino} is not held by server {}", self.id)));
+            return Err(err(
+                ErrorCode::Stale,
+                format!("inode {ino} is not held by server {}", self.id),
+            ));
         }
-        self.load_inode(ino)?.ok_or_else(|| err(ErrorCode::NotFound, format!("inode {ino}")))
+        self.load_inode(ino)?
+            .ok_or_else(|| err(ErrorCode::NotFound, format!("inode {ino}")))
     }
 
-    pub(crate) fn load_dentry(&self, parent: InodeId, name: &FileName) -> Result<Option<(FileKind, InodeId)>, WireError> {
+    pub(crate) fn load_dentry(
+        &self,
+        parent: InodeId,
+        name: &FileName,
+    ) -> Result<Option<(FileKind, InodeId)>, WireError> {
         match self.kv.get(&keys::dentry(parent, name)).map_err(kv_err)? {
             None => Ok(None),
             Some(v) => decode_dentry(&v)
@@ -225,14 +256,23 @@ impl Server {
         }
     }
 
-    pub(crate) fn put_dentry(b: &mut WriteBatch, parent: InodeId, name: &FileName, kind: FileKind, ino: InodeId) {
+    pub(crate) fn put_dentry(
+        b: &mut WriteBatch,
+        parent: InodeId,
+        name: &FileName,
+        kind: FileKind,
+        ino: InodeId,
+    ) {
         b.put(&keys::dentry(parent, name), &encode_dentry(kind, ino));
     }
 
     fn alloc_ino(&self) -> Result<InodeId, WireError> {
         let n = self.next_ino.fetch_add(1, Ordering::Relaxed);
         if n > (1u64 << 48) - 2 {
-            return Err(err(ErrorCode::NoSpace, "inode numbers exhausted on this server"));
+            return Err(err(
+                ErrorCode::NoSpace,
+                "inode numbers exhausted on this server",
+            ));
         }
         let mut mark = self.ino_mark.lock().unwrap_or_else(|e| e.into_inner());
         if n >= *mark {
@@ -297,7 +337,9 @@ impl Server {
     }
 
     async fn recover_orphans(&self) {
-        let Ok(list) = self.kv.scan(keys::ORPHAN, keys::ORPHAN, 100_000) else { return };
+        let Ok(list) = self.kv.scan(keys::ORPHAN, keys::ORPHAN, 100_000) else {
+            return;
+        };
         for (k, _) in list {
             if let Some(ino) = keys::ino_from_key(&k) {
                 self.purge_everywhere(ino).await;
@@ -308,13 +350,24 @@ impl Server {
     // ---- peers ------------------------------------------------------------
 
     /// Call another server (or this one, directly) as a peer.
-    pub(crate) fn call_peer(&self, server: ServerId, op: Op) -> BoxFuture<'_, Result<Reply, WireError>> {
+    pub(crate) fn call_peer(
+        &self,
+        server: ServerId,
+        op: Op,
+    ) -> BoxFuture<'_, Result<Reply, WireError>> {
         Box::pin(async move {
             if server == self.id {
                 return self.local_peer_op(op).await.map(|(r, _)| r);
             }
-            let req = Request { creds: Credentials::root(), op };
-            self.peers.call(server, &req, &[]).await.map(|r| r.reply).map_err(rpc_err)
+            let req = Request {
+                creds: Credentials::root(),
+                op,
+            };
+            self.peers
+                .call(server, &req, &[])
+                .await
+                .map(|r| r.reply)
+                .map_err(rpc_err)
         })
     }
 
@@ -324,11 +377,17 @@ impl Server {
             Op::Seal { dir, action } => self.seal(dir, action).await,
             Op::PurgeChunks { ino } => self.purge_local(ino).await,
             Op::InvalidateDir { dir } => {
-                self.dir_cache.lock().unwrap_or_else(|e| e.into_inner()).remove(&dir);
+                self.dir_cache
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&dir);
                 Ok((Reply::Empty, Vec::new()))
             }
             Op::GetAttr { ino } => Ok((Reply::Attr(self.must_inode(ino)?.attr), Vec::new())),
-            other => Err(err(ErrorCode::Protocol, format!("{:?} is not a local peer op", other.opcode()))),
+            other => Err(err(
+                ErrorCode::Protocol,
+                format!("{:?} is not a local peer op", other.opcode()),
+            )),
         }
     }
 
@@ -339,7 +398,10 @@ impl Server {
         }
         match self.call_peer(ino.owner(), Op::GetAttr { ino }).await? {
             Reply::Attr(a) => Ok(a),
-            other => Err(err(ErrorCode::Protocol, format!("GetAttr answered {other:?}"))),
+            other => Err(err(
+                ErrorCode::Protocol,
+                format!("GetAttr answered {other:?}"),
+            )),
         }
     }
 
@@ -347,18 +409,36 @@ impl Server {
     /// is gone, ENOTDIR if it is not a directory.
     pub(crate) async fn dir_owner(&self, dir: InodeId) -> Result<Owner, WireError> {
         if matches!(self.seal_state(dir), Some(SealState::Removed)) {
-            return Err(err(ErrorCode::NotFound, format!("directory {dir} was removed")));
+            return Err(err(
+                ErrorCode::NotFound,
+                format!("directory {dir} was removed"),
+            ));
         }
         let owner = if dir.owner() == self.id {
             let a = self.must_inode(dir)?.attr;
-            Owner { kind: a.kind, perm: a.perm, uid: a.uid, gid: a.gid }
+            Owner {
+                kind: a.kind,
+                perm: a.perm,
+                uid: a.uid,
+                gid: a.gid,
+            }
         } else {
-            let cached = self.dir_cache.lock().unwrap_or_else(|e| e.into_inner()).get(&dir).copied();
+            let cached = self
+                .dir_cache
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&dir)
+                .copied();
             match cached {
                 Some(o) => o,
                 None => {
                     let a = self.attr_of(dir).await?;
-                    let o = Owner { kind: a.kind, perm: a.perm, uid: a.uid, gid: a.gid };
+                    let o = Owner {
+                        kind: a.kind,
+                        perm: a.perm,
+                        uid: a.uid,
+                        gid: a.gid,
+                    };
                     if a.kind == FileKind::Dir {
                         let mut c = self.dir_cache.lock().unwrap_or_else(|e| e.into_inner());
                         if c.len() >= DIR_CACHE_MAX {
@@ -371,7 +451,10 @@ impl Server {
             }
         };
         if owner.kind != FileKind::Dir {
-            return Err(err(ErrorCode::NotDir, format!("inode {dir} is not a directory")));
+            return Err(err(
+                ErrorCode::NotDir,
+                format!("inode {dir} is not a directory"),
+            ));
         }
         Ok(owner)
     }
@@ -401,7 +484,10 @@ impl Server {
             match self.seal_state(dir) {
                 None => return Ok(()),
                 Some(SealState::Removed) => {
-                    return Err(err(ErrorCode::NotFound, format!("directory {dir} was removed")))
+                    return Err(err(
+                        ErrorCode::NotFound,
+                        format!("directory {dir} was removed"),
+                    ))
                 }
                 Some(SealState::Sealed(until)) => {
                     let left = until.saturating_duration_since(Instant::now());
@@ -422,7 +508,11 @@ impl Server {
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(dir, SealState::Sealed(Instant::now() + SEAL_LEASE));
                 let prefix = keys::dentry_prefix(dir);
-                let empty = self.kv.scan(&prefix, &prefix, 1).map_err(kv_err)?.is_empty();
+                let empty = self
+                    .kv
+                    .scan(&prefix, &prefix, 1)
+                    .map_err(kv_err)?
+                    .is_empty();
                 Ok((Reply::Sealed { empty }, Vec::new()))
             }
             SealAction::Unseal => {
@@ -442,7 +532,10 @@ impl Server {
                 }
                 seals.insert(dir, SealState::Removed);
                 drop(seals);
-                self.dir_cache.lock().unwrap_or_else(|e| e.into_inner()).remove(&dir);
+                self.dir_cache
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&dir);
                 self.seal_changed.notify_waiters();
                 Ok((Reply::Sealed { empty: true }, Vec::new()))
             }
@@ -452,7 +545,12 @@ impl Server {
     /// Seal `dir` on every server; Ok if it is empty everywhere, else the
     /// seals are lifted again and the error says why.
     pub(crate) async fn seal_empty_dir(&self, dir: InodeId) -> Result<(), WireError> {
-        let results = self.broadcast(Op::Seal { dir, action: SealAction::Seal }).await;
+        let results = self
+            .broadcast(Op::Seal {
+                dir,
+                action: SealAction::Seal,
+            })
+            .await;
         let mut failure = None;
         for (s, r) in results {
             match r {
@@ -461,7 +559,10 @@ impl Server {
                     failure.get_or_insert(err(ErrorCode::NotEmpty, ""));
                 }
                 Err(e) => {
-                    failure.get_or_insert(err(e.code, format!("sealing on server {s}: {}", e.message)));
+                    failure.get_or_insert(err(
+                        e.code,
+                        format!("sealing on server {s}: {}", e.message),
+                    ));
                 }
             }
         }
@@ -475,11 +576,21 @@ impl Server {
     }
 
     pub(crate) async fn unseal(&self, dir: InodeId) {
-        self.broadcast(Op::Seal { dir, action: SealAction::Unseal }).await;
+        self.broadcast(Op::Seal {
+            dir,
+            action: SealAction::Unseal,
+        })
+        .await;
     }
 
     pub(crate) async fn announce_removed(&self, dir: InodeId) {
-        for (s, r) in self.broadcast(Op::Seal { dir, action: SealAction::Removed }).await {
+        for (s, r) in self
+            .broadcast(Op::Seal {
+                dir,
+                action: SealAction::Removed,
+            })
+            .await
+        {
             if let Err(e) = r {
                 log_warn!("telling server {s} that directory {dir} is gone: {e}");
             }
@@ -488,34 +599,67 @@ impl Server {
 
     // ---- operations -------------------------------------------------------
 
-    pub(crate) async fn dispatch(self: &Arc<Self>, ctx: CallContext, req: Request, data: Vec<u8>) -> OpResult {
+    pub(crate) async fn dispatch(
+        self: &Arc<Self>,
+        ctx: CallContext,
+        req: Request,
+        data: Vec<u8>,
+    ) -> OpResult {
         let c = &req.creds;
         let ok = |r: Reply| Ok((r, Vec::new()));
         match req.op {
             Op::Lookup { parent, name } => ok(self.lookup(c, parent, &name).await?),
             Op::GetAttr { ino } => ok(Reply::Attr(self.must_inode(ino)?.attr)),
             Op::SetAttr { ino, changes } => ok(Reply::Attr(self.setattr(c, ino, changes).await?)),
-            Op::Create { parent, name, kind, perm, exclusive, symlink_target } => {
-                ok(self.create(c, parent, &name, kind, perm, exclusive, symlink_target).await?)
-            }
+            Op::Create {
+                parent,
+                name,
+                kind,
+                perm,
+                exclusive,
+                symlink_target,
+            } => ok(self
+                .create(c, parent, &name, kind, perm, exclusive, symlink_target)
+                .await?),
             Op::Remove { parent, name, dir } => ok(self.remove(c, parent, &name, dir).await?),
             Op::Access { ino, mask } => {
                 let inode = self.must_inode(ino)?;
                 perm::check(&owner_of(&inode.attr), c, mask)?;
                 ok(Reply::Attr(inode.attr))
             }
-            Op::Read { ino, chunk, offset, len } => self.read(ino, chunk, offset, len).await,
-            Op::Write { ino, chunk, offset, file_size } => {
-                ok(self.write(ino, chunk, offset, file_size, data).await?)
+            Op::Read {
+                ino,
+                chunk,
+                offset,
+                len,
+            } => self.read(ino, chunk, offset, len).await,
+            Op::Write {
+                ino,
+                chunk,
+                offset,
+                file_size,
+            } => ok(self.write(ino, chunk, offset, file_size, data).await?),
+            Op::UpdateSize { ino, size, mtime } => {
+                ok(Reply::Attr(self.update_size(ino, size, mtime).await?))
             }
-            Op::UpdateSize { ino, size, mtime } => ok(Reply::Attr(self.update_size(ino, size, mtime).await?)),
             Op::Fsync => {
                 self.sync.sync().await.map_err(|e| err(ErrorCode::Io, e))?;
                 ok(Reply::Empty)
             }
-            Op::ReadDir { dir, after, max_entries } => ok(self.readdir(c, dir, after, max_entries).await?),
-            Op::Rename { src_parent, src_name, dst_parent, dst_name, flags } => {
-                crate::rename::rename(self, c, src_parent, &src_name, dst_parent, &dst_name, flags).await?;
+            Op::ReadDir {
+                dir,
+                after,
+                max_entries,
+            } => ok(self.readdir(c, dir, after, max_entries).await?),
+            Op::Rename {
+                src_parent,
+                src_name,
+                dst_parent,
+                dst_name,
+                flags,
+            } => {
+                crate::rename::rename(self, c, src_parent, &src_name, dst_parent, &dst_name, flags)
+                    .await?;
                 ok(Reply::Empty)
             }
             Op::Link { ino, parent, name } => ok(self.link(c, ino, parent, &name).await?),
@@ -528,18 +672,42 @@ impl Server {
             }
             Op::TruncateChunks { ino, size } => {
                 let (chunks, cs) = (self.chunks.clone(), self.chunk_size);
-                blocking(move || chunks.truncate(ino, size, cs)).await.map_err(io_err)?;
+                blocking(move || chunks.truncate(ino, size, cs))
+                    .await
+                    .map_err(io_err)?;
                 ok(Reply::Empty)
             }
             Op::StatFs => ok(Reply::FsStats(self.statfs()?)),
             Op::AdjustLinks { ino, delta } => ok(self.adjust_links(ino, delta).await?),
-            Op::RenameInstall { tx, coordinator, dst_parent, dst_name, ino, kind, noreplace } => {
-                let replaced = crate::rename::install(self, tx, coordinator, dst_parent, &dst_name, ino, kind, noreplace).await?;
+            Op::RenameInstall {
+                tx,
+                coordinator,
+                dst_parent,
+                dst_name,
+                ino,
+                kind,
+                noreplace,
+            } => {
+                let replaced = crate::rename::install(
+                    self,
+                    tx,
+                    coordinator,
+                    dst_parent,
+                    &dst_name,
+                    ino,
+                    kind,
+                    noreplace,
+                )
+                .await?;
                 ok(Reply::Installed { replaced })
             }
-            Op::RenameResolve { tx, coordinator, forget } => {
-                ok(Reply::Resolved { installed: crate::rename::resolve(self, tx, coordinator, forget)? })
-            }
+            Op::RenameResolve {
+                tx,
+                coordinator,
+                forget,
+            } => ok(Reply::Resolved {
+                installed: crate::rename::resolve(self, tx, coordinator, forget)?,
+            }),
             op @ (Op::Seal { .. } | Op::PurgeChunks { .. } | Op::InvalidateDir { .. }) => {
                 debug_assert_eq!(ctx.role, Role::Peer);
                 self.local_peer_op(op).await
@@ -547,11 +715,22 @@ impl Server {
         }
     }
 
-    async fn lookup(&self, c: &Credentials, parent: InodeId, name: &FileName) -> Result<Reply, WireError> {
+    async fn lookup(
+        &self,
+        c: &Credentials,
+        parent: InodeId,
+        name: &FileName,
+    ) -> Result<Reply, WireError> {
         let dir = self.dir_owner(parent).await?;
         perm::check(&dir, c, perm::EXEC)?;
-        let (kind, ino) = self.load_dentry(parent, name)?.ok_or_else(|| err(ErrorCode::NotFound, ""))?;
-        let attr = if ino.owner() == self.id { self.load_inode(ino)?.map(|i| i.attr) } else { None };
+        let (kind, ino) = self
+            .load_dentry(parent, name)?
+            .ok_or_else(|| err(ErrorCode::NotFound, ""))?;
+        let attr = if ino.owner() == self.id {
+            self.load_inode(ino)?.map(|i| i.attr)
+        } else {
+            None
+        };
         Ok(Reply::Entry(Entry { ino, kind, attr }))
     }
 
@@ -566,8 +745,13 @@ impl Server {
         exclusive: bool,
         target: Vec<u8>,
     ) -> Result<Reply, WireError> {
-        if kind == FileKind::Symlink && (target.is_empty() || target.len() > limits::SYMLINK_MAX_BYTES) {
-            return Err(err(ErrorCode::InvalidArgument, "symlink target must be 1 to 4095 bytes"));
+        if kind == FileKind::Symlink
+            && (target.is_empty() || target.len() > limits::SYMLINK_MAX_BYTES)
+        {
+            return Err(err(
+                ErrorCode::InvalidArgument,
+                "symlink target must be 1 to 4095 bytes",
+            ));
         }
         self.wait_unsealed(parent).await?;
         let _gate = self.locks.gate(parent).read().await;
@@ -582,14 +766,32 @@ impl Server {
             if ekind == FileKind::Dir {
                 return Err(err(ErrorCode::IsDir, ""));
             }
-            let attr = if eino.owner() == self.id { self.load_inode(eino)?.map(|i| i.attr) } else { None };
-            return Ok(Reply::Created { entry: Entry { ino: eino, kind: ekind, attr }, created: false });
+            let attr = if eino.owner() == self.id {
+                self.load_inode(eino)?.map(|i| i.attr)
+            } else {
+                None
+            };
+            return Ok(Reply::Created {
+                entry: Entry {
+                    ino: eino,
+                    kind: ekind,
+                    attr,
+                },
+                created: false,
+            });
         }
         perm::check_dir_write(&dir, c)?;
         let ino = self.alloc_ino()?;
         // setgid directories pass their group (and, to subdirectories, the bit) on.
         let (gid, mut bits) = if dir.perm & 0o2000 != 0 {
-            (dir.gid, if kind == FileKind::Dir { perm_bits | 0o2000 } else { perm_bits })
+            (
+                dir.gid,
+                if kind == FileKind::Dir {
+                    perm_bits | 0o2000
+                } else {
+                    perm_bits
+                },
+            )
         } else {
             (c.gid, perm_bits)
         };
@@ -602,13 +804,28 @@ impl Server {
         Self::put_dentry(&mut b, parent, name, kind, ino);
         self.kv.write(b, false).map_err(kv_err)?;
         self.inode_count.fetch_add(1, Ordering::Relaxed);
-        Ok(Reply::Created { entry: Entry { ino, kind, attr: Some(inode.attr) }, created: true })
+        Ok(Reply::Created {
+            entry: Entry {
+                ino,
+                kind,
+                attr: Some(inode.attr),
+            },
+            created: true,
+        })
     }
 
-    async fn remove(self: &Arc<Self>, c: &Credentials, parent: InodeId, name: &FileName, want_dir: bool) -> Result<Reply, WireError> {
+    async fn remove(
+        self: &Arc<Self>,
+        c: &Credentials,
+        parent: InodeId,
+        name: &FileName,
+        want_dir: bool,
+    ) -> Result<Reply, WireError> {
         let dir = self.dir_owner(parent).await?;
         perm::check_dir_write(&dir, c)?;
-        let (kind, ino) = self.load_dentry(parent, name)?.ok_or_else(|| err(ErrorCode::NotFound, ""))?;
+        let (kind, ino) = self
+            .load_dentry(parent, name)?
+            .ok_or_else(|| err(ErrorCode::NotFound, ""))?;
         if want_dir && kind != FileKind::Dir {
             return Err(err(ErrorCode::NotDir, ""));
         }
@@ -624,7 +841,10 @@ impl Server {
             // gate, which creators take before their dentry locks.
             self.seal_empty_dir(ino).await?;
         }
-        let guard = self.locks.lock(&[LockKey::Dentry(parent, name), LockKey::Inode(ino)]).await;
+        let guard = self
+            .locks
+            .lock(&[LockKey::Dentry(parent, name), LockKey::Inode(ino)])
+            .await;
         if self.load_dentry(parent, name)? != Some((kind, ino)) {
             drop(guard);
             if want_dir {
@@ -648,7 +868,10 @@ impl Server {
             self.after_free(inode);
         } else if ino.owner() != self.id {
             // The name is gone; a failure here only leaks the inode.
-            if let Err(e) = self.call_peer(ino.owner(), Op::AdjustLinks { ino, delta: -1 }).await {
+            if let Err(e) = self
+                .call_peer(ino.owner(), Op::AdjustLinks { ino, delta: -1 })
+                .await
+            {
                 log_warn!("dropping a link of {ino} on its owner: {e}");
             }
         }
@@ -658,13 +881,20 @@ impl Server {
         Ok(Reply::Removed { ino, kind })
     }
 
-    pub(crate) async fn adjust_links(self: &Arc<Self>, ino: InodeId, delta: i32) -> Result<Reply, WireError> {
+    pub(crate) async fn adjust_links(
+        self: &Arc<Self>,
+        ino: InodeId,
+        delta: i32,
+    ) -> Result<Reply, WireError> {
         let _g = self.locks.lock(&[LockKey::Inode(ino)]).await;
         let mut inode = self.must_inode(ino)?;
         let mut b = WriteBatch::new();
         let nlink = if delta > 0 {
             if inode.attr.kind == FileKind::Dir {
-                return Err(err(ErrorCode::NotPermitted, "hard links to directories are not allowed"));
+                return Err(err(
+                    ErrorCode::NotPermitted,
+                    "hard links to directories are not allowed",
+                ));
             }
             if inode.attr.nlink >= u32::MAX / 2 {
                 return Err(err(ErrorCode::TooManyLinks, ""));
@@ -683,17 +913,29 @@ impl Server {
         Ok(Reply::Links { nlink })
     }
 
-    async fn link(self: &Arc<Self>, c: &Credentials, ino: InodeId, parent: InodeId, name: &FileName) -> Result<Reply, WireError> {
+    async fn link(
+        self: &Arc<Self>,
+        c: &Credentials,
+        ino: InodeId,
+        parent: InodeId,
+        name: &FileName,
+    ) -> Result<Reply, WireError> {
         self.wait_unsealed(parent).await?;
         let _gate = self.locks.gate(parent).read().await;
         let dir = self.dir_owner(parent).await?;
         perm::check_dir_write(&dir, c)?;
         let attr = self.attr_of(ino).await?;
         if attr.kind == FileKind::Dir {
-            return Err(err(ErrorCode::NotPermitted, "hard links to directories are not allowed"));
+            return Err(err(
+                ErrorCode::NotPermitted,
+                "hard links to directories are not allowed",
+            ));
         }
         let local = ino.owner() == self.id;
-        let _g = self.locks.lock(&[LockKey::Dentry(parent, name), LockKey::Inode(ino)]).await;
+        let _g = self
+            .locks
+            .lock(&[LockKey::Dentry(parent, name), LockKey::Inode(ino)])
+            .await;
         if self.load_dentry(parent, name)?.is_some() {
             return Err(err(ErrorCode::Exists, ""));
         }
@@ -708,19 +950,31 @@ impl Server {
         } else {
             // Count the link first: a crash before the name is written leaks
             // a link count, never leaves a name without an inode.
-            self.call_peer(ino.owner(), Op::AdjustLinks { ino, delta: 1 }).await?;
+            self.call_peer(ino.owner(), Op::AdjustLinks { ino, delta: 1 })
+                .await?;
         }
         Self::put_dentry(&mut b, parent, name, attr.kind, ino);
         if let Err(e) = self.kv.write(b, false) {
             if !local {
-                let _ = self.call_peer(ino.owner(), Op::AdjustLinks { ino, delta: -1 }).await;
+                let _ = self
+                    .call_peer(ino.owner(), Op::AdjustLinks { ino, delta: -1 })
+                    .await;
             }
             return Err(kv_err(e));
         }
-        Ok(Reply::Entry(Entry { ino, kind: attr.kind, attr: attr_out }))
+        Ok(Reply::Entry(Entry {
+            ino,
+            kind: attr.kind,
+            attr: attr_out,
+        }))
     }
 
-    async fn setattr(&self, c: &Credentials, ino: InodeId, ch: SetAttrs) -> Result<Attr, WireError> {
+    async fn setattr(
+        &self,
+        c: &Credentials,
+        ino: InodeId,
+        ch: SetAttrs,
+    ) -> Result<Attr, WireError> {
         let _g = self.locks.lock(&[LockKey::Inode(ino)]).await;
         let mut inode = self.must_inode(ino)?;
         let a = &mut inode.attr;
@@ -740,7 +994,10 @@ impl Server {
         }
         if let Some(uid) = ch.uid {
             if c.uid != 0 && uid != a.uid {
-                return Err(err(ErrorCode::NotPermitted, "only root may change the owner"));
+                return Err(err(
+                    ErrorCode::NotPermitted,
+                    "only root may change the owner",
+                ));
             }
         }
         if let Some(gid) = ch.gid {
@@ -749,7 +1006,10 @@ impl Server {
             }
         }
         if ch.perm.is_some() && !is_owner {
-            return Err(err(ErrorCode::NotPermitted, "only the owner may change the mode"));
+            return Err(err(
+                ErrorCode::NotPermitted,
+                "only the owner may change the mode",
+            ));
         }
         for t in [ch.atime, ch.mtime] {
             match t {
@@ -800,7 +1060,9 @@ impl Server {
             if size < a.size {
                 if inode.chunk0_in_file {
                     truncate_file = Some(size);
-                } else if let Some(mut data) = self.kv.get(&keys::inline_data(ino)).map_err(kv_err)? {
+                } else if let Some(mut data) =
+                    self.kv.get(&keys::inline_data(ino)).map_err(kv_err)?
+                {
                     if (data.len() as u64) > size {
                         data.truncate(size as usize);
                         b.put(&keys::inline_data(ino), &data);
@@ -827,7 +1089,9 @@ impl Server {
             // Chunk 0 is this server's business; the client trims the other
             // chunks on every server (TruncateChunks) before the new size.
             let (chunks, cs) = (self.chunks.clone(), self.chunk_size);
-            blocking(move || chunks.truncate(ino, size, cs)).await.map_err(io_err)?;
+            blocking(move || chunks.truncate(ino, size, cs))
+                .await
+                .map_err(io_err)?;
         }
         b.put(&keys::inode(ino), &inode.encode());
         self.kv.write(b, false).map_err(kv_err)?;
@@ -839,7 +1103,10 @@ impl Server {
 
     async fn read(&self, ino: InodeId, chunk: ChunkIndex, offset: u32, len: u32) -> OpResult {
         if offset as u64 + len as u64 > self.chunk_size {
-            return Err(err(ErrorCode::InvalidArgument, "read crosses the chunk end"));
+            return Err(err(
+                ErrorCode::InvalidArgument,
+                "read crosses the chunk end",
+            ));
         }
         if chunk.0 == 0 {
             let inode = self.must_inode(ino)?;
@@ -847,28 +1114,46 @@ impl Server {
                 return Err(err(ErrorCode::IsDir, ""));
             }
             if !inode.chunk0_in_file {
-                let data = self.kv.get(&keys::inline_data(ino)).map_err(kv_err)?.unwrap_or_default();
+                let data = self
+                    .kv
+                    .get(&keys::inline_data(ino))
+                    .map_err(kv_err)?
+                    .unwrap_or_default();
                 let start = (offset as usize).min(data.len());
                 let end = (offset as usize + len as usize).min(data.len());
                 return Ok((Reply::Data, data[start..end].to_vec()));
             }
         }
         let chunks = self.chunks.clone();
-        let data = blocking(move || chunks.read(ino, chunk, offset as u64, len as usize)).await.map_err(io_err)?;
+        let data = blocking(move || chunks.read(ino, chunk, offset as u64, len as usize))
+            .await
+            .map_err(io_err)?;
         Ok((Reply::Data, data))
     }
 
-    async fn write(&self, ino: InodeId, chunk: ChunkIndex, offset: u32, file_size: u64, data: Vec<u8>) -> Result<Reply, WireError> {
+    async fn write(
+        &self,
+        ino: InodeId,
+        chunk: ChunkIndex,
+        offset: u32,
+        file_size: u64,
+        data: Vec<u8>,
+    ) -> Result<Reply, WireError> {
         let end = offset as u64 + data.len() as u64;
         if end > self.chunk_size {
-            return Err(err(ErrorCode::InvalidArgument, "write crosses the chunk end"));
+            return Err(err(
+                ErrorCode::InvalidArgument,
+                "write crosses the chunk end",
+            ));
         }
         if file_size > limits::FILE_SIZE_MAX_BYTES {
             return Err(err(ErrorCode::FileTooBig, ""));
         }
         if chunk.0 != 0 {
             let chunks = self.chunks.clone();
-            blocking(move || chunks.write(ino, chunk, offset as u64, &data)).await.map_err(io_err)?;
+            blocking(move || chunks.write(ino, chunk, offset as u64, &data))
+                .await
+                .map_err(io_err)?;
             return Ok(Reply::Empty);
         }
         // Chunk 0 lives with the inode: data and size change in one step.
@@ -879,7 +1164,11 @@ impl Server {
         }
         let mut b = WriteBatch::new();
         if !inode.chunk0_in_file {
-            let mut inline = self.kv.get(&keys::inline_data(ino)).map_err(kv_err)?.unwrap_or_default();
+            let mut inline = self
+                .kv
+                .get(&keys::inline_data(ino))
+                .map_err(kv_err)?
+                .unwrap_or_default();
             if end <= limits::INLINE_DATA_MAX_BYTES {
                 if inline.len() < end as usize {
                     inline.resize(end as usize, 0);
@@ -900,7 +1189,9 @@ impl Server {
             }
         } else {
             let chunks = self.chunks.clone();
-            blocking(move || chunks.write(ino, ChunkIndex(0), offset as u64, &data)).await.map_err(io_err)?;
+            blocking(move || chunks.write(ino, ChunkIndex(0), offset as u64, &data))
+                .await
+                .map_err(io_err)?;
         }
         let now = Timestamp::now();
         inode.attr.size = inode.attr.size.max(file_size);
@@ -911,7 +1202,12 @@ impl Server {
         Ok(Reply::Empty)
     }
 
-    async fn update_size(&self, ino: InodeId, size: u64, mtime: Timestamp) -> Result<Attr, WireError> {
+    async fn update_size(
+        &self,
+        ino: InodeId,
+        size: u64,
+        mtime: Timestamp,
+    ) -> Result<Attr, WireError> {
         if size > limits::FILE_SIZE_MAX_BYTES {
             return Err(err(ErrorCode::FileTooBig, ""));
         }
@@ -926,7 +1222,13 @@ impl Server {
         Ok(inode.attr)
     }
 
-    async fn readdir(&self, c: &Credentials, dir: InodeId, after: Option<FileName>, max: u32) -> Result<Reply, WireError> {
+    async fn readdir(
+        &self,
+        c: &Credentials,
+        dir: InodeId,
+        after: Option<FileName>,
+        max: u32,
+    ) -> Result<Reply, WireError> {
         let owner = self.dir_owner(dir).await?;
         perm::check(&owner, c, perm::READ)?;
         let max = max.clamp(1, limits::READDIR_PAGE_ENTRIES_MAX) as usize;
@@ -943,8 +1245,10 @@ impl Server {
         let more = rows.len() > max;
         let mut entries = Vec::with_capacity(rows.len().min(max));
         for (k, v) in rows.into_iter().take(max) {
-            let name = FileName::new(&k[prefix.len()..]).map_err(|_| err(ErrorCode::Io, "corrupt dentry key"))?;
-            let (kind, ino) = decode_dentry(&v).ok_or_else(|| err(ErrorCode::Io, "corrupt dentry"))?;
+            let name = FileName::new(&k[prefix.len()..])
+                .map_err(|_| err(ErrorCode::Io, "corrupt dentry key"))?;
+            let (kind, ino) =
+                decode_dentry(&v).ok_or_else(|| err(ErrorCode::Io, "corrupt dentry"))?;
             entries.push(DirEntry { name, ino, kind });
         }
         Ok(Reply::DirPage { entries, more })
@@ -974,11 +1278,18 @@ impl Server {
 }
 
 pub(crate) fn owner_of(a: &Attr) -> Owner {
-    Owner { kind: a.kind, perm: a.perm, uid: a.uid, gid: a.gid }
+    Owner {
+        kind: a.kind,
+        perm: a.perm,
+        uid: a.uid,
+        gid: a.gid,
+    }
 }
 
 /// Run disk work on the blocking pool.
-pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> std::io::Result<T> + Send + 'static) -> std::io::Result<T> {
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| std::io::Error::other(format!("disk task failed: {e}")))?
@@ -1000,7 +1311,11 @@ pub(crate) async fn join_all<F: Future>(futs: impl IntoIterator<Item = F>) -> Ve
                 }
             }
         }
-        if pending { std::task::Poll::Pending } else { std::task::Poll::Ready(()) }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
     })
     .await;
     for r in results {
@@ -1024,7 +1339,12 @@ fn fs_space(path: &std::path::Path) -> std::io::Result<(u64, u64, u64)> {
 }
 
 impl Handler for Server {
-    fn handle(self: &Arc<Self>, ctx: CallContext, req: Request, data: Vec<u8>) -> impl Future<Output = OpResult> + Send {
+    fn handle(
+        self: &Arc<Self>,
+        ctx: CallContext,
+        req: Request,
+        data: Vec<u8>,
+    ) -> impl Future<Output = OpResult> + Send {
         self.dispatch(ctx, req, data)
     }
 }

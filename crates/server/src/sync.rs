@@ -34,7 +34,10 @@ impl SyncCoalescer {
                     let result = chunks
                         .sync_dirty()
                         .map_err(|e| format!("syncing chunk files: {e}"))
-                        .and_then(|()| kv.sync_wal().map_err(|e| format!("syncing metadata log: {e}")));
+                        .and_then(|()| {
+                            kv.sync_wal()
+                                .map_err(|e| format!("syncing metadata log: {e}"))
+                        });
                     for w in waiters {
                         let _ = w.send(result.clone());
                     }

@@ -129,7 +129,10 @@ impl Timestamp {
         let d = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
-        Timestamp { secs: d.as_secs() as i64, nanos: d.subsec_nanos() }
+        Timestamp {
+            secs: d.as_secs() as i64,
+            nanos: d.subsec_nanos(),
+        }
     }
 }
 
@@ -183,14 +186,22 @@ pub struct Credentials {
 
 impl Credentials {
     pub fn root() -> Credentials {
-        Credentials { uid: 0, gid: 0, groups: Vec::new() }
+        Credentials {
+            uid: 0,
+            gid: 0,
+            groups: Vec::new(),
+        }
     }
 
     /// The credentials of the calling process.
     pub fn current_process() -> Credentials {
         // SAFETY: these libc calls take no arguments and cannot fail.
         let (uid, gid) = unsafe { (libc_geteuid(), libc_getegid()) };
-        Credentials { uid, gid, groups: Vec::new() }
+        Credentials {
+            uid,
+            gid,
+            groups: Vec::new(),
+        }
     }
 
     pub fn in_group(&self, gid: u32) -> bool {
