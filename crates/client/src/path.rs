@@ -347,13 +347,25 @@ impl Client {
         path: &[u8],
         no_name: ErrorCode,
     ) -> Result<(InodeId, FileName, bool)> {
+        let (dir, name, must_be_dir, _) = self.parent_with_ancestors(path, no_name).await?;
+        Ok((dir, name, must_be_dir))
+    }
+
+    /// Like `parent_of`, plus every directory from the root down to the
+    /// parent as the walk really passed through them (symlinks followed).
+    async fn parent_with_ancestors(
+        &self,
+        path: &[u8],
+        no_name: ErrorCode,
+    ) -> Result<(InodeId, FileName, bool, Vec<InodeId>)> {
         let parsed = ParsedPath::parse(path)?;
         let (dir, name) = parsed
             .split_last()
             .ok_or_else(|| ClientError::new(no_name, "path does not end in a name"))?;
         let mut walk = Walk::at_root();
         self.walk(&mut walk, dir.components, true, true).await?;
-        Ok((walk.top().ino, name, parsed.must_be_dir))
+        let ancestors = walk.stack.iter().map(|n| n.ino).collect();
+        Ok((walk.top().ino, name, parsed.must_be_dir, ancestors))
     }
 
     async fn resolve_bytes(&self, path: &[u8], follow_last: bool) -> Result<Attr> {
@@ -631,7 +643,17 @@ impl Client {
         }
         async {
             let (src_dir, src_name, _) = self.parent_of(from, ErrorCode::Busy).await?;
-            let (dst_dir, dst_name, _) = self.parent_of(to, ErrorCode::Busy).await?;
+            let (dst_dir, dst_name, _, ancestors) =
+                self.parent_with_ancestors(to, ErrorCode::Busy).await?;
+            // The lexical check above misses symlinks on the way to the
+            // target: compare the directories actually walked through.
+            let src = self.lookup(src_dir, &src_name).await?;
+            if src.kind == FileKind::Dir && ancestors.contains(&src.ino) {
+                return Err(ClientError::new(
+                    ErrorCode::InvalidArgument,
+                    "cannot move a directory to a subdirectory of itself",
+                ));
+            }
             self.rename_at(src_dir, &src_name, dst_dir, &dst_name, flags)
                 .await
         }

@@ -10,6 +10,7 @@
 //! RNTX tx                       -> rename intent, on the coordinating server
 //! RNDN coordinator tx           -> rename installed, on the destination server
 //! META "next_inode"             -> u64 inode counter (a high-water mark)
+//! META "next_tx"                -> u64 rename transaction counter (likewise)
 //! META "format"                 -> u32 on-disk format version
 //! ```
 
@@ -22,6 +23,7 @@ pub const ORPHAN: &[u8; 4] = b"ORPH";
 pub const RENAME_INTENT: &[u8; 4] = b"RNTX";
 pub const RENAME_DONE: &[u8; 4] = b"RNDN";
 pub const META_NEXT_INODE: &[u8] = b"METAnext_inode";
+pub const META_NEXT_TX: &[u8] = b"METAnext_tx";
 pub const META_FORMAT: &[u8] = b"METAformat";
 /// Bumped when a record layout changes; a server refuses a newer format.
 pub const FORMAT_VERSION: u32 = 1;

@@ -3,6 +3,7 @@
 //! clients and peer servers over the `rpc` transport.
 
 pub mod chunks;
+pub mod counter;
 pub mod inode;
 pub mod keys;
 pub mod locks;
@@ -45,7 +46,7 @@ pub fn run(cfg: ClusterConfig, id: ServerId) -> Result<(), ServerError> {
         .thread_name("madfs-server")
         .build()
         .map_err(|e| ServerError::Config(format!("starting the runtime: {e}")))?;
-    rt.block_on(async move {
+    let result = rt.block_on(async move {
         let entry = cfg
             .server(id)
             .ok_or_else(|| ServerError::Config(format!("no server {id} in the cluster file")))?
@@ -65,7 +66,11 @@ pub fn run(cfg: ClusterConfig, id: ServerId) -> Result<(), ServerError> {
         server.shutdown().await;
         log_info!("server {id} stopped");
         Ok(())
-    })
+    });
+    // Drop every task (and with them the last references to the store)
+    // now, on this thread, not during process exit.
+    rt.shutdown_timeout(std::time::Duration::from_secs(10));
+    result
 }
 
 async fn wait_for_shutdown() {

@@ -42,7 +42,6 @@ use madfs_proto::message::{Op, Reply, RENAME_EXCHANGE, RENAME_NOREPLACE};
 use madfs_proto::{ErrorCode, WireError};
 use madfs_rpc::log_warn;
 use madfs_types::{dentry_server, Credentials, FileKind, FileName, InodeId, ServerId, TxId};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -329,7 +328,7 @@ async fn rename_remote(
         return Err(err(ErrorCode::TryAgain, "the source changed during rename"));
     }
     // Step 2.
-    let tx = TxId(srv.next_tx.fetch_add(1, Ordering::Relaxed));
+    let tx = TxId(srv.tx_counter.next(srv.kv.as_ref()).map_err(kv_err)?);
     let intent = Intent {
         src_parent: sp,
         src_name: sn.clone(),
@@ -415,7 +414,13 @@ pub(crate) async fn install(
     if let Some(v) = srv.kv.get(&marker).map_err(kv_err)? {
         return match decode_marker(&v) {
             Some(Marker::Aborted) => Err(err(ErrorCode::Stale, "rename was aborted")),
-            Some(Marker::Installed(r)) => Ok(r), // a retry: already done
+            // A retry of this very install: already done.
+            Some(Marker::Installed(done, r)) if done == ino => Ok(r),
+            // Same id, another inode: never install on a stale record.
+            Some(Marker::Installed(..)) => Err(err(
+                ErrorCode::Stale,
+                "rename id already used for another inode",
+            )),
             None => Err(err(ErrorCode::Io, "corrupt rename marker")),
         };
     }
@@ -447,7 +452,7 @@ pub(crate) async fn install(
         } else {
             done.replaced
         };
-        b.put(&marker, &encode_marker(&Marker::Installed(replaced)));
+        b.put(&marker, &encode_marker(&Marker::Installed(ino, replaced)));
         srv.kv.write(b, true).map_err(kv_err)?;
         drop(guard);
         Ok((done, replaced))
@@ -468,16 +473,21 @@ pub(crate) async fn install(
 }
 
 enum Marker {
-    Installed(Option<(InodeId, FileKind)>),
+    /// Installed `ino`; what it replaced, if anything.
+    Installed(InodeId, Option<(InodeId, FileKind)>),
     Aborted,
 }
 
 fn encode_marker(m: &Marker) -> Vec<u8> {
     let mut e = Encoder::new();
     match m {
-        Marker::Installed(None) => e.u8(MARK_INSTALLED),
-        Marker::Installed(Some((i, k))) => {
+        Marker::Installed(ino, None) => {
+            e.u8(MARK_INSTALLED);
+            e.ino(*ino);
+        }
+        Marker::Installed(ino, Some((i, k))) => {
             e.u8(MARK_REPLACED);
+            e.ino(*ino);
             e.ino(*i);
             e.kind(*k);
         }
@@ -489,8 +499,11 @@ fn encode_marker(m: &Marker) -> Vec<u8> {
 fn decode_marker(v: &[u8]) -> Option<Marker> {
     let mut d = Decoder::new(v);
     match d.u8().ok()? {
-        MARK_INSTALLED => Some(Marker::Installed(None)),
-        MARK_REPLACED => Some(Marker::Installed(Some((d.ino().ok()?, d.kind().ok()?)))),
+        MARK_INSTALLED => Some(Marker::Installed(d.ino().ok()?, None)),
+        MARK_REPLACED => Some(Marker::Installed(
+            d.ino().ok()?,
+            Some((d.ino().ok()?, d.kind().ok()?)),
+        )),
         MARK_ABORTED => Some(Marker::Aborted),
         _ => None,
     }
@@ -505,7 +518,7 @@ pub(crate) fn resolve(
 ) -> Result<bool, WireError> {
     let marker = keys::rename_done(coordinator, tx);
     let installed = match srv.kv.get(&marker).map_err(kv_err)? {
-        Some(v) => matches!(decode_marker(&v), Some(Marker::Installed(_))),
+        Some(v) => matches!(decode_marker(&v), Some(Marker::Installed(..))),
         None => false,
     };
     let mut b = WriteBatch::new();

@@ -7,6 +7,7 @@
 //! on the disk, run on tokio's blocking pool.
 
 use crate::chunks::ChunkStore;
+use crate::counter::Counter;
 use crate::inode::{decode_dentry, encode_dentry, Inode};
 use crate::locks::{LockKey, Locks};
 use crate::perm::{self, Owner};
@@ -35,9 +36,6 @@ use tokio::sync::Notify;
 pub(crate) type OpResult = Result<(Reply, Vec<u8>), WireError>;
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// Inode numbers reserved per counter write: the counter on disk is a
-/// high-water mark, so allocation rarely writes it.
-const INODE_BLOCK: u64 = 1024;
 /// A seal that its rmdir never lifted expires (the rmdir's server died).
 const SEAL_LEASE: Duration = Duration::from_secs(30);
 const DIR_CACHE_MAX: usize = 100_000;
@@ -78,30 +76,14 @@ pub struct Server {
     sync: SyncCoalescer,
     pub(crate) peers: Pool,
     pub(crate) locks: Locks,
-    next_ino: AtomicU64,
-    ino_mark: Mutex<u64>,
+    inode_counter: Counter,
     inode_count: AtomicU64,
     /// Attributes of directories owned by other servers, for permission
     /// checks; invalidated by the owner when they change.
     dir_cache: Mutex<HashMap<InodeId, Owner>>,
     seals: Mutex<HashMap<InodeId, SealState>>,
     seal_changed: Notify,
-    pub(crate) next_tx: AtomicU64,
-}
-
-fn read_u64(kv: &dyn KvStore, key: &[u8]) -> Result<Option<u64>, ServerError> {
-    match kv
-        .get(key)
-        .map_err(|e| ServerError::Storage(e.to_string()))?
-    {
-        None => Ok(None),
-        Some(v) => {
-            let b: [u8; 8] = v.as_slice().try_into().map_err(|_| {
-                ServerError::Storage(format!("corrupt counter {}", String::from_utf8_lossy(key)))
-            })?;
-            Ok(Some(u64::from_le_bytes(b)))
-        }
-    }
+    pub(crate) tx_counter: Counter,
 }
 
 impl Server {
@@ -148,7 +130,9 @@ impl Server {
             }
         }
         // Counter 1 on server 0 is the root; start everyone above it.
-        let mark = read_u64(kv.as_ref(), keys::META_NEXT_INODE)?.unwrap_or(16);
+        let inode_counter =
+            Counter::load(kv.as_ref(), keys::META_NEXT_INODE, 16).map_err(storage)?;
+        let tx_counter = Counter::load(kv.as_ref(), keys::META_NEXT_TX, 1).map_err(storage)?;
         let chunks = Arc::new(
             ChunkStore::open(data_dir.join("chunks"))
                 .map_err(|e| ServerError::Storage(e.to_string()))?,
@@ -176,13 +160,12 @@ impl Server {
             chunks,
             peers: Pool::new(cfg, key, Role::Peer, Timeouts::default()),
             locks: Locks::default(),
-            next_ino: AtomicU64::new(mark),
-            ino_mark: Mutex::new(mark),
+            inode_counter,
             inode_count: AtomicU64::new(inodes),
             dir_cache: Mutex::new(HashMap::new()),
             seals: Mutex::new(HashMap::new()),
             seal_changed: Notify::new(),
-            next_tx: AtomicU64::new(Timestamp::now().secs as u64 * 1_000_000),
+            tx_counter,
         };
         if id == ServerId(0)
             && server
@@ -219,6 +202,8 @@ impl Server {
         if let Err(e) = self.sync.sync().await {
             log_warn!("final sync failed: {e}");
         }
+        let sync = self.sync.clone();
+        let _ = tokio::task::spawn_blocking(move || sync.stop()).await;
     }
 
     // ---- local records ----------------------------------------------------
@@ -267,20 +252,12 @@ impl Server {
     }
 
     fn alloc_ino(&self) -> Result<InodeId, WireError> {
-        let n = self.next_ino.fetch_add(1, Ordering::Relaxed);
+        let n = self.inode_counter.next(self.kv.as_ref()).map_err(kv_err)?;
         if n > (1u64 << 48) - 2 {
             return Err(err(
                 ErrorCode::NoSpace,
                 "inode numbers exhausted on this server",
             ));
-        }
-        let mut mark = self.ino_mark.lock().unwrap_or_else(|e| e.into_inner());
-        if n >= *mark {
-            let new_mark = n + INODE_BLOCK;
-            let mut b = WriteBatch::new();
-            b.put(keys::META_NEXT_INODE, &new_mark.to_le_bytes());
-            self.kv.write(b, false).map_err(kv_err)?;
-            *mark = new_mark;
         }
         Ok(InodeId::new(self.id, n))
     }
@@ -621,7 +598,9 @@ impl Server {
             } => ok(self
                 .create(c, parent, &name, kind, perm, exclusive, symlink_target)
                 .await?),
-            Op::Remove { parent, name, dir } => ok(self.remove(c, parent, &name, dir).await?),
+            Op::Remove { parent, name, dir } => {
+                ok(retry_races(|| self.remove(c, parent, &name, dir)).await?)
+            }
             Op::Access { ino, mask } => {
                 let inode = self.must_inode(ino)?;
                 perm::check(&owner_of(&inode.attr), c, mask)?;
@@ -658,8 +637,12 @@ impl Server {
                 dst_name,
                 flags,
             } => {
-                crate::rename::rename(self, c, src_parent, &src_name, dst_parent, &dst_name, flags)
-                    .await?;
+                retry_races(|| {
+                    crate::rename::rename(
+                        self, c, src_parent, &src_name, dst_parent, &dst_name, flags,
+                    )
+                })
+                .await?;
                 ok(Reply::Empty)
             }
             Op::Link { ino, parent, name } => ok(self.link(c, ino, parent, &name).await?),
@@ -845,12 +828,17 @@ impl Server {
             .locks
             .lock(&[LockKey::Dentry(parent, name), LockKey::Inode(ino)])
             .await;
-        if self.load_dentry(parent, name)? != Some((kind, ino)) {
+        let now = self.load_dentry(parent, name)?;
+        if now != Some((kind, ino)) {
             drop(guard);
             if want_dir {
                 self.unseal(ino).await;
             }
-            return Err(err(ErrorCode::TryAgain, "the entry changed during removal"));
+            // Gone: a racing unlink won. Replaced: look again from the top.
+            return Err(match now {
+                None => err(ErrorCode::NotFound, ""),
+                Some(_) => err(ErrorCode::TryAgain, "the entry changed during removal"),
+            });
         }
         let mut b = WriteBatch::new();
         b.delete(&keys::dentry(parent, name));
@@ -1274,6 +1262,28 @@ impl Server {
     /// Is `name` in `parent` held by this server?
     pub(crate) fn holds_dentry(&self, parent: InodeId, name: &FileName) -> bool {
         dentry_server(parent, name, self.servers) == self.id
+    }
+}
+
+/// Times an operation that found its entries changed under it (TryAgain)
+/// starts over before the caller sees EAGAIN, which rename(2) and unlink(2)
+/// never return: racing renames onto one name must all succeed.
+const RACE_RETRIES_MAX: usize = 32;
+
+async fn retry_races<T, F, Fut>(mut op: F) -> Result<T, WireError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, WireError>>,
+{
+    let mut attempt = 0;
+    loop {
+        match op().await {
+            Err(e) if e.code == ErrorCode::TryAgain && attempt < RACE_RETRIES_MAX => {
+                attempt += 1;
+                tokio::task::yield_now().await;
+            }
+            other => return other,
+        }
     }
 }
 

@@ -7,7 +7,8 @@
 use crate::chunks::ChunkStore;
 use madfs_kv::KvStore;
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use tokio::sync::oneshot;
 
 /// Waiters queued at once; beyond it fsync callers wait to enqueue.
@@ -15,21 +16,37 @@ const QUEUE_MAX: usize = 65_536;
 
 type Waiter = oneshot::Sender<Result<(), String>>;
 
+enum Message {
+    Sync(Waiter),
+    /// Finish queued syncs, then end the thread (server shutdown).
+    Stop,
+}
+
 #[derive(Clone)]
 pub struct SyncCoalescer {
-    tx: mpsc::SyncSender<Waiter>,
+    tx: mpsc::SyncSender<Message>,
+    thread: Arc<Mutex<Option<JoinHandle<()>>>>,
 }
 
 impl SyncCoalescer {
     pub fn start(chunks: Arc<ChunkStore>, kv: Arc<dyn KvStore>) -> SyncCoalescer {
-        let (tx, rx) = mpsc::sync_channel::<Waiter>(QUEUE_MAX);
-        std::thread::Builder::new()
+        let (tx, rx) = mpsc::sync_channel::<Message>(QUEUE_MAX);
+        let thread = std::thread::Builder::new()
             .name("madfs-sync".into())
             .spawn(move || {
-                while let Ok(first) = rx.recv() {
-                    let mut waiters = vec![first];
-                    while let Ok(w) = rx.try_recv() {
-                        waiters.push(w);
+                let mut stop = false;
+                while !stop {
+                    let Ok(first) = rx.recv() else { break };
+                    let mut waiters = Vec::new();
+                    for m in std::iter::once(first).chain(std::iter::from_fn(|| rx.try_recv().ok()))
+                    {
+                        match m {
+                            Message::Sync(w) => waiters.push(w),
+                            Message::Stop => stop = true,
+                        }
+                    }
+                    if waiters.is_empty() {
+                        continue;
                     }
                     let result = chunks
                         .sync_dirty()
@@ -42,9 +59,14 @@ impl SyncCoalescer {
                         let _ = w.send(result.clone());
                     }
                 }
+                // The store is dropped here, on this thread, before the
+                // server returns: never during process exit.
             })
             .expect("spawning the sync thread");
-        SyncCoalescer { tx }
+        SyncCoalescer {
+            tx,
+            thread: Arc::new(Mutex::new(Some(thread))),
+        }
     }
 
     /// Wait until everything written before this call is durable.
@@ -52,11 +74,20 @@ impl SyncCoalescer {
         let (tx, rx) = oneshot::channel();
         let sender = self.tx.clone();
         // The queue is bounded; enqueue off the async threads in case it is full.
-        tokio::task::spawn_blocking(move || sender.send(tx))
+        tokio::task::spawn_blocking(move || sender.send(Message::Sync(tx)))
             .await
             .map_err(|e| e.to_string())?
             .map_err(|_| "sync thread stopped".to_string())?;
         rx.await.map_err(|_| "sync thread stopped".to_string())?
+    }
+
+    /// Serve the syncs already queued, then end the thread and wait for it.
+    pub fn stop(&self) {
+        let _ = self.tx.send(Message::Stop);
+        let handle = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
     }
 }
 
@@ -84,5 +115,10 @@ mod tests {
         for t in tasks {
             t.await.unwrap().unwrap();
         }
+        s.stop();
+        assert!(
+            s.sync().await.is_err(),
+            "a stopped coalescer must refuse syncs"
+        );
     }
 }

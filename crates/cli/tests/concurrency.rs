@@ -1,0 +1,376 @@
+//! Guards concurrent use: several client processes creating files in one
+//! directory lose nothing and duplicate nothing; racing exclusive creates
+//! (and mkdirs, and unlinks) of one name have exactly one winner; racing
+//! renames onto one name all succeed and leave exactly one entry; concurrent
+//! writes to disjoint ranges of one file all land.
+
+mod common;
+
+use common::{names, pattern, TestCluster};
+use madfs_client::{Client, ErrorCode, OpenOptions};
+use std::collections::BTreeSet;
+use std::process::Command;
+
+const SERVERS: usize = 4;
+
+#[test]
+fn four_client_processes_fill_one_directory() {
+    let tc = TestCluster::start(SERVERS);
+    tc.madfs_ok(["mkdir", "/shared"]);
+    let local = tc.root().join("local");
+    std::fs::create_dir(&local).unwrap();
+    for w in 0..4 {
+        for i in 0..50 {
+            std::fs::write(
+                local.join(format!("w{w}-{i}")),
+                format!("worker {w} file {i}"),
+            )
+            .unwrap();
+        }
+    }
+    // Four workers, each a stream of `madfs put` processes, all at once.
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|w| {
+                let (tc, local) = (&tc, &local);
+                s.spawn(move || {
+                    for i in 0..50 {
+                        let name = format!("w{w}-{i}");
+                        let out = Command::new(common::MADFS)
+                            .arg("put")
+                            .arg(local.join(&name))
+                            .arg(format!("/shared/{name}"))
+                            .env("MADFS_CLUSTER", tc.cluster_file())
+                            .output()
+                            .unwrap();
+                        assert!(
+                            out.status.success(),
+                            "put {name}: {}",
+                            String::from_utf8_lossy(&out.stderr)
+                        );
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("worker panicked");
+        }
+    });
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let c = tc.client();
+    let listing = names(&rt.block_on(c.read_dir("/shared")).unwrap());
+    let unique: BTreeSet<&String> = listing.iter().collect();
+    assert_eq!(listing.len(), 200, "listing: {listing:?}");
+    assert_eq!(unique.len(), 200, "duplicates in listing");
+    let mut want: Vec<String> = (0..4)
+        .flat_map(|w| (0..50).map(move |i| format!("w{w}-{i}")))
+        .collect();
+    want.sort();
+    assert_eq!(listing, want);
+    for w in 0..4 {
+        for i in 0..50 {
+            let got = rt
+                .block_on(c.read_file(format!("/shared/w{w}-{i}")))
+                .unwrap();
+            assert_eq!(got, format!("worker {w} file {i}").as_bytes());
+        }
+    }
+    // `madfs ls` agrees.
+    let ls = tc.madfs_ok(["ls", "/shared"]);
+    assert_eq!(ls.lines().collect::<Vec<_>>(), want);
+}
+
+/// Run `tasks` racers, each with its own connection pool, and count the
+/// outcomes of `op` by error code (None for success).
+async fn race<F, Fut>(
+    clients: &[Client],
+    tasks: usize,
+    op: F,
+) -> std::collections::HashMap<Option<ErrorCode>, usize>
+where
+    F: Fn(Client) -> Fut,
+    Fut: std::future::Future<Output = Result<(), madfs_client::ClientError>> + Send + 'static,
+{
+    let handles: Vec<_> = (0..tasks)
+        .map(|t| tokio::spawn(op(clients[t % clients.len()].clone())))
+        .collect();
+    let mut outcomes = std::collections::HashMap::new();
+    for h in handles {
+        let key = h.await.unwrap().err().map(|e| e.code);
+        *outcomes.entry(key).or_insert(0) += 1;
+    }
+    outcomes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_exclusive_creates_have_one_winner() {
+    let tc = TestCluster::start(SERVERS);
+    // Separate clients: separate connections, so requests truly interleave.
+    let clients: Vec<Client> = (0..4).map(|_| tc.client()).collect();
+    let c = &clients[0];
+    c.mkdir("/race", 0o755).await.unwrap();
+    let racers = 12;
+    for n in 0..16 {
+        let path = format!("/race/excl-{n}");
+        let p = path.clone();
+        let outcomes = race(&clients, racers, move |c| {
+            let p = p.clone();
+            async move {
+                let f = c
+                    .open(p.as_str(), OpenOptions::new().write(true).create_new(true))
+                    .await?;
+                f.close().await
+            }
+        })
+        .await;
+        let want = [(None, 1), (Some(ErrorCode::Exists), racers - 1)]
+            .into_iter()
+            .collect();
+        assert_eq!(outcomes, want, "exclusive create of {path}");
+        assert_eq!(c.stat(path.as_str()).await.unwrap().nlink, 1);
+
+        let dir = format!("/race/dir-{n}");
+        let d = dir.clone();
+        let outcomes = race(&clients, racers, move |c| {
+            let d = d.clone();
+            async move { c.mkdir(d.as_str(), 0o755).await.map(|_| ()) }
+        })
+        .await;
+        let want = [(None, 1), (Some(ErrorCode::Exists), racers - 1)]
+            .into_iter()
+            .collect();
+        assert_eq!(outcomes, want, "mkdir of {dir}");
+    }
+    let listing = c.read_dir("/race").await.unwrap();
+    assert_eq!(listing.len(), 32, "{:?}", names(&listing));
+
+    // Non-exclusive creates of one name all succeed and share one inode.
+    let outcomes = race(&clients, racers, |c| async move {
+        let f = c
+            .open("/race/shared", OpenOptions::new().write(true).create(true))
+            .await?;
+        f.close().await
+    })
+    .await;
+    assert_eq!(outcomes, [(None, racers)].into_iter().collect());
+    let listing = c.read_dir("/race").await.unwrap();
+    assert_eq!(listing.len(), 33);
+}
+
+/// POSIX rename never fails because another rename got there first:
+/// renames of distinct sources onto one name all succeed, each replacing
+/// the previous winner, and exactly one entry is left. (This is the "write
+/// a temp file, rename it over the real one" idiom run by several writers.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_renames_onto_one_name_all_succeed() {
+    let tc = TestCluster::start(SERVERS);
+    let clients: Vec<Client> = (0..4).map(|_| tc.client()).collect();
+    let c = &clients[0];
+    c.mkdir("/ren", 0o755).await.unwrap();
+    let n = 16;
+    for round in 0..3 {
+        for i in 0..n {
+            c.write_file(
+                format!("/ren/src-{i}"),
+                format!("round {round} source {i}").as_bytes(),
+            )
+            .await
+            .unwrap();
+        }
+        let handles: Vec<_> = (0..n)
+            .map(|i| {
+                let c = clients[i % clients.len()].clone();
+                tokio::spawn(async move {
+                    c.rename(format!("/ren/src-{i}"), "/ren/target")
+                        .await
+                        .map_err(|e| format!("rename src-{i}: {e} ({:?})", e.code))
+                })
+            })
+            .collect();
+        let mut failures = Vec::new();
+        for h in handles {
+            if let Err(e) = h.await.unwrap() {
+                failures.push(e);
+            }
+        }
+        assert!(
+            failures.is_empty(),
+            "round {round}: {} of {n} racing renames failed: {failures:#?}",
+            failures.len()
+        );
+        assert_eq!(names(&c.read_dir("/ren").await.unwrap()), vec!["target"]);
+        let content = String::from_utf8(c.read_file("/ren/target").await.unwrap()).unwrap();
+        assert!(
+            content.starts_with(&format!("round {round} source ")),
+            "{content}"
+        );
+        assert_eq!(c.stat("/ren/target").await.unwrap().nlink, 1);
+    }
+    // Replaced inodes were freed: only root, /ren and the target remain.
+    let stats = c.statfs().await.unwrap();
+    assert_eq!(stats.inodes, 3, "leaked inodes after racing renames");
+}
+
+/// Racing unlinks of one name: exactly one succeeds, the others see ENOENT
+/// (never EAGAIN, which unlink(2) cannot return). In a plain directory and
+/// in a sticky one like /tmp (where the server checks the victim's owner
+/// before locking, which widens the race).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_unlinks_of_one_name_have_one_winner() {
+    let tc = TestCluster::start(SERVERS);
+    let clients: Vec<Client> = (0..4).map(|_| tc.client()).collect();
+    let c = &clients[0];
+    c.mkdir("/plain", 0o755).await.unwrap();
+    c.mkdir("/sticky", 0o1777).await.unwrap();
+    let racers = 16;
+    let mut wrong = Vec::new();
+    for dir in ["/plain", "/sticky"] {
+        for n in 0..200 {
+            let path = format!("{dir}/f{n}");
+            c.write_file(path.as_str(), b"x").await.unwrap();
+            let p = path.clone();
+            let outcomes = race(&clients, racers, move |c| {
+                let p = p.clone();
+                async move { c.remove_file(p.as_str()).await }
+            })
+            .await;
+            let want = [(None, 1), (Some(ErrorCode::NotFound), racers - 1)]
+                .into_iter()
+                .collect();
+            if outcomes != want {
+                wrong.push(format!("{path}: {outcomes:?}"));
+            }
+        }
+        assert!(c.read_dir(dir).await.unwrap().is_empty());
+    }
+    assert!(
+        wrong.is_empty(),
+        "racing unlinks must give one success and ENOENT for the rest; {} of 400 did not:\n{}",
+        wrong.len(),
+        wrong[..wrong.len().min(10)].join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_writes_to_disjoint_ranges_all_land() {
+    let tc = TestCluster::start(SERVERS);
+    let c = tc.client();
+    // Disjoint ranges of one file written concurrently through one handle.
+    let f = std::sync::Arc::new(
+        c.open(
+            "/parallel",
+            OpenOptions::new().read(true).write(true).create(true),
+        )
+        .await
+        .unwrap(),
+    );
+    let piece = 300_000usize;
+    let handles: Vec<_> = (0..16)
+        .map(|i| {
+            let f = f.clone();
+            tokio::spawn(async move {
+                f.write_at((i * piece) as u64, &pattern(i as u64, piece))
+                    .await
+            })
+        })
+        .collect();
+    for h in handles {
+        h.await.unwrap().unwrap();
+    }
+    f.close().await.unwrap();
+    let all = c.read_file("/parallel").await.unwrap();
+    assert_eq!(all.len(), 16 * piece);
+    for i in 0..16 {
+        assert!(
+            all[i * piece..(i + 1) * piece] == pattern(i as u64, piece)[..],
+            "piece {i} differs"
+        );
+    }
+}
+
+/// Count every inode reachable from the root (no hard links here).
+async fn reachable(c: &Client) -> u64 {
+    let mut count = 1; // the root
+    let mut dirs = vec!["/".to_string()];
+    while let Some(d) = dirs.pop() {
+        for e in c.read_dir(d.as_str()).await.unwrap() {
+            count += 1;
+            if e.kind == madfs_client::FileKind::Dir {
+                dirs.push(format!("{}/{}", d.trim_end_matches('/'), e.name));
+            }
+        }
+    }
+    count
+}
+
+/// rmdir racing with creates in the directory: either a create lands
+/// first (rmdir then fails with ENOTEMPTY and the file is listed) or rmdir
+/// does (the creates fail with ENOENT); never both, and no file is ever
+/// left behind in a removed directory (an inode not reachable from the root).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rmdir_racing_creates_leaves_no_orphans() {
+    let tc = TestCluster::start(SERVERS);
+    let clients: Vec<Client> = (0..4).map(|_| tc.client()).collect();
+    let c = clients[0].clone();
+    let (mut rmdir_won, mut create_won) = (0, 0);
+    for round in 0..40 {
+        let dir = format!("/victim{round}");
+        c.mkdir(dir.as_str(), 0o755).await.unwrap();
+        let creators: Vec<_> = (0..4)
+            .map(|t| {
+                let (c, p) = (clients[t].clone(), format!("{dir}/f{t}"));
+                tokio::spawn(async move { c.write_file(p.as_str(), b"x").await })
+            })
+            .collect();
+        let remover = {
+            let (c, dir) = (clients[(round % 4) as usize].clone(), dir.clone());
+            tokio::spawn(async move { c.remove_dir(dir.as_str()).await })
+        };
+        let removed = remover.await.unwrap();
+        let mut made = Vec::new();
+        for (t, h) in creators.into_iter().enumerate() {
+            match h.await.unwrap() {
+                Ok(()) => made.push(format!("f{t}")),
+                Err(e) => assert_eq!(
+                    e.code,
+                    ErrorCode::NotFound,
+                    "round {round}: create f{t}: {e}"
+                ),
+            }
+        }
+        match removed {
+            Ok(()) => {
+                rmdir_won += 1;
+                assert_eq!(
+                    c.stat(dir.as_str()).await.unwrap_err().code,
+                    ErrorCode::NotFound
+                );
+                assert!(
+                    made.is_empty(),
+                    "round {round}: rmdir succeeded but {made:?} were created in it"
+                );
+            }
+            Err(e) => {
+                assert_eq!(e.code, ErrorCode::NotEmpty, "round {round}: rmdir: {e}");
+                create_won += 1;
+                assert!(
+                    !made.is_empty(),
+                    "round {round}: ENOTEMPTY, yet nothing was created"
+                );
+                let listed = names(&c.read_dir(dir.as_str()).await.unwrap());
+                assert_eq!(listed, made, "round {round}");
+            }
+        }
+        let stats = c.statfs().await.unwrap();
+        let live = reachable(&c).await;
+        assert_eq!(
+            stats.inodes, live,
+            "round {round}: {} inodes exist but {live} are reachable (orphans in a removed directory)",
+            stats.inodes
+        );
+    }
+    eprintln!("rmdir won {rmdir_won} races, a create won {create_won}");
+    // Both sides of the race were exercised (typically ~1:2 here).
+    assert!(rmdir_won > 0 && create_won > 0);
+}
