@@ -238,24 +238,24 @@ pub(crate) async fn rename(
     if flags & RENAME_EXCHANGE != 0 {
         return exchange(srv, sp, sn, dp, dn).await;
     }
+    let mv = Intent {
+        src_parent: sp,
+        src_name: sn.clone(),
+        dst_parent: dp,
+        dst_name: dn.clone(),
+        ino,
+        kind,
+    };
     if dentry_server(dp, dn, srv.servers) == srv.id {
-        rename_local(srv, sp, sn, dp, dn, ino, kind, noreplace).await
+        rename_local(srv, &mv, noreplace).await
     } else {
-        rename_remote(srv, sp, sn, dp, dn, ino, kind, noreplace).await
+        rename_remote(srv, mv, noreplace).await
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn rename_local(
-    srv: &Arc<Server>,
-    sp: InodeId,
-    sn: &FileName,
-    dp: InodeId,
-    dn: &FileName,
-    ino: InodeId,
-    kind: FileKind,
-    noreplace: bool,
-) -> Result<(), WireError> {
+async fn rename_local(srv: &Arc<Server>, mv: &Intent, noreplace: bool) -> Result<(), WireError> {
+    let (sp, sn, dp, dn) = (mv.src_parent, &mv.src_name, mv.dst_parent, &mv.dst_name);
+    let (ino, kind) = (mv.ino, mv.kind);
     let (sealed, target) = seal_target(srv, dp, dn, ino, kind, noreplace).await?;
     let result = async {
         srv.wait_unsealed(dp).await?;
@@ -307,17 +307,19 @@ fn is_uncertain(e: &WireError) -> bool {
     )
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn rename_remote(
     srv: &Arc<Server>,
-    sp: InodeId,
-    sn: &FileName,
-    dp: InodeId,
-    dn: &FileName,
-    ino: InodeId,
-    kind: FileKind,
+    intent: Intent,
     noreplace: bool,
 ) -> Result<(), WireError> {
+    // Owned copies: `intent` itself moves into the recovery task if B is silent.
+    let (sn, dn) = (&intent.src_name.clone(), &intent.dst_name.clone());
+    let (sp, dp, ino, kind) = (
+        intent.src_parent,
+        intent.dst_parent,
+        intent.ino,
+        intent.kind,
+    );
     let b_server = dentry_server(dp, dn, srv.servers);
     // Step 1.
     let guard = srv
@@ -329,14 +331,6 @@ async fn rename_remote(
     }
     // Step 2.
     let tx = TxId(srv.tx_counter.next(srv.kv.as_ref()).map_err(kv_err)?);
-    let intent = Intent {
-        src_parent: sp,
-        src_name: sn.clone(),
-        dst_parent: dp,
-        dst_name: dn.clone(),
-        ino,
-        kind,
-    };
     let mut b = WriteBatch::new();
     b.put(&keys::rename_intent(tx), &intent.encode());
     srv.kv.write(b, true).map_err(kv_err)?;
