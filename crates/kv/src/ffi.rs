@@ -101,6 +101,8 @@ extern "C" {
     pub fn rocksdb_options_destroy(opt: *mut rocksdb_options_t);
     pub fn rocksdb_options_set_create_if_missing(opt: *mut rocksdb_options_t, v: c_uchar);
     pub fn rocksdb_options_increase_parallelism(opt: *mut rocksdb_options_t, total_threads: c_int);
+    pub fn rocksdb_options_set_info_log_level(opt: *mut rocksdb_options_t, level: c_int);
+    pub fn rocksdb_options_set_keep_log_file_num(opt: *mut rocksdb_options_t, n: usize);
     pub fn rocksdb_options_optimize_level_style_compaction(
         opt: *mut rocksdb_options_t,
         memtable_memory_budget: u64,

@@ -26,6 +26,15 @@ pub enum KvError {
     Io(String),
 }
 
+impl KvError {
+    /// Whether the store failed because its disk is full (so callers can
+    /// answer ENOSPC instead of EIO).
+    pub fn is_no_space(&self) -> bool {
+        let (KvError::Open(m) | KvError::Io(m)) = self;
+        m.contains("No space left on device")
+    }
+}
+
 impl fmt::Display for KvError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

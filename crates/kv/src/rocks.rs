@@ -22,6 +22,8 @@ const MEMTABLE_BUDGET: u64 = 64 << 20;
 /// Background threads for flushes and compactions.
 const PARALLELISM: libc::c_int = 2;
 /// Bloom filter density for block-based tables.
+/// RocksDB's InfoLogLevel::ERROR_LEVEL.
+const INFO_LOG_LEVEL_ERROR: std::os::raw::c_int = 3;
 const BLOOM_BITS_PER_KEY: f64 = 10.0;
 
 /// A RocksDB database opened at a path on local disk.
@@ -171,6 +173,11 @@ impl RocksStore {
         unsafe {
             ffi::rocksdb_options_set_create_if_missing(store.opts, 1);
             ffi::rocksdb_options_increase_parallelism(store.opts, PARALLELISM);
+            // Only errors go to RocksDB's own LOG file, and few old ones are
+            // kept: that file shares the data disk, and when the disk fills
+            // a chatty LOG is what fails first.
+            ffi::rocksdb_options_set_info_log_level(store.opts, INFO_LOG_LEVEL_ERROR);
+            ffi::rocksdb_options_set_keep_log_file_num(store.opts, 2);
             ffi::rocksdb_options_optimize_level_style_compaction(store.opts, MEMTABLE_BUDGET);
             let table = ffi::rocksdb_block_based_options_create();
             let bloom = ffi::rocksdb_filterpolicy_create_bloom(BLOOM_BITS_PER_KEY);

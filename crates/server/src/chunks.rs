@@ -119,7 +119,15 @@ impl ChunkStore {
             Err(e) => return Err(e),
         };
         let before = f.metadata()?.len();
-        f.write_all_at(data, offset)?;
+        if let Err(e) = f.write_all_at(data, offset) {
+            // Nothing of a failed write is acknowledged: give back what it
+            // appended (the space, and no stale bytes past the end that a
+            // later extension would expose), keeping the byte count exact.
+            if f.metadata().map(|m| m.len() > before).unwrap_or(false) {
+                let _ = f.set_len(before);
+            }
+            return Err(e);
+        }
         let after = offset + data.len() as u64;
         if after > before {
             self.bytes.fetch_add(after - before, Ordering::Relaxed);

@@ -39,6 +39,11 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// A seal that its rmdir never lifted expires (the rmdir's server died).
 const SEAL_LEASE: Duration = Duration::from_secs(30);
 const DIR_CACHE_MAX: usize = 100_000;
+/// Free space kept back from operations that grow the store: RocksDB needs
+/// room to roll its log and flush memtables (up to its 64 MiB memtable
+/// budget), and removals must keep working on a full disk. Without it,
+/// RocksDB itself hits ENOSPC and refuses every later write until restart.
+const SPACE_RESERVE_MAX_BYTES: u64 = 64 << 20;
 const SEALS_MAX: usize = 100_000;
 
 pub(crate) fn err(code: ErrorCode, msg: impl Into<String>) -> WireError {
@@ -46,7 +51,12 @@ pub(crate) fn err(code: ErrorCode, msg: impl Into<String>) -> WireError {
 }
 
 pub(crate) fn kv_err(e: madfs_kv::KvError) -> WireError {
-    err(ErrorCode::Io, format!("metadata store: {e}"))
+    let code = if e.is_no_space() {
+        ErrorCode::NoSpace
+    } else {
+        ErrorCode::Io
+    };
+    err(code, format!("metadata store: {e}"))
 }
 
 fn io_err(e: std::io::Error) -> WireError {
@@ -764,6 +774,7 @@ impl Server {
             });
         }
         perm::check_dir_write(&dir, c)?;
+        self.check_space(0)?;
         let ino = self.alloc_ino()?;
         // setgid directories pass their group (and, to subdirectories, the bit) on.
         let (gid, mut bits) = if dir.perm & 0o2000 != 0 {
@@ -1137,6 +1148,7 @@ impl Server {
         if file_size > limits::FILE_SIZE_MAX_BYTES {
             return Err(err(ErrorCode::FileTooBig, ""));
         }
+        self.check_space(data.len() as u64)?;
         if chunk.0 != 0 {
             let chunks = self.chunks.clone();
             blocking(move || chunks.write(ino, chunk, offset as u64, &data))
@@ -1240,6 +1252,20 @@ impl Server {
             entries.push(DirEntry { name, ino, kind });
         }
         Ok(Reply::DirPage { entries, more })
+    }
+
+    /// Refuse growth (ENOSPC) once free space would drop into the reserve:
+    /// the smaller of 64 MiB and an eighth of the disk.
+    fn check_space(&self, growth: u64) -> Result<(), WireError> {
+        let (total, _, avail) = fs_space(&self.data_dir).map_err(io_err)?;
+        let reserve = SPACE_RESERVE_MAX_BYTES.min(total / 8);
+        if avail < reserve.saturating_add(growth) {
+            return Err(err(
+                ErrorCode::NoSpace,
+                format!("server {} keeps its last {reserve} bytes free", self.id),
+            ));
+        }
+        Ok(())
     }
 
     fn statfs(&self) -> Result<FsStats, WireError> {

@@ -18,6 +18,7 @@ use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// The `madfs` binary under test.
@@ -36,6 +37,73 @@ pub struct TestCluster {
     cluster_file: PathBuf,
     cfg: ClusterConfig,
     children: Vec<Option<Child>>,
+    opts: Options,
+}
+
+/// How `TestCluster::start_with` sets its servers up; `Default` is what
+/// `TestCluster::start` does.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Give every server a data directory on a private tmpfs of this many
+    /// bytes, to run it out of disk space. The tmpfs is mounted over the
+    /// (empty) data directory inside a user+mount namespace of the server's
+    /// own (see `tmpfs_wrapper`), so it needs no privileges, is seen by that
+    /// server only, and vanishes with it: such a server cannot be restarted.
+    pub tmpfs_bytes: Option<u64>,
+}
+
+/// The command prefix that starts a program in a fresh mount namespace with
+/// a tmpfs of `size=<bytes>` mounted over the directory given as the first
+/// argument after the prefix (`<prefix...> DIR BYTES PROGRAM ARGS...`).
+/// Prefers an unprivileged user+mount namespace (works for any user); as
+/// root where user namespaces are unavailable, a plain mount namespace.
+/// Probed once per test binary, by mounting a small tmpfs for real.
+fn tmpfs_wrapper() -> &'static [&'static str] {
+    const SCRIPT: &str = "mount -t tmpfs -o size=\"$1\" madfs-full \"$0\" && shift && exec \"$@\"";
+    static WRAPPER: OnceLock<Vec<&'static str>> = OnceLock::new();
+    WRAPPER.get_or_init(|| {
+        let candidates: &[&[&'static str]] = &[
+            &[
+                "unshare",
+                "--user",
+                "--map-root-user",
+                "--mount",
+                "--",
+                "sh",
+                "-c",
+                SCRIPT,
+            ],
+            &["unshare", "--mount", "--", "sh", "-c", SCRIPT],
+        ];
+        let probe_dir = tempfile::Builder::new()
+            .prefix("madfs-tmpfs-probe-")
+            .tempdir()
+            .expect("tempdir");
+        let mut failures = Vec::new();
+        for c in candidates {
+            let out = Command::new(c[0])
+                .args(&c[1..])
+                .arg(probe_dir.path())
+                .arg("1m")
+                .args(["sh", "-c", "grep -q madfs-full /proc/self/mounts"])
+                .stdin(Stdio::null())
+                .output();
+            match out {
+                Ok(o) if o.status.success() => return c.to_vec(),
+                Ok(o) => failures.push(format!(
+                    "{c:?}: {} {}",
+                    o.status,
+                    String::from_utf8_lossy(&o.stderr).trim()
+                )),
+                Err(e) => failures.push(format!("{c:?}: {e}")),
+            }
+        }
+        panic!(
+            "cannot give a test server a private tmpfs (needs util-linux `unshare` and \
+             either unprivileged user namespaces or root):\n{}",
+            failures.join("\n")
+        );
+    })
 }
 
 /// Free loopback ports, all held until every one is chosen so a cluster
@@ -63,6 +131,11 @@ pub fn tail(path: &Path, lines: usize) -> String {
 impl TestCluster {
     /// Start `n` servers and wait until every one answers.
     pub fn start(n: usize) -> TestCluster {
+        TestCluster::start_with(n, Options::default())
+    }
+
+    /// Start `n` servers set up as `opts` says and wait until every one answers.
+    pub fn start_with(n: usize, opts: Options) -> TestCluster {
         let dir = tempfile::Builder::new()
             .prefix("madfs-it-")
             .tempdir()
@@ -81,6 +154,7 @@ impl TestCluster {
                 servers: Vec::new(),
             },
             children: Vec::new(),
+            opts,
         };
         // A port picked here may be taken by someone else before the server
         // binds it (other tests run in parallel): then pick again.
@@ -151,7 +225,24 @@ impl TestCluster {
             .append(true)
             .open(self.log_path(i))
             .expect("open server log");
-        let mut cmd = Command::new(MADFS);
+        let mut cmd = match self.opts.tmpfs_bytes {
+            None => Command::new(MADFS),
+            Some(bytes) => {
+                // The mount point must exist (and be empty: what is under
+                // it is hidden from the server).
+                let data_dir = &self.cfg.servers[i].data_dir;
+                std::fs::create_dir_all(data_dir).expect("create data dir");
+                let w = tmpfs_wrapper();
+                let mut cmd = Command::new(w[0]);
+                cmd.args(&w[1..])
+                    .arg(data_dir)
+                    .arg(bytes.to_string())
+                    .arg(MADFS);
+                cmd
+            }
+        };
+        // Without --fork, `unshare` and `sh` exec: the child's pid is the
+        // server's, so kill/wait below reach the server itself.
         cmd.arg("server")
             .arg("--cluster")
             .arg(&self.cluster_file)
@@ -276,6 +367,10 @@ impl TestCluster {
     /// Start server `i` again (after kill9 or stop) and wait until it answers.
     pub fn restart(&mut self, i: usize) {
         assert!(self.children[i].is_none(), "server {i} is still running");
+        assert!(
+            self.opts.tmpfs_bytes.is_none(),
+            "server {i}'s data died with it (it was on a private tmpfs)"
+        );
         let child = self.spawn(i);
         self.children[i] = Some(child);
         if let Err(msg) = self.wait_ready(Some(i)) {
