@@ -169,7 +169,12 @@ async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
                 )
             })?;
         }
-        Command::Server { .. } | Command::Up { .. } | Command::Down { .. } | Command::Status => {
+        Command::Server { .. }
+        | Command::Up { .. }
+        | Command::Down { .. }
+        | Command::Status
+        | Command::Mount { .. }
+        | Command::Umount { .. } => {
             unreachable!("handled in main")
         }
     }

@@ -1,8 +1,10 @@
 //! `madfs`: the one binary. Runs a server, starts and stops a local cluster,
-//! and offers file commands over the client library (no mount needed).
+//! offers file commands over the client library (no mount needed), and
+//! mounts a cluster with FUSE (mount, umount).
 
 mod cluster_cmd;
 mod files;
+mod mount_cmd;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -44,6 +46,9 @@ enum Command {
         /// First TCP port (default: free ports chosen by the OS).
         #[arg(long)]
         base_port: Option<u16>,
+        /// Also mount the cluster on this directory (as `madfs mount`).
+        #[arg(long)]
+        mount: Option<PathBuf>,
     },
     /// Stop the local cluster started by `madfs up`.
     Down {
@@ -52,6 +57,21 @@ enum Command {
     },
     /// Show every server: address, up/down, inodes, bytes used.
     Status,
+    /// Mount the cluster on a directory (FUSE); returns once it is mounted.
+    Mount {
+        dir: PathBuf,
+        /// Serve in this process until unmounted or SIGTERM/SIGINT, instead
+        /// of in a background daemon.
+        #[arg(long)]
+        foreground: bool,
+    },
+    /// Unmount a MadFS mount.
+    Umount {
+        dir: PathBuf,
+        /// Lazy: detach now even if files are open; finish when they close.
+        #[arg(short = 'l', long)]
+        lazy: bool,
+    },
     /// List directory contents.
     Ls {
         /// Long format: mode, links, owner, size, mtime.
@@ -112,9 +132,17 @@ fn main() -> ExitCode {
             data,
             chunk_size,
             base_port,
-        } => cluster_cmd::up(servers, &data, chunk_size, base_port),
+            mount,
+        } => cluster_cmd::up(servers, &data, chunk_size, base_port).and_then(|code| match mount {
+            Some(dir) => mount_cmd::mount(Some(&data.join("cluster.toml")), &dir, false),
+            None => Ok(code),
+        }),
         Command::Down { data } => cluster_cmd::down(&data),
         Command::Status => cluster_cmd::status(cli.cluster.as_deref()),
+        Command::Mount { dir, foreground } => {
+            mount_cmd::mount(cli.cluster.as_deref(), &dir, foreground)
+        }
+        Command::Umount { dir, lazy } => mount_cmd::umount(&dir, lazy),
         other => files::run(cli.cluster.as_deref(), other),
     };
     match result {

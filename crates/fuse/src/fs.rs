@@ -1,0 +1,1148 @@
+//! The FUSE file system: fuser's `Filesystem` callbacks mapped onto the
+//! async `madfs_client::Client`. Each callback runs as a task on a tokio
+//! multi-thread runtime and replies from there (fuser's `Reply*` objects
+//! are `Send`), so the threads reading /dev/fuse never wait on the network
+//! and the kernel can keep many requests in flight. Each task acts with the
+//! caller's uid, gid and groups; the servers check permissions against
+//! them, and the kernel checks its cached attributes too
+//! (`default_permissions`).
+//!
+//! FUSE inode numbers are MadFS inode numbers (root is 1 on both sides),
+//! so there is no inode table and `forget` has nothing to drop.
+
+use crate::convert::{self, file_attr};
+use crate::creds::GroupCache;
+use crate::handles::{
+    DirHandle, DirState, DirTable, FileTable, OpenFile, WriteMode, DIRS_MAX, FILES_MAX,
+};
+use crate::writebehind::{Budget, BUDGET_BYTES};
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+};
+use madfs_client::{
+    Attr, Client, ClientError, Credentials, DirEntry, ErrorCode, File, FileKind, InodeId,
+    OpenOptions, ServerId, SetAttrs, TimeSet, ACCESS_EXEC, ACCESS_READ, ACCESS_WRITE,
+    RENAME_EXCHANGE, RENAME_NOREPLACE,
+};
+use std::ffi::OsStr;
+use std::future::Future;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime};
+
+/// Largest FUSE read and write (the kernel's default cap, fs.fuse.max_pages_limit
+/// of 256 pages, is also 1 MiB): one request per `dd bs=1M` block.
+pub const MAX_WRITE_BYTES: u32 = 1 << 20;
+/// Readahead the mount asks for (the kernel may grant less).
+pub const MAX_READAHEAD_BYTES: u32 = 1 << 20;
+/// Asynchronous requests (readahead, ...) the kernel keeps in flight to us;
+/// its default of 12 would cap streaming reads below what the cluster serves.
+const MAX_BACKGROUND: u16 = 64;
+/// Entries asked of each server per readdir page.
+const READDIR_PAGE_PER_SERVER: u32 = 1024;
+/// Attributes fetched at once for one readdirplus reply.
+const READDIRPLUS_BATCH: usize = 32;
+
+/// How long the kernel may trust attributes and names without asking again.
+/// One second bounds how stale another client's changes look (as NFS's
+/// default actimeo does), while an `ls -l` or a build does not ask the
+/// servers twice for the same inode.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(1);
+
+/// A failed operation: the errno for the kernel. Client errors get it from
+/// the one mapping in `convert::errno`.
+struct Fail(Errno);
+
+impl From<ClientError> for Fail {
+    fn from(e: ClientError) -> Fail {
+        Fail(convert::errno(&e))
+    }
+}
+
+type R<T> = Result<T, Fail>;
+
+/// Who sent a request, copied out of it (the request itself stays with the
+/// reader thread).
+#[derive(Clone, Copy)]
+struct Caller {
+    uid: u32,
+    gid: u32,
+    pid: u32,
+}
+
+impl Caller {
+    fn of(req: &Request) -> Caller {
+        Caller {
+            uid: req.uid(),
+            gid: req.gid(),
+            pid: req.pid(),
+        }
+    }
+}
+
+/// State shared by every request task.
+pub(crate) struct Inner {
+    client: Client,
+    files: FileTable,
+    dirs: DirTable,
+    groups: GroupCache,
+    /// Bytes of write-behind in flight over the whole mount.
+    budget: Budget,
+    ttl: Duration,
+    /// For telling the kernel its cached attributes are stale; set once the
+    /// session exists (it is created after the file system).
+    notifier: Arc<OnceLock<Notifier>>,
+}
+
+/// The file system given to fuser.
+pub struct MadFs {
+    inner: Arc<Inner>,
+    rt: tokio::runtime::Handle,
+}
+
+impl MadFs {
+    /// A file system over `client`, running its requests on `rt`.
+    pub fn new(client: Client, rt: tokio::runtime::Handle) -> MadFs {
+        MadFs {
+            inner: Arc::new(Inner {
+                client,
+                files: FileTable::new(FILES_MAX),
+                dirs: DirTable::new(DIRS_MAX),
+                groups: GroupCache::default(),
+                budget: Budget::new(BUDGET_BYTES),
+                ttl: DEFAULT_TTL,
+                notifier: Arc::new(OnceLock::new()),
+            }),
+            rt,
+        }
+    }
+
+    /// Where to put the session's notifier once the session exists.
+    pub fn notifier_slot(&self) -> Arc<OnceLock<Notifier>> {
+        self.inner.notifier.clone()
+    }
+
+    /// Run `op` as a task with the caller's credentials.
+    fn spawn<F, Fut>(&self, req: &Request, op: F)
+    where
+        F: FnOnce(Arc<Inner>, Client) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        let who = Caller::of(req);
+        self.rt.spawn(async move {
+            let c = inner.client_for(who);
+            op(inner, c).await
+        });
+    }
+}
+
+fn ino(i: INodeNo) -> InodeId {
+    InodeId(i.0)
+}
+
+impl Inner {
+    fn client_for(&self, who: Caller) -> Client {
+        self.client
+            .with_credentials(self.groups.credentials(who.uid, who.gid, who.pid))
+    }
+
+    /// Attributes as this mount should show them: a file open here for
+    /// writing may be longer than its owner knows until close.
+    fn attr_out(&self, mut a: Attr) -> FileAttr {
+        if a.kind == FileKind::File {
+            if let Some(size) = self.files.known_size(a.ino.0) {
+                a.size = a.size.max(size);
+            }
+        }
+        file_attr(&a)
+    }
+
+    fn reply_entry(&self, reply: ReplyEntry, r: R<Attr>) {
+        match r {
+            Ok(a) => reply.entry(&self.ttl, &self.attr_out(a), Generation(0)),
+            Err(Fail(e)) => reply.error(e),
+        }
+    }
+
+    fn reply_attr(&self, reply: ReplyAttr, r: R<Attr>) {
+        match r {
+            Ok(a) => reply.attr(&self.ttl, &self.attr_out(a)),
+            Err(Fail(e)) => reply.error(e),
+        }
+    }
+
+    fn file(&self, fh: FileHandle) -> R<Arc<OpenFile>> {
+        self.files.get(fh.0).ok_or(Fail(Errno::EBADF))
+    }
+
+    /// Wait for the writes in flight through any handle of `ino` (before
+    /// reading it or changing its attributes).
+    async fn drain_ino(&self, ino: u64) {
+        for f in self.files.of_ino(ino) {
+            f.wb.drain().await;
+        }
+    }
+
+    /// Wait for this handle's writes; the first failure among them, if any
+    /// not yet reported.
+    async fn settle(&self, f: &OpenFile) -> Result<(), ClientError> {
+        f.wb.drain().await;
+        match f.wb.take_error() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    async fn write(&self, fh: FileHandle, offset: u64, data: Vec<u8>) -> R<u32> {
+        let f = self.file(fh)?;
+        if let Some(e) = f.wb.take_error() {
+            return Err(e.into());
+        }
+        let len = data.len();
+        match f.mode {
+            WriteMode::Behind => {
+                let end = offset.saturating_add(len as u64);
+                let ticket = f.wb.admit(&self.budget, offset, end).await;
+                tokio::spawn(async move {
+                    let r = f.file.write_at(offset, &data).await.map(|_| ());
+                    f.wb.finish(ticket, r);
+                });
+            }
+            WriteMode::Durable => {
+                f.file.write_at(offset, &data).await?;
+                f.file.fsync().await?;
+            }
+        }
+        Ok(len as u32)
+    }
+
+    fn dir(&self, fh: FileHandle) -> R<Arc<DirHandle>> {
+        self.dirs.get(fh.0).ok_or(Fail(Errno::EBADF))
+    }
+
+    async fn setattr(
+        &self,
+        c: &Client,
+        ino: InodeId,
+        changes: SetAttrs,
+        fh: Option<FileHandle>,
+    ) -> R<Attr> {
+        // A write landing after a truncate would bring data back.
+        self.drain_ino(ino.0).await;
+        if changes.mtime != TimeSet::Omit {
+            // Publish the size of this mount's writes first: publishing
+            // sets mtime to "now", and must not undo a `touch -d` or the
+            // utimensat of `cp -a` / `tar x` made before close.
+            for f in self.files.of_ino(ino.0) {
+                f.file.close().await?;
+            }
+        }
+        let e = match self.setattr_as(c, ino, changes.clone(), fh).await {
+            Ok(a) => return Ok(a),
+            Err(e) => e,
+        };
+        let Some(new_perm) = changes.perm.filter(|_| e.code == ErrorCode::NotPermitted) else {
+            return Err(e.into());
+        };
+        // A write or truncate by someone other than the owner makes the
+        // kernel clear setuid/setgid through a chmod in the caller's name
+        // (without FUSE_HANDLE_KILLPRIV), which the servers refuse to a
+        // non-owner. Dropping those bits never grants anything, so the
+        // mount does that part with its own authority; the rest of the
+        // change still runs with the caller's credentials.
+        let cur = c.getattr(ino).await?;
+        if !only_drops_setid(cur.perm, new_perm) {
+            return Err(e.into());
+        }
+        let mut rest = changes;
+        rest.perm = None;
+        if rest != SetAttrs::default() {
+            self.setattr_as(c, ino, rest, fh).await?;
+        }
+        let root = self.client.with_credentials(Credentials::root());
+        let kill = SetAttrs {
+            perm: Some(new_perm),
+            ..SetAttrs::default()
+        };
+        Ok(root.setattr(ino, kill).await?)
+    }
+
+    async fn setattr_as(
+        &self,
+        c: &Client,
+        ino: InodeId,
+        mut changes: SetAttrs,
+        fh: Option<FileHandle>,
+    ) -> Result<Attr, ClientError> {
+        let mut last = None;
+        if let (Some(size), Some(fh)) = (changes.size, fh) {
+            // ftruncate: through the open file, so its own record of what it
+            // wrote (and must publish at close) agrees with the new size.
+            let f = self
+                .files
+                .get(fh.0)
+                .ok_or_else(|| ClientError::new(ErrorCode::BadFileHandle, "unknown handle"))?;
+            last = Some(f.file.set_len(size).await?);
+            changes.size = None;
+        } else if changes.size.is_some() {
+            // truncate by name: chunks written through handles of this mount
+            // but not yet published must go too.
+            let known = self.files.known_size(ino.0).unwrap_or(0);
+            return c.setattr_known_size(ino, changes, known).await;
+        }
+        let rest = changes.perm.is_some()
+            || changes.uid.is_some()
+            || changes.gid.is_some()
+            || changes.atime != TimeSet::Omit
+            || changes.mtime != TimeSet::Omit;
+        if rest || last.is_none() {
+            last = Some(c.setattr(ino, changes).await?);
+        }
+        Ok(last.expect("set above"))
+    }
+
+    /// O_APPEND is left to the kernel, which sends each append with the
+    /// offset of the end of file as this mount knows it; the client's own
+    /// append mode would use the size this one handle knows, and two
+    /// handles appending in turn would overwrite each other.
+    async fn open(&self, c: &Client, ino: InodeId, flags: i32) -> R<u64> {
+        let opts = OpenOptions::from_flags(flags & !libc::O_APPEND, 0);
+        if opts.truncate {
+            self.drain_ino(ino.0).await;
+        }
+        let file = c.open_inode(ino, &opts).await?;
+        // Close-to-open for attributes too: the kernel may hold a size and
+        // mtime cached from before another client's close (up to the TTL);
+        // it would read up to the old size and show the old mtime. Drop
+        // them, so the next stat or read past them asks again (what NFS
+        // does with a GETATTR at open). Attributes only: the page cache
+        // goes anyway, as the open does not keep it.
+        if let Some(n) = self.notifier.get() {
+            // ENOENT (inode not in the kernel's cache) is fine.
+            let _ = n.inval_inode(INodeNo(ino.0), -1, 0);
+        }
+        self.register(file, flags)
+    }
+
+    fn register(&self, file: File, flags: i32) -> R<u64> {
+        self.files
+            .insert(file, WriteMode::from_flags(flags))
+            .map_err(Fail)
+    }
+
+    async fn create(
+        &self,
+        c: &Client,
+        parent: InodeId,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+    ) -> R<(Attr, u64)> {
+        let name = convert::name(name)?;
+        // The kernel has applied the umask already unless it was asked not
+        // to (FUSE_DONT_MASK, never requested here); masking again is a no-op
+        // then and correct otherwise.
+        let perm = mode & !umask & 0o7777;
+        let opts = OpenOptions::from_flags(flags & !libc::O_APPEND, perm);
+        let (attr, created) = c.create(parent, &name, perm, opts.exclusive).await?;
+        let file = if created {
+            // A new file: its creator may write it whatever its mode.
+            File::new(c, attr.clone(), &opts)
+        } else {
+            // Someone made the name between the kernel's lookup and now:
+            // open the existing file as open(2) without O_EXCL would.
+            if attr.kind != FileKind::File {
+                return Err(Fail(Errno::EEXIST));
+            }
+            c.open_inode(attr.ino, &opts).await?
+        };
+        let attr = file.attr();
+        let fh = self.register(file, flags)?;
+        Ok((attr, fh))
+    }
+
+    /// Fill a readdir reply from `offset` on: 0 is ".", 1 is "..", n >= 2
+    /// is entry n - 2 of the listing; each entry carries the offset of the
+    /// one after it, as the kernel expects.
+    async fn readdir(
+        &self,
+        c: &Client,
+        d: &DirHandle,
+        offset: u64,
+        reply: &mut ReplyDirectory,
+    ) -> R<()> {
+        let mut st = d.state.lock().await;
+        rewind_if_restarted(&mut st, offset);
+        let mut i = offset as usize;
+        loop {
+            while i < st.entries.len() + 2 {
+                let (e_ino, kind, name): (u64, FileType, &[u8]) = match i {
+                    0 => (d.ino.0, FileType::Directory, b"."),
+                    1 => (dotdot(d.ino), FileType::Directory, b".."),
+                    n => {
+                        let e = &st.entries[n - 2];
+                        (e.ino.0, convert::kind(e.kind), e.name.as_bytes())
+                    }
+                };
+                if reply.add(
+                    INodeNo(e_ino),
+                    (i + 1) as u64,
+                    kind,
+                    OsStr::from_bytes(name),
+                ) {
+                    return Ok(()); // buffer full; the kernel asks again from i
+                }
+                i += 1;
+            }
+            if st.done() {
+                return Ok(());
+            }
+            if let Err(e) = fetch_page(c, d.ino, &mut st).await {
+                // What was added is still a valid partial answer.
+                if i > offset as usize {
+                    return Ok(());
+                }
+                return Err(e);
+            }
+        }
+    }
+
+    /// readdir with attributes, so `ls -l` needs no lookup per entry. The
+    /// attributes of a batch of entries are fetched concurrently; entries
+    /// removed in the meantime are skipped.
+    async fn readdirplus(
+        &self,
+        c: &Client,
+        d: &DirHandle,
+        offset: u64,
+        reply: &mut ReplyDirectoryPlus,
+    ) -> R<()> {
+        let mut st = d.state.lock().await;
+        rewind_if_restarted(&mut st, offset);
+        let mut i = offset as usize;
+        let mut added = false;
+        if i < 2 {
+            let me = file_attr(&c.getattr(d.ino).await?);
+            while i < 2 {
+                let name: &[u8] = if i == 0 { b"." } else { b".." };
+                if reply.add(
+                    INodeNo(me.ino.0),
+                    (i + 1) as u64,
+                    OsStr::from_bytes(name),
+                    &self.ttl,
+                    &me,
+                    Generation(0),
+                ) {
+                    return Ok(());
+                }
+                i += 1;
+                added = true;
+            }
+        }
+        loop {
+            while st.entries.len() + 2 <= i && !st.done() {
+                if let Err(e) = fetch_page(c, d.ino, &mut st).await {
+                    return if added { Ok(()) } else { Err(e) };
+                }
+            }
+            if st.entries.len() + 2 <= i {
+                return Ok(()); // end of directory
+            }
+            let batch: Vec<DirEntry> = st.entries[i - 2..]
+                .iter()
+                .take(READDIRPLUS_BATCH)
+                .cloned()
+                .collect();
+            let attrs = getattr_all(c, &batch).await;
+            for (e, a) in batch.iter().zip(attrs) {
+                match a {
+                    Ok(a) => {
+                        let fa = self.attr_out(a);
+                        if reply.add(
+                            INodeNo(e.ino.0),
+                            (i + 1) as u64,
+                            OsStr::from_bytes(e.name.as_bytes()),
+                            &self.ttl,
+                            &fa,
+                            Generation(0),
+                        ) {
+                            return Ok(());
+                        }
+                        added = true;
+                    }
+                    // Removed since the listing was read: not listed.
+                    Err(err) if err.code == ErrorCode::NotFound => {}
+                    Err(err) => {
+                        return if added { Ok(()) } else { Err(err.into()) };
+                    }
+                }
+                i += 1;
+            }
+        }
+    }
+
+    async fn statfs(&self, c: &Client) -> R<[u64; 5]> {
+        let s = c.statfs().await?;
+        let bsize = u64::from(STATFS_BLOCK);
+        let blocks = s.bytes_total / bsize;
+        let bfree = s.bytes_free / bsize;
+        let bavail = s.bytes_avail / bsize;
+        // There is no inode table to run out of: a file costs a RocksDB
+        // record. Free inodes are reported as free blocks, so `df -i` shows
+        // a sensible use fraction.
+        let ffree = bavail;
+        let files = s.inodes.saturating_add(ffree);
+        Ok([blocks, bfree, bavail, files, ffree])
+    }
+
+    /// Close every open file, publishing sizes (at unmount).
+    async fn close_all(&self) {
+        for f in self.files.drain() {
+            let settled = self.settle(&f).await;
+            if let Err(e) = settled.and(f.file.close().await) {
+                madfs_rpc::log_warn!("madfs fuse: closing inode {} at unmount: {e}", f.ino);
+            }
+        }
+    }
+}
+
+/// Whether `new` is `old` with only setuid and/or setgid removed.
+fn only_drops_setid(old: u32, new: u32) -> bool {
+    const SETID: u32 = 0o6000;
+    new & !SETID == old & !SETID && new & SETID & !old == 0 && new != old
+}
+
+/// Block size reported by statfs (the counts are in these units).
+const STATFS_BLOCK: u32 = 4096;
+
+/// The ".." entry's inode number. The parent of a directory is not
+/// recorded anywhere the client can ask cheaply, so every directory but
+/// the root names itself; the kernel never uses this number to find the
+/// parent (it resolves ".." through its own dentry tree).
+fn dotdot(dir: InodeId) -> u64 {
+    dir.0
+}
+
+/// A readdir at offset 0 after entries were read is a rewinddir: start a
+/// fresh listing so it shows what changed since.
+fn rewind_if_restarted(st: &mut DirState, offset: u64) {
+    if offset == 0 && st.started {
+        *st = DirState::default();
+    }
+}
+
+async fn fetch_page(c: &Client, dir: InodeId, st: &mut DirState) -> R<()> {
+    let (page, next) = c
+        .readdir_page(dir, &st.cursor, READDIR_PAGE_PER_SERVER)
+        .await?;
+    st.entries.extend(page);
+    st.cursor = next;
+    st.started = true;
+    Ok(())
+}
+
+/// Attributes of every entry, fetched concurrently, in order.
+async fn getattr_all(c: &Client, entries: &[DirEntry]) -> Vec<Result<Attr, ClientError>> {
+    let tasks: Vec<_> = entries
+        .iter()
+        .map(|e| {
+            let (c, ino) = (c.clone(), e.ino);
+            tokio::spawn(async move { c.getattr(ino).await })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(t.await.unwrap_or_else(|e| {
+            Err(ClientError::new(
+                ErrorCode::Io,
+                format!("getattr task failed: {e}"),
+            ))
+        }));
+    }
+    out
+}
+
+fn access_mask(mask: AccessFlags) -> u8 {
+    let mut m = 0;
+    if mask.contains(AccessFlags::R_OK) {
+        m |= ACCESS_READ;
+    }
+    if mask.contains(AccessFlags::W_OK) {
+        m |= ACCESS_WRITE;
+    }
+    if mask.contains(AccessFlags::X_OK) {
+        m |= ACCESS_EXEC;
+    }
+    m
+}
+
+/// Ask the kernel for a capability it may not have; a missing one only
+/// costs performance, so it is not an error.
+fn want(config: &mut KernelConfig, flag: InitFlags) {
+    let _ = config.add_capabilities(flag);
+}
+
+fn reply_empty(reply: ReplyEmpty, r: R<()>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(Fail(e)) => reply.error(e),
+    }
+}
+
+impl Filesystem for MadFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        if let Err(max) = config.set_max_write(MAX_WRITE_BYTES) {
+            let _ = config.set_max_write(max);
+        }
+        if let Err(max) = config.set_max_readahead(MAX_READAHEAD_BYTES) {
+            let _ = config.set_max_readahead(max);
+        }
+        let _ = config.set_max_background(MAX_BACKGROUND);
+        let _ = config.set_congestion_threshold(MAX_BACKGROUND * 3 / 4);
+        // open(O_TRUNC) in one request instead of setattr + open.
+        want(config, InitFlags::FUSE_ATOMIC_O_TRUNC);
+        // Lookups and creates in one directory run concurrently (the
+        // servers serialise what must be serialised).
+        want(config, InitFlags::FUSE_PARALLEL_DIROPS);
+        // readdirplus when it pays (the kernel's heuristic: at the start of
+        // a listing, and after lookups of its entries, i.e. `ls -l`).
+        want(
+            config,
+            InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO,
+        );
+        // A symlink's target never changes: the kernel may cache it.
+        want(config, InitFlags::FUSE_CACHE_SYMLINKS);
+        // No FUSE_WRITEBACK_CACHE: with it the kernel keeps its own idea of
+        // the size and mtime and writes back after close, which breaks the
+        // close-to-open consistency other clients rely on (a reader on
+        // another node would not see the data at its open).
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        let inner = self.inner.clone();
+        // Bounded: an unreachable cluster must not keep the daemon alive.
+        let _ = self.rt.block_on(async move {
+            tokio::time::timeout(Duration::from_secs(30), inner.close_all()).await
+        });
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let name = name.to_owned();
+        self.spawn(req, move |fs, c| async move {
+            let r = async {
+                let name = convert::name(&name)?;
+                Ok(c.lookup(ino(parent), &name).await?)
+            }
+            .await;
+            fs.reply_entry(reply, r)
+        });
+    }
+
+    fn forget(&self, _req: &Request, _ino: INodeNo, _nlookup: u64) {
+        // Inode numbers are MadFS's own: nothing is kept per looked-up inode.
+    }
+
+    fn getattr(&self, req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.spawn(req, move |fs, c| async move {
+            let r = c.getattr(ino(i)).await.map_err(Fail::from);
+            fs.reply_attr(reply, r)
+        });
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        i: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let changes = SetAttrs {
+            perm: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            size,
+            atime: convert::time_set(atime),
+            mtime: convert::time_set(mtime),
+        };
+        self.spawn(req, move |fs, c| async move {
+            let r = fs.setattr(&c, ino(i), changes, fh).await;
+            fs.reply_attr(reply, r)
+        });
+    }
+
+    fn readlink(&self, req: &Request, i: INodeNo, reply: ReplyData) {
+        self.spawn(req, move |_fs, c| async move {
+            match c.readlink(ino(i)).await {
+                Ok(t) => reply.data(&t),
+                Err(e) => reply.error(convert::errno(&e)),
+            }
+        });
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        // MadFS has regular files, directories and symlinks only: FIFOs,
+        // sockets and devices get EPERM, which mknod(2) documents for "the
+        // file system does not support the type of node requested".
+        let fmt = mode & libc::S_IFMT;
+        if fmt != libc::S_IFREG && fmt != 0 {
+            reply.error(Errno::EPERM);
+            return;
+        }
+        let name = name.to_owned();
+        self.spawn(req, move |fs, c| async move {
+            let r = async {
+                let name = convert::name(&name)?;
+                let perm = mode & !umask & 0o7777;
+                Ok(c.create(ino(parent), &name, perm, true).await?.0)
+            }
+            .await;
+            fs.reply_entry(reply, r)
+        });
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let name = name.to_owned();
+        self.spawn(req, move |fs, c| async move {
+            let r = async {
+                let name = convert::name(&name)?;
+                Ok(c.mkdir_at(ino(parent), &name, mode & !umask & 0o7777)
+                    .await?)
+            }
+            .await;
+            fs.reply_entry(reply, r)
+        });
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name.to_owned();
+        self.spawn(req, move |_fs, c| async move {
+            let r = async {
+                let name = convert::name(&name)?;
+                Ok(c.unlink(ino(parent), &name).await?)
+            }
+            .await;
+            reply_empty(reply, r)
+        });
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name.to_owned();
+        self.spawn(req, move |_fs, c| async move {
+            let r = async {
+                let name = convert::name(&name)?;
+                Ok(c.rmdir(ino(parent), &name).await?)
+            }
+            .await;
+            reply_empty(reply, r)
+        });
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let name = link_name.to_owned();
+        let target = target.as_os_str().as_bytes().to_vec();
+        self.spawn(req, move |fs, c| async move {
+            let r = async {
+                let name = convert::name(&name)?;
+                Ok(c.symlink_at(ino(parent), &name, &target).await?)
+            }
+            .await;
+            fs.reply_entry(reply, r)
+        });
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let mut wire = 0;
+        if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+            wire |= RENAME_NOREPLACE;
+        }
+        if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            wire |= RENAME_EXCHANGE;
+        }
+        // RENAME_WHITEOUT (overlayfs) and unknown bits: EINVAL, as Linux
+        // answers for flags a file system does not support.
+        if flags.bits() & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) != 0 {
+            reply.error(Errno::EINVAL);
+            return;
+        }
+        let (name, newname) = (name.to_owned(), newname.to_owned());
+        self.spawn(req, move |_fs, c| async move {
+            let r = async {
+                let from = convert::name(&name)?;
+                let to = convert::name(&newname)?;
+                Ok(c.rename_at(ino(parent), &from, ino(newparent), &to, wire)
+                    .await?)
+            }
+            .await;
+            reply_empty(reply, r)
+        });
+    }
+
+    fn link(
+        &self,
+        req: &Request,
+        i: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let newname = newname.to_owned();
+        self.spawn(req, move |fs, c| async move {
+            let r = async {
+                let name = convert::name(&newname)?;
+                Ok(c.link(ino(i), ino(newparent), &name).await?)
+            }
+            .await;
+            fs.reply_entry(reply, r)
+        });
+    }
+
+    fn open(&self, req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.spawn(req, move |fs, c| async move {
+            // No FOPEN_KEEP_CACHE: the kernel drops its cached pages at every
+            // open, so an open sees what others closed before (close-to-open).
+            match fs.open(&c, ino(i), flags.0).await {
+                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Err(Fail(e)) => reply.error(e),
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        self.spawn(req, move |fs, _c| async move {
+            let r = async {
+                let f = fs.file(fh)?;
+                // Reads see every write this mount has answered.
+                fs.drain_ino(f.ino).await;
+                Ok(f.file.read_at(offset, size as usize).await?)
+            }
+            .await;
+            match r {
+                Ok(data) => reply.data(&data),
+                Err(Fail(e)) => reply.error(e),
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        // The request buffer is reused for the next request as soon as this
+        // returns, so the data is copied once for the task.
+        let data = data.to_vec();
+        self.spawn(req, move |fs, _c| async move {
+            match fs.write(fh, offset, data).await {
+                Ok(n) => reply.written(n),
+                Err(Fail(e)) => reply.error(e),
+            }
+        });
+    }
+
+    fn flush(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // Every close(2) flushes: publish the size now, so that once close
+        // returns any other client's open sees the data (release comes
+        // later, asynchronously).
+        self.spawn(req, move |fs, _c| async move {
+            let r = async {
+                let f = fs.file(fh)?;
+                fs.settle(&f).await?;
+                Ok(f.file.close().await?)
+            }
+            .await;
+            reply_empty(reply, r)
+        });
+    }
+
+    fn release(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.spawn(req, move |fs, _c| async move {
+            let Some(f) = fs.files.remove(fh.0) else {
+                reply.error(Errno::EBADF);
+                return;
+            };
+            // Normally a no-op: flush published everything already.
+            let r = async {
+                fs.settle(&f).await?;
+                Ok(f.file.close().await?)
+            }
+            .await;
+            reply_empty(reply, r)
+        });
+    }
+
+    fn fsync(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.spawn(req, move |fs, _c| async move {
+            let r = async {
+                let f = fs.file(fh)?;
+                fs.settle(&f).await?;
+                Ok(f.file.fsync().await?)
+            }
+            .await;
+            reply_empty(reply, r)
+        });
+    }
+
+    fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // Nothing is asked of the servers yet: the first readdir fetches
+        // the first page (and checks read permission there).
+        match self.inner.dirs.insert(ino(i)) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdir(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        self.spawn(req, move |fs, c| async move {
+            let r = async {
+                let d = fs.dir(fh)?;
+                fs.readdir(&c, &d, offset, &mut reply).await
+            }
+            .await;
+            match r {
+                Ok(()) => reply.ok(),
+                Err(Fail(e)) => reply.error(e),
+            }
+        });
+    }
+
+    fn readdirplus(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        self.spawn(req, move |fs, c| async move {
+            let r = async {
+                let d = fs.dir(fh)?;
+                fs.readdirplus(&c, &d, offset, &mut reply).await
+            }
+            .await;
+            match r {
+                Ok(()) => reply.ok(),
+                Err(Fail(e)) => reply.error(e),
+            }
+        });
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.inner.dirs.remove(fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // A directory's entries live on every server (hashed by name), and
+        // metadata reaches each server's log unsynced: sync them all.
+        self.spawn(req, move |_fs, c| async move {
+            let all: Vec<ServerId> = (0..c.server_count() as u16).map(ServerId).collect();
+            let r = c.fsync_servers(&all).await.map_err(Fail::from);
+            reply_empty(reply, r)
+        });
+    }
+
+    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.spawn(req, move |fs, c| async move {
+            match fs.statfs(&c).await {
+                Ok([blocks, bfree, bavail, files, ffree]) => reply.statfs(
+                    blocks,
+                    bfree,
+                    bavail,
+                    files,
+                    ffree,
+                    STATFS_BLOCK,
+                    madfs_client::limits::NAME_MAX_BYTES as u32,
+                    STATFS_BLOCK,
+                ),
+                Err(Fail(e)) => reply.error(e),
+            }
+        });
+    }
+
+    fn access(&self, req: &Request, i: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        // F_OK (no bits) asks only whether the inode exists.
+        let m = access_mask(mask);
+        self.spawn(req, move |_fs, c| async move {
+            let r = c.access(ino(i), m).await.map(|_| ()).map_err(Fail::from);
+            reply_empty(reply, r)
+        });
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let name = name.to_owned();
+        self.spawn(req, move |fs, c| async move {
+            match fs.create(&c, ino(parent), &name, mode, umask, flags).await {
+                Ok((attr, fh)) => reply.created(
+                    &fs.ttl,
+                    &fs.attr_out(attr),
+                    Generation(0),
+                    FileHandle(fh),
+                    FopenFlags::empty(),
+                ),
+                Err(Fail(e)) => reply.error(e),
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_bits_map_to_the_wire() {
+        assert_eq!(access_mask(AccessFlags::F_OK), 0);
+        assert_eq!(
+            access_mask(AccessFlags::R_OK | AccessFlags::X_OK),
+            ACCESS_READ | ACCESS_EXEC
+        );
+        assert_eq!(access_mask(AccessFlags::W_OK), ACCESS_WRITE);
+    }
+
+    #[test]
+    fn only_setid_removal_counts_as_kill_priv() {
+        assert!(only_drops_setid(0o6777, 0o0777));
+        assert!(only_drops_setid(0o6755, 0o2755));
+        assert!(!only_drops_setid(0o6755, 0o6755));
+        assert!(!only_drops_setid(0o0755, 0o4755));
+        assert!(!only_drops_setid(0o6755, 0o0700));
+    }
+
+    #[test]
+    fn rewind_resets_only_a_started_listing() {
+        let mut st = DirState::default();
+        rewind_if_restarted(&mut st, 0);
+        assert!(!st.started);
+        st.started = true;
+        st.entries.push(DirEntry {
+            name: madfs_client::FileName::new(b"a").unwrap(),
+            ino: InodeId(7),
+            kind: FileKind::File,
+        });
+        rewind_if_restarted(&mut st, 3);
+        assert_eq!(st.entries.len(), 1);
+        rewind_if_restarted(&mut st, 0);
+        assert!(st.entries.is_empty() && !st.started);
+    }
+}

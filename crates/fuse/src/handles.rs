@@ -1,0 +1,232 @@
+//! Handle tables: FUSE file handles (`fh`) name open `madfs_client::File`s
+//! and directory listings in progress. Ids come from a counter and are never
+//! reused while the mount lives, so a stale fh can never reach another
+//! file's handle. Both tables are bounded: a program leaking descriptors
+//! gets ENFILE from open/opendir instead of growing the daemon without limit.
+
+use crate::writebehind::WriteBehind;
+use fuser::Errno;
+use madfs_client::{DirCursor, DirEntry, File, InodeId};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Open files per mount. One kernel file description is one handle, so this
+/// is the mount-wide limit on open files (the kernel's own default
+/// fs.file-max is far larger, but a single user-space daemon is not a
+/// kernel).
+pub const FILES_MAX: usize = 1 << 16;
+/// Directory listings in progress per mount.
+pub const DIRS_MAX: usize = 1 << 14;
+
+/// How a handle's writes are carried out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteMode {
+    /// Answered once handed to a task (see writebehind.rs). Appends too:
+    /// the kernel gives each O_APPEND write the offset of its own idea of
+    /// the end of file (kept exact for this mount by the write replies,
+    /// under the inode lock), so they need no ordering of their own.
+    Behind,
+    /// Answered when done and fsynced: O_SYNC / O_DSYNC.
+    Durable,
+}
+
+impl WriteMode {
+    pub fn from_flags(flags: i32) -> WriteMode {
+        if flags & libc::O_DSYNC != 0 {
+            // O_SYNC includes the O_DSYNC bit on Linux.
+            WriteMode::Durable
+        } else {
+            WriteMode::Behind
+        }
+    }
+}
+
+/// An open file, the inode it belongs to, and its writes in flight.
+pub struct OpenFile {
+    pub file: File,
+    pub ino: u64,
+    pub mode: WriteMode,
+    pub wb: WriteBehind,
+}
+
+#[derive(Default)]
+struct FileIndex {
+    by_fh: HashMap<u64, Arc<OpenFile>>,
+    /// Open handles per inode: getattr overlays their sizes (see `known_size`).
+    by_ino: HashMap<u64, Vec<u64>>,
+}
+
+pub struct FileTable {
+    next: AtomicU64,
+    max: usize,
+    inner: Mutex<FileIndex>,
+}
+
+impl FileTable {
+    pub fn new(max: usize) -> FileTable {
+        FileTable {
+            // fh 0 is left unused: some callers treat it as "no handle".
+            next: AtomicU64::new(1),
+            max,
+            inner: Mutex::new(FileIndex::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, FileIndex> {
+        // Plain map updates: consistent even if a holder panicked.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Register an open file; ENFILE when the table is full (the mount-wide
+    /// table, not the process's descriptor table: EMFILE would send the user
+    /// to `ulimit -n`, which does not help).
+    pub fn insert(&self, file: File, mode: WriteMode) -> Result<u64, Errno> {
+        let mut t = self.lock();
+        if t.by_fh.len() >= self.max {
+            // Nothing written through it yet: dropping it sends nothing.
+            return Err(Errno::ENFILE);
+        }
+        let fh = self.next.fetch_add(1, Ordering::Relaxed);
+        let ino = file.ino().0;
+        t.by_fh.insert(
+            fh,
+            Arc::new(OpenFile {
+                file,
+                ino,
+                mode,
+                wb: WriteBehind::new(),
+            }),
+        );
+        t.by_ino.entry(ino).or_default().push(fh);
+        Ok(fh)
+    }
+
+    pub fn get(&self, fh: u64) -> Option<Arc<OpenFile>> {
+        self.lock().by_fh.get(&fh).cloned()
+    }
+
+    pub fn remove(&self, fh: u64) -> Option<Arc<OpenFile>> {
+        let mut t = self.lock();
+        let f = t.by_fh.remove(&fh)?;
+        if let Some(list) = t.by_ino.get_mut(&f.ino) {
+            list.retain(|&h| h != fh);
+            if list.is_empty() {
+                t.by_ino.remove(&f.ino);
+            }
+        }
+        Some(f)
+    }
+
+    /// The size that writes through handles of this mount give `ino` but
+    /// its owner does not know yet: writes in flight, and writes beyond
+    /// chunk 0 not yet published (that happens at close or fsync:
+    /// close-to-open). Without this a `stat` while writing (and the
+    /// kernel's own attribute refreshes) would see the file shrink back.
+    /// Handles without such writes do not count: the size they saw at
+    /// open may be stale.
+    pub fn known_size(&self, ino: u64) -> Option<u64> {
+        let t = self.lock();
+        let fhs = t.by_ino.get(&ino)?;
+        fhs.iter()
+            .filter_map(|fh| t.by_fh.get(fh))
+            .map(|f| {
+                let unpublished = if f.file.needs_size_update() {
+                    f.file.size()
+                } else {
+                    0
+                };
+                unpublished.max(f.wb.in_flight_end())
+            })
+            .max()
+    }
+
+    /// Every open handle of `ino`.
+    pub fn of_ino(&self, ino: u64) -> Vec<Arc<OpenFile>> {
+        let t = self.lock();
+        t.by_ino
+            .get(&ino)
+            .map(|fhs| {
+                fhs.iter()
+                    .filter_map(|fh| t.by_fh.get(fh))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Every open handle, removed (at unmount).
+    pub fn drain(&self) -> Vec<Arc<OpenFile>> {
+        let mut t = self.lock();
+        t.by_ino.clear();
+        t.by_fh.drain().map(|(_, f)| f).collect()
+    }
+}
+
+/// A directory listing in progress. Entries are fetched a page at a time as
+/// the kernel asks for them and kept, so an offset is simply an index into
+/// what was fetched: stable across calls, cheap to resume, and a listing of
+/// 100k entries never asks the servers for more than one page at a time.
+pub struct DirHandle {
+    pub ino: InodeId,
+    pub state: tokio::sync::Mutex<DirState>,
+}
+
+#[derive(Default)]
+pub struct DirState {
+    pub entries: Vec<DirEntry>,
+    pub cursor: DirCursor,
+    /// Whether any page was fetched (a readdir at offset 0 after that is a
+    /// rewinddir and starts a fresh listing).
+    pub started: bool,
+}
+
+impl DirState {
+    pub fn done(&self) -> bool {
+        self.cursor.is_done()
+    }
+}
+
+pub struct DirTable {
+    next: AtomicU64,
+    max: usize,
+    inner: Mutex<HashMap<u64, Arc<DirHandle>>>,
+}
+
+impl DirTable {
+    pub fn new(max: usize) -> DirTable {
+        DirTable {
+            next: AtomicU64::new(1),
+            max,
+            inner: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Arc<DirHandle>>> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn insert(&self, ino: InodeId) -> Result<u64, Errno> {
+        let mut t = self.lock();
+        if t.len() >= self.max {
+            return Err(Errno::ENFILE);
+        }
+        let fh = self.next.fetch_add(1, Ordering::Relaxed);
+        t.insert(
+            fh,
+            Arc::new(DirHandle {
+                ino,
+                state: tokio::sync::Mutex::new(DirState::default()),
+            }),
+        );
+        Ok(fh)
+    }
+
+    pub fn get(&self, fh: u64) -> Option<Arc<DirHandle>> {
+        self.lock().get(&fh).cloned()
+    }
+
+    pub fn remove(&self, fh: u64) -> Option<Arc<DirHandle>> {
+        self.lock().remove(&fh)
+    }
+}
