@@ -174,7 +174,9 @@ async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
         | Command::Down { .. }
         | Command::Status
         | Command::Mount { .. }
-        | Command::Umount { .. } => {
+        | Command::Umount { .. }
+        | Command::Run { .. }
+        | Command::Bench { .. } => {
             unreachable!("handled in main")
         }
     }

@@ -2,9 +2,11 @@
 //! offers file commands over the client library (no mount needed), and
 //! mounts a cluster with FUSE (mount, umount).
 
+mod bench_cmd;
 mod cluster_cmd;
 mod files;
 mod mount_cmd;
+mod run_cmd;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -64,6 +66,21 @@ enum Command {
         /// of in a background daemon.
         #[arg(long)]
         foreground: bool,
+    },
+    /// Run a program with MadFS paths under PREFIX served by the
+    /// interception library (LD_PRELOAD); every other path goes to the kernel.
+    Run {
+        /// Where MadFS appears to the program.
+        #[arg(long, default_value = "/madfs")]
+        prefix: String,
+        /// The program and its arguments (after `--`).
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        cmd: Vec<std::ffi::OsString>,
+    },
+    /// Benchmarks: IO500 against MadFS or a local directory, and charts.
+    Bench {
+        #[command(subcommand)]
+        cmd: bench_cmd::BenchCommand,
     },
     /// Unmount a MadFS mount.
     Umount {
@@ -143,6 +160,8 @@ fn main() -> ExitCode {
             mount_cmd::mount(cli.cluster.as_deref(), &dir, foreground)
         }
         Command::Umount { dir, lazy } => mount_cmd::umount(&dir, lazy),
+        Command::Bench { cmd } => bench_cmd::run(cli.cluster.as_deref(), cmd),
+        Command::Run { prefix, cmd } => run_cmd::run(cli.cluster.as_deref(), &prefix, &cmd),
         other => files::run(cli.cluster.as_deref(), other),
     };
     match result {

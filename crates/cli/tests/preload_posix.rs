@@ -1,0 +1,90 @@
+//! A C program (tests/preload/posix.c) calling every function the
+//! interception library serves, with their error cases, under `madfs run`;
+//! then what it left behind, read through the CLI.
+
+mod common;
+#[path = "preload/helpers.rs"]
+mod helpers;
+
+use common::TestCluster;
+use helpers::{cli_cat, cli_ls, compile, have, run};
+
+#[test]
+fn c_program_exercises_every_call() {
+    if !have("cc") {
+        eprintln!("skipped: no C compiler");
+        return;
+    }
+    let tc = TestCluster::start(3);
+    let work = tempfile::tempdir().unwrap();
+    let exe = compile("posix.c", work.path());
+    let local = work.path().join("local");
+    std::fs::create_dir(&local).unwrap();
+    let out = run(
+        &tc,
+        &[exe.as_os_str(), "/madfs/c".as_ref(), local.as_os_str()],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "posix failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    for section in [
+        "files",
+        "large",
+        "meta",
+        "dirs",
+        "cwd",
+        "fds",
+        "stdio",
+        "processes",
+        "errors",
+    ] {
+        assert!(
+            stdout.contains(&format!("ok {section}\n")),
+            "{stdout}\n{stderr}"
+        );
+    }
+    assert!(stdout.ends_with("failures 0\n"), "{stdout}\n{stderr}");
+    // Each refused call said so once.
+    for call in ["flock", "fcntl(F_*LK)", "mknod", "setxattr", "mmap"] {
+        assert_eq!(
+            stderr.matches(&format!("{call} is not supported")).count(),
+            1,
+            "{call}: {stderr}"
+        );
+    }
+    // What it left, as the client library sees it.
+    let names = cli_ls(&tc, "/c");
+    for n in [
+        "f",
+        "f-hard",
+        "large",
+        "copy2",
+        "d",
+        "ls",
+        "stdio",
+        "forked",
+        "exec-out",
+        "rel",
+        "child-made",
+        "freopened",
+    ] {
+        assert!(names.contains(&n.to_string()), "{n} missing from {names:?}");
+    }
+    assert_eq!(cli_ls(&tc, "/c/ls").len(), 301);
+    let n = 3 * 1024 * 1024 + 4097;
+    let want: Vec<u8> = (0..n).map(|i| (i * 7 + (i >> 13)) as u8).collect();
+    assert_eq!(cli_cat(&tc, "/c/large"), want);
+    assert_eq!(cli_cat(&tc, "/c/copy2"), want);
+    assert_eq!(std::fs::read(local.join("copy")).unwrap(), want);
+    assert_eq!(cli_cat(&tc, "/c/forked"), b"parent1\nchild\nparent2\n");
+    assert_eq!(cli_cat(&tc, "/c/exec-out"), b"from-exec\n");
+    assert_eq!(cli_cat(&tc, "/c/freopened"), b"through stdout\n");
+    let stat = tc.madfs_ok(["stat", "/c/f"]);
+    assert!(stat.contains("(0600/"), "{stat}");
+    assert!(stat.contains("Links: 3"), "{stat}");
+    assert!(tc.madfs_ok(["ls", "-l", "/c"]).contains("sym -> f"));
+}
