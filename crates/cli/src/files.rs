@@ -175,6 +175,8 @@ async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
         | Command::Status
         | Command::Mount { .. }
         | Command::Umount { .. }
+        | Command::Find { .. }
+        | Command::Du { .. }
         | Command::Run { .. }
         | Command::Bench { .. } => {
             unreachable!("handled in main")

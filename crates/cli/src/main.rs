@@ -5,6 +5,7 @@
 mod bench_cmd;
 mod cluster_cmd;
 mod files;
+mod find_cmd;
 mod mount_cmd;
 mod run_cmd;
 
@@ -76,6 +77,21 @@ enum Command {
         /// The program and its arguments (after `--`).
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         cmd: Vec<std::ffi::OsString>,
+    },
+    /// Find entries below PATH, scanned by every server in parallel:
+    /// `find PATH [-name GLOB] [-newer FILE] [-size [+-]N[c|w|b|k|M|G]]
+    /// [-type f|d|l] [-uid N]` (GNU find's syntax and rules).
+    #[command(disable_help_flag = true)]
+    Find {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Total apparent size in bytes of everything below PATH (du -s -b).
+    Du {
+        /// Count inodes instead of bytes (du -s --inodes).
+        #[arg(long)]
+        inodes: bool,
+        paths: Vec<String>,
     },
     /// Benchmarks: IO500 against MadFS or a local directory, and charts.
     Bench {
@@ -161,6 +177,8 @@ fn main() -> ExitCode {
         }
         Command::Umount { dir, lazy } => mount_cmd::umount(&dir, lazy),
         Command::Bench { cmd } => bench_cmd::run(cli.cluster.as_deref(), cmd),
+        Command::Find { args } => find_cmd::find(cli.cluster.as_deref(), &args),
+        Command::Du { paths, inodes } => find_cmd::du(cli.cluster.as_deref(), &paths, inodes),
         Command::Run { prefix, cmd } => run_cmd::run(cli.cluster.as_deref(), &prefix, &cmd),
         other => files::run(cli.cluster.as_deref(), other),
     };

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 /// Requests a fan-out to every server keeps in flight at once: all of a
 /// typical cluster, without opening thousands of sockets at once on a huge one.
-const FANOUT_MAX: usize = 128;
+pub(crate) const FANOUT_MAX: usize = 128;
 
 /// A handle on a cluster. Cheap to clone (the connection pool is shared);
 /// `Send + Sync`, so one client serves every thread of a process.
@@ -119,7 +119,7 @@ impl Client {
         Ok(self.pool.call(server, &req, data).await?)
     }
 
-    async fn call(&self, server: ServerId, op: Op) -> Result<Reply> {
+    pub(crate) async fn call(&self, server: ServerId, op: Op) -> Result<Reply> {
         Ok(self.call_data(server, op, &[]).await?.reply)
     }
 

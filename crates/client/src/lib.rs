@@ -24,6 +24,7 @@ mod client;
 mod dir;
 mod error;
 mod file;
+mod find;
 mod join;
 mod path;
 
@@ -33,6 +34,8 @@ pub use client::{Client, WriteOutcome};
 pub use dir::DirCursor;
 pub use error::{ClientError, Result};
 pub use file::{File, OpenOptions};
+pub use find::{parse_size, parse_type, DuTotals, FindOutput, Found};
+pub use madfs_proto::find::{glob_match, FindAttrs, FindQuery, SizeCmp, SizeTest};
 pub use path::{normalize, AsFsPath, ParsedPath, PathComponent, SYMLINK_FOLLOW_MAX};
 
 // Re-exported so users need not depend on the lower crates for the types

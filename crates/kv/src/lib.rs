@@ -62,6 +62,34 @@ pub trait KvStore: Send + Sync + 'static {
     fn scan(&self, prefix: &[u8], start: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>>;
     /// Make every write so far durable (fsync the WAL).
     fn sync_wal(&self) -> Result<()>;
+    /// Call `f` on each pair with key >= start and key starting with
+    /// `prefix`, in key order, until it returns false: a long scan without
+    /// copying every pair (server-side find). The slices are valid only
+    /// during the call.
+    fn scan_visit(
+        &self,
+        prefix: &[u8],
+        start: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<()> {
+        const BATCH: usize = 1024;
+        let mut from = start.to_vec();
+        loop {
+            let rows = self.scan(prefix, &from, BATCH)?;
+            for (k, v) in &rows {
+                if !f(k, v) {
+                    return Ok(());
+                }
+            }
+            match rows.last() {
+                Some((k, _)) if rows.len() == BATCH => {
+                    from = k.clone();
+                    from.push(0); // the first key after it
+                }
+                _ => return Ok(()),
+            }
+        }
+    }
 }
 
 /// One operation of a [`WriteBatch`].

@@ -126,6 +126,16 @@ impl Drop for Batch {
 }
 
 /// Owns a `rocksdb_iterator_t`.
+/// # Safety
+/// `data` must be NULL or valid for `len` bytes for the chosen lifetime.
+unsafe fn borrow_bytes<'a>(data: *const c_char, len: size_t) -> &'a [u8] {
+    if data.is_null() || len == 0 {
+        return &[];
+    }
+    // SAFETY: guaranteed by the caller; non-null and len > 0 checked above.
+    unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) }
+}
+
 struct Iter(*mut ffi::rocksdb_iterator_t);
 
 impl Drop for Iter {
@@ -301,6 +311,49 @@ impl KvStore for RocksStore {
         unsafe { ffi::rocksdb_iter_get_error(it.0, err.as_mut_ptr()) };
         err.check(KvError::Io)?;
         Ok(out)
+    }
+
+    fn scan_visit(
+        &self,
+        prefix: &[u8],
+        start: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<()> {
+        // SAFETY: as in `scan`.
+        let it = Iter(unsafe { ffi::rocksdb_create_iterator(self.db, self.read_opts) });
+        let seek = scan_seek_key(prefix, start);
+        // SAFETY: `it.0` is live; `seek` is copied by RocksDB.
+        unsafe { ffi::rocksdb_iter_seek(it.0, c_ptr(seek), seek.len()) };
+        loop {
+            // SAFETY: `it.0` is live.
+            if unsafe { ffi::rocksdb_iter_valid(it.0) } == 0 {
+                break;
+            }
+            let (mut klen, mut vlen): (size_t, size_t) = (0, 0);
+            // SAFETY: the iterator is valid (checked above), so key() and
+            // value() return pointers valid for klen/vlen bytes until the next
+            // iterator movement; the slices are used only by `f`, before
+            // `iter_next`, and `f` cannot keep them (their lifetime ends with
+            // the call).
+            let go = unsafe {
+                let k = ffi::rocksdb_iter_key(it.0, &mut klen);
+                let key = borrow_bytes(k, klen);
+                if !key.starts_with(prefix) {
+                    break;
+                }
+                let v = ffi::rocksdb_iter_value(it.0, &mut vlen);
+                f(key, borrow_bytes(v, vlen))
+            };
+            if !go {
+                break;
+            }
+            // SAFETY: `it.0` is live and valid.
+            unsafe { ffi::rocksdb_iter_next(it.0) };
+        }
+        let mut err = ErrPtr::new();
+        // SAFETY: `it.0` is live; `err` is a valid out-pointer holding NULL.
+        unsafe { ffi::rocksdb_iter_get_error(it.0, err.as_mut_ptr()) };
+        err.check(KvError::Io)
     }
 
     fn sync_wal(&self) -> Result<()> {

@@ -361,3 +361,41 @@ fn model_rocks_matches_mem() {
         model.scan(b"", b"", usize::MAX).unwrap()
     );
 }
+
+/// `scan_visit` sees what `scan` returns, in order, stops when told, and
+/// crosses the default implementation's batch boundary.
+fn visit_suite(store: &dyn KvStore) {
+    for i in 0..2500u32 {
+        put(store, format!("v{i:05}").as_bytes(), &i.to_le_bytes());
+    }
+    put(store, b"w0", b"other prefix");
+    let want = store.scan(b"v", b"v00100", usize::MAX).unwrap();
+    assert_eq!(want.len(), 2400);
+    let mut got: Pairs = Vec::new();
+    store
+        .scan_visit(b"v", b"v00100", &mut |k, v| {
+            got.push((k.to_vec(), v.to_vec()));
+            true
+        })
+        .unwrap();
+    assert_eq!(got, want);
+    let mut n = 0;
+    store
+        .scan_visit(b"v", b"", &mut |_, _| {
+            n += 1;
+            n < 1500
+        })
+        .unwrap();
+    assert_eq!(n, 1500);
+}
+
+#[test]
+fn scan_visit_mem() {
+    visit_suite(&MemStore::new());
+}
+
+#[test]
+fn scan_visit_rocks() {
+    let (_dir, store) = rocks();
+    visit_suite(&store);
+}

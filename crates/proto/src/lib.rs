@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod codec;
 pub mod error;
+pub mod find;
 pub mod frame;
 pub mod message;
 

@@ -8,6 +8,7 @@
 
 use crate::codec::{Decoder, Encoder};
 use crate::error::ProtoError;
+use crate::find::{self, FindDir, FindMatch, FindQuery};
 use madfs_types::{
     limits, Attr, ChunkIndex, Credentials, FileKind, FileName, InodeId, ServerId, TimeSet,
     Timestamp, TxId,
@@ -46,6 +47,7 @@ pub enum Opcode {
     ReadLink = 23,
     TruncateChunks = 24,
     StatFs = 25,
+    Find = 26,
     // Between servers only (a client connection may not send these).
     Seal = 40,
     AdjustLinks = 41,
@@ -77,6 +79,7 @@ impl Opcode {
             23 => ReadLink,
             24 => TruncateChunks,
             25 => StatFs,
+            26 => Find,
             40 => Seal,
             41 => AdjustLinks,
             42 => RenameInstall,
@@ -221,6 +224,14 @@ pub enum Op {
         size: u64,
     },
     StatFs,
+    /// One page of this server's whole shard of dentries, in key order,
+    /// after `after` (see find.rs): every directory, and every entry that
+    /// passes `query` (or needs its remote inode checked).
+    Find {
+        query: FindQuery,
+        after: Option<(InodeId, FileName)>,
+        max_entries: u32,
+    },
     Seal {
         dir: InodeId,
         action: SealAction,
@@ -318,6 +329,14 @@ pub enum Reply {
     Resolved {
         installed: bool,
     },
+    FindPage {
+        dirs: Vec<FindDir>,
+        matches: Vec<FindMatch>,
+        /// Passed the name and kind tests; the inode lives elsewhere.
+        unresolved: Vec<FindMatch>,
+        /// Where the next page starts (after this key); None when done.
+        resume: Option<(InodeId, FileName)>,
+    },
 }
 
 impl Op {
@@ -339,6 +358,7 @@ impl Op {
             Op::ReadLink { .. } => Opcode::ReadLink,
             Op::TruncateChunks { .. } => Opcode::TruncateChunks,
             Op::StatFs => Opcode::StatFs,
+            Op::Find { .. } => Opcode::Find,
             Op::Seal { .. } => Opcode::Seal,
             Op::AdjustLinks { .. } => Opcode::AdjustLinks,
             Op::RenameInstall { .. } => Opcode::RenameInstall,
@@ -494,6 +514,22 @@ impl Request {
                 e.u16(coordinator.0);
                 e.bool(*forget);
             }
+            Op::Find {
+                query,
+                after,
+                max_entries,
+            } => {
+                query.encode(&mut e);
+                match after {
+                    None => e.u8(0),
+                    Some((p, n)) => {
+                        e.u8(1);
+                        e.ino(*p);
+                        e.name(n);
+                    }
+                }
+                e.u32(*max_entries);
+            }
         }
         e.into_bytes()
     }
@@ -617,6 +653,15 @@ impl Request {
                 coordinator: ServerId(d.u16()?),
                 forget: d.bool()?,
             },
+            Opcode::Find => Op::Find {
+                query: FindQuery::decode(&mut d)?,
+                after: if d.bool()? {
+                    Some((d.ino()?, d.name()?))
+                } else {
+                    None
+                },
+                max_entries: d.u32()?,
+            },
         };
         d.finish()?;
         Ok(Request { creds, op })
@@ -637,6 +682,7 @@ mod tag {
     pub const LINKS: u8 = 10;
     pub const INSTALLED: u8 = 11;
     pub const RESOLVED: u8 = 12;
+    pub const FIND_PAGE: u8 = 13;
 }
 
 fn encode_entry(e: &mut Encoder, entry: &Entry) {
@@ -727,6 +773,15 @@ impl Reply {
                 e.u8(tag::RESOLVED);
                 e.bool(*installed);
             }
+            Reply::FindPage {
+                dirs,
+                matches,
+                unresolved,
+                resume,
+            } => {
+                e.u8(tag::FIND_PAGE);
+                find::encode_page(&mut e, dirs, matches, unresolved, resume);
+            }
         }
         e.into_bytes()
     }
@@ -789,6 +844,15 @@ impl Reply {
             tag::RESOLVED => Reply::Resolved {
                 installed: d.bool()?,
             },
+            tag::FIND_PAGE => {
+                let (dirs, matches, unresolved, resume) = find::decode_page(&mut d)?;
+                Reply::FindPage {
+                    dirs,
+                    matches,
+                    unresolved,
+                    resume,
+                }
+            }
             _ => return Err(ProtoError::BadValue("reply tag")),
         };
         d.finish()?;
@@ -938,6 +1002,27 @@ mod tests {
             },
             Op::PurgeChunks { ino },
             Op::InvalidateDir { dir: ino },
+            Op::Find {
+                query: FindQuery::default(),
+                after: None,
+                max_entries: 4096,
+            },
+            Op::Find {
+                query: FindQuery {
+                    name: Some(b"*01*".to_vec()),
+                    newer: Some(Timestamp { secs: -5, nanos: 7 }),
+                    size: Some(crate::find::SizeTest {
+                        cmp: crate::find::SizeCmp::Greater,
+                        n: 3901,
+                        unit: 1024,
+                    }),
+                    kind: Some(FileKind::Symlink),
+                    uid: Some(1000),
+                    want_attrs: true,
+                },
+                after: Some((ino, name("last"))),
+                max_entries: 1,
+            },
         ]
     }
 
@@ -1013,6 +1098,47 @@ mod tests {
             },
             Reply::Installed { replaced: None },
             Reply::Resolved { installed: true },
+            Reply::FindPage {
+                dirs: vec![],
+                matches: vec![],
+                unresolved: vec![],
+                resume: None,
+            },
+            Reply::FindPage {
+                dirs: vec![
+                    crate::find::FindDir {
+                        parent: InodeId::ROOT,
+                        name: name("d"),
+                        ino: InodeId(9),
+                        access: Some((0o755, 1000, 100)),
+                    },
+                    crate::find::FindDir {
+                        parent: InodeId(9),
+                        name: name("e"),
+                        ino: InodeId(10),
+                        access: None,
+                    },
+                ],
+                matches: vec![FindMatch {
+                    parent: InodeId(9),
+                    name: name("f01"),
+                    ino: InodeId(11),
+                    kind: FileKind::File,
+                    attrs: Some(crate::find::FindAttrs {
+                        size: 3901,
+                        mtime: Timestamp { secs: 3, nanos: 4 },
+                        uid: 1000,
+                    }),
+                }],
+                unresolved: vec![FindMatch {
+                    parent: InodeId(10),
+                    name: name("moved"),
+                    ino: InodeId(12),
+                    kind: FileKind::File,
+                    attrs: None,
+                }],
+                resume: Some((InodeId(10), name("moved"))),
+            },
         ];
         for r in replies {
             let body = r.encode();

@@ -4,6 +4,7 @@
 
 pub mod chunks;
 pub mod counter;
+mod find;
 pub mod inode;
 pub mod keys;
 pub mod locks;

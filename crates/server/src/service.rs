@@ -671,6 +671,19 @@ impl Server {
                 ok(Reply::Empty)
             }
             Op::StatFs => ok(Reply::FsStats(self.statfs()?)),
+            Op::Find {
+                query,
+                after,
+                max_entries,
+            } => {
+                let (kv, id) = (self.kv.clone(), self.id);
+                let page = tokio::task::spawn_blocking(move || {
+                    crate::find::find_page(kv, id, &query, after, max_entries)
+                })
+                .await
+                .map_err(|e| err(ErrorCode::Io, format!("find task failed: {e}")))??;
+                ok(page)
+            }
             Op::AdjustLinks { ino, delta } => ok(self.adjust_links(ino, delta).await?),
             Op::RenameInstall {
                 tx,

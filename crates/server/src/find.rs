@@ -1,0 +1,155 @@
+//! Server-side find (`Op::Find`): one page of a scan over this server's
+//! whole shard of dentries, in key order, testing each entry against the
+//! query with the inode record when this server holds it. Paths are not
+//! stored anywhere: the client builds them from the directory entries every
+//! page carries.
+
+use crate::inode::{decode_dentry, Inode};
+use crate::keys;
+use crate::service::{err, kv_err};
+use madfs_kv::KvStore;
+use madfs_proto::find::{FindAttrs, FindDir, FindMatch, FindQuery, FIND_PAGE_ENTRIES_MAX};
+use madfs_proto::{ErrorCode, Reply, WireError};
+use madfs_types::{FileKind, FileName, InodeId, ServerId};
+use std::sync::Arc;
+
+/// Rows one page may scan before it answers: bounds the time one request
+/// takes when few entries match.
+const SCAN_ROWS_PER_PAGE: usize = 32 * 1024;
+
+fn local_inode(kv: &dyn KvStore, id: ServerId, ino: InodeId) -> Result<Option<Inode>, WireError> {
+    if ino.owner() != id {
+        return Ok(None);
+    }
+    match kv.get(&keys::inode(ino)).map_err(kv_err)? {
+        None => Ok(None),
+        Some(v) => Inode::decode(&v)
+            .map(Some)
+            .map_err(|e| err(ErrorCode::Io, format!("corrupt inode {ino}: {e}"))),
+    }
+}
+
+/// One page of the find; runs on the blocking pool (a page may read up to
+/// `SCAN_ROWS_PER_PAGE` dentries and as many inodes).
+pub(crate) fn find_page(
+    kv: Arc<dyn KvStore>,
+    id: ServerId,
+    query: &FindQuery,
+    after: Option<(InodeId, FileName)>,
+    max_entries: u32,
+) -> Result<Reply, WireError> {
+    // Each row adds at most two items (its directory entry and a match).
+    let max = max_entries.clamp(2, FIND_PAGE_ENTRIES_MAX) as usize;
+    let needs_attrs = query.needs_attrs();
+    let start = match &after {
+        None => keys::DENTRY.to_vec(),
+        Some((p, n)) => {
+            let mut k = keys::dentry(*p, n);
+            k.push(0); // the first key after it
+            k
+        }
+    };
+    let (mut dirs, mut matches, mut unresolved) = (Vec::new(), Vec::new(), Vec::new());
+    let mut scanned = 0usize;
+    let mut last_key: Option<Vec<u8>> = None;
+    let mut stopped = false;
+    let mut failure: Option<WireError> = None;
+    let mut visit = |k: &[u8], v: &[u8]| -> Result<bool, WireError> {
+        if dirs.len() + matches.len() + unresolved.len() + 2 > max || scanned >= SCAN_ROWS_PER_PAGE
+        {
+            stopped = true;
+            return Ok(false);
+        }
+        scanned += 1;
+        let parent =
+            keys::ino_from_key(k).ok_or_else(|| err(ErrorCode::Io, "corrupt dentry key"))?;
+        let name = &k[12..];
+        let (kind, ino) = decode_dentry(v).ok_or_else(|| err(ErrorCode::Io, "corrupt dentry"))?;
+        let file_name =
+            || FileName::new(name).map_err(|_| err(ErrorCode::Io, "corrupt dentry key"));
+        let mut inode = None;
+        if kind == FileKind::Dir {
+            inode = local_inode(kv.as_ref(), id, ino)?;
+            dirs.push(FindDir {
+                parent,
+                name: file_name()?,
+                ino,
+                access: inode
+                    .as_ref()
+                    .map(|i| (i.attr.perm, i.attr.uid, i.attr.gid)),
+            });
+        }
+        if query.matches_entry(name, kind) {
+            if !needs_attrs {
+                matches.push(FindMatch {
+                    parent,
+                    name: file_name()?,
+                    ino,
+                    kind,
+                    attrs: None,
+                });
+            } else if ino.owner() != id {
+                unresolved.push(FindMatch {
+                    parent,
+                    name: file_name()?,
+                    ino,
+                    kind,
+                    attrs: None,
+                });
+            } else {
+                if inode.is_none() {
+                    inode = local_inode(kv.as_ref(), id, ino)?;
+                }
+                // No record: removed since the dentry was read; skip.
+                if let Some(i) = inode {
+                    let a = FindAttrs::of(&i.attr);
+                    if query.matches_attrs(&a) {
+                        matches.push(FindMatch {
+                            parent,
+                            name: file_name()?,
+                            ino,
+                            kind,
+                            attrs: Some(a),
+                        });
+                    }
+                }
+            }
+        }
+        match &mut last_key {
+            Some(lk) => {
+                lk.clear();
+                lk.extend_from_slice(k);
+            }
+            None => last_key = Some(k.to_vec()),
+        }
+        Ok(true)
+    };
+    kv.scan_visit(keys::DENTRY, &start, &mut |k, v| match visit(k, v) {
+        Ok(go) => go,
+        Err(e) => {
+            failure = Some(e);
+            false
+        }
+    })
+    .map_err(kv_err)?;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    let resume = if stopped {
+        match last_key {
+            Some(k) => Some((
+                keys::ino_from_key(&k).ok_or_else(|| err(ErrorCode::Io, "corrupt dentry key"))?,
+                FileName::new(&k[12..]).map_err(|_| err(ErrorCode::Io, "corrupt dentry key"))?,
+            )),
+            None => after,
+        }
+    } else {
+        None
+    };
+    Ok(Reply::FindPage {
+        dirs,
+        matches,
+        unresolved,
+        resume,
+    })
+}
