@@ -3,7 +3,10 @@
 //! library; [`LocalEngine`] through `std::fs` on a directory (the kernel's
 //! file system: the baseline).
 
-use madfs_client::{BlockingClient, BlockingFile, FileKind, FileName, InodeId, OpenOptions};
+use madfs_client::{
+    BlockingClient, BlockingFile, FileKind, FileName, FindQuery, InodeId, OpenOptions, SizeCmp,
+    SizeTest, Timestamp,
+};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -212,45 +215,41 @@ impl Engine for MadfsEngine {
         Ok((a.mtime.secs, a.mtime.nanos))
     }
 
-    /// A client-side walk for now: readdir of every directory, then the
-    /// attributes of the entries whose name matches, many in flight at a
-    /// time. (To be replaced by the server-side find when it lands.)
+    /// The server-side find (every server scans its shard at once): files
+    /// named like `spec.name`, of exactly `spec.size` bytes, modified after
+    /// `spec.newer_than`. `scanned` is the servers' count of entries
+    /// examined: the whole file system's, which in a benchmark run is the
+    /// run directory (see docs/ARCHITECTURE.md).
     fn find(&self, root: &str, spec: &FindSpec) -> Result<FindCount> {
-        const IN_FLIGHT: usize = 64;
-        let root = self.bc.stat(root).map_err(|e| e.to_string())?;
-        let client = self.bc.client().clone();
-        let spec = spec.clone();
-        self.bc.runtime().block_on(async move {
-            let mut count = FindCount::default();
-            let mut dirs = vec![root.ino];
-            while let Some(d) = dirs.pop() {
-                let entries = client.readdir(d).await.map_err(|e| e.to_string())?;
-                let mut candidates = Vec::new();
-                for e in entries {
-                    count.scanned += 1;
-                    match e.kind {
-                        FileKind::Dir => dirs.push(e.ino),
-                        FileKind::File if glob_match(spec.name.as_bytes(), e.name.as_bytes()) => {
-                            candidates.push(e.ino)
-                        }
-                        _ => {}
-                    }
-                }
-                for batch in candidates.chunks(IN_FLIGHT) {
-                    let mut set = tokio::task::JoinSet::new();
-                    for &i in batch {
-                        let c = client.clone();
-                        set.spawn(async move { c.getattr(i).await });
-                    }
-                    while let Some(r) = set.join_next().await {
-                        let a = r.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
-                        if a.size == spec.size && (a.mtime.secs, a.mtime.nanos) > spec.newer_than {
-                            count.matched += 1;
-                        }
-                    }
-                }
-            }
-            Ok(count)
+        let query = FindQuery {
+            name: Some(spec.name.as_bytes().to_vec()),
+            newer: Some(Timestamp {
+                secs: spec.newer_than.0,
+                nanos: spec.newer_than.1,
+            }),
+            size: Some(SizeTest {
+                cmp: SizeCmp::Equal,
+                n: spec.size,
+                unit: 1,
+            }),
+            kind: Some(FileKind::File),
+            ..FindQuery::default()
+        };
+        let client = self.bc.client();
+        let out = self
+            .bc
+            .runtime()
+            .block_on(client.find_count(root, &query))
+            .map_err(|e| format!("find {root}: {e}"))?;
+        if let Some(d) = out.denied.first() {
+            return Err(format!(
+                "find {root}: permission denied: {}",
+                String::from_utf8_lossy(d)
+            ));
+        }
+        Ok(FindCount {
+            scanned: out.scanned,
+            matched: out.found.len() as u64,
         })
     }
 

@@ -310,6 +310,42 @@ async fn find_matches_gnu_find_on_the_same_tree() {
     assert_eq!((totals.bytes, totals.inodes), (bytes, seen.len() as u64));
     assert!(denied.is_empty());
 
+    // `scanned`: every directory entry the servers examined, each once.
+    // The servers scan whole shards, so it is the file system's entry count
+    // (walked by hand; `/` has no entry of its own) wherever the root is.
+    let mut entries = 0u64;
+    let mut stack = vec![String::new()];
+    while let Some(p) = stack.pop() {
+        for e in c
+            .read_dir(if p.is_empty() { "/" } else { p.as_str() })
+            .await
+            .unwrap()
+        {
+            entries += 1;
+            if e.kind == FileKind::Dir {
+                stack.push(format!("{p}/{}", e.name));
+            }
+        }
+    }
+    let all = c.find_detailed("/", &FindQuery::default()).await.unwrap();
+    assert_eq!(all.found.len() as u64, entries + 1, "every entry and /");
+    assert_eq!(all.scanned, entries);
+    let q01 = FindQuery {
+        name: Some(b"*01*".to_vec()),
+        ..FindQuery::default()
+    };
+    let out = c.find_detailed("/t", &q01).await.unwrap();
+    assert_eq!(out.found.len(), expect01.len());
+    assert_eq!(out.scanned, entries);
+    // The counting variant: same matches and count, no paths.
+    let counted = c.find_count("/t", &q01).await.unwrap();
+    assert_eq!(counted.scanned, entries);
+    assert_eq!(counted.found.len(), expect01.len());
+    assert!(counted.found.iter().all(|f| f.path.is_empty()));
+    // A start that is not a directory: only itself was examined.
+    let out = c.find_detailed("/t/f01", &q01).await.unwrap();
+    assert_eq!((out.found.len(), out.scanned), (1, 1));
+
     // Errors: a missing start, a bad predicate.
     let out = tc.madfs(["find", "/nope", "-name", "x"]);
     assert!(!out.status.success());
@@ -412,4 +448,9 @@ async fn find_pages_through_large_shards() {
     assert_eq!(got, want);
     let (totals, _) = c.du("/m").await.unwrap();
     assert_eq!(totals.inodes as usize, all.len());
+    // Every entry counted exactly once across servers and pages: the
+    // cluster holds /m (its own entry in /) and what is below it.
+    let out = c.find_detailed("/m", &q).await.unwrap();
+    assert_eq!(out.scanned as usize, all.len());
+    assert!(out.scanned as usize >= out.found.len());
 }

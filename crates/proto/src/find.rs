@@ -198,6 +198,7 @@ pub(crate) fn encode_page(
     matches: &[FindMatch],
     unresolved: &[FindMatch],
     resume: &Option<(InodeId, FileName)>,
+    scanned: u64,
 ) {
     e.u32(dirs.len() as u32);
     for d in dirs {
@@ -240,6 +241,7 @@ pub(crate) fn encode_page(
             e.name(n);
         }
     }
+    e.u64(scanned);
 }
 
 /// Entry count of one list, checked against the page limit and against
@@ -261,6 +263,7 @@ pub(crate) type Page = (
     Vec<FindMatch>,
     Vec<FindMatch>,
     Option<(InodeId, FileName)>,
+    u64,
 );
 
 pub(crate) fn decode_page(d: &mut Decoder<'_>) -> Result<Page, ProtoError> {
@@ -305,8 +308,9 @@ pub(crate) fn decode_page(d: &mut Decoder<'_>) -> Result<Page, ProtoError> {
     } else {
         None
     };
+    let scanned = d.u64()?;
     let [matches, unresolved] = lists;
-    Ok((dirs, matches, unresolved, resume))
+    Ok((dirs, matches, unresolved, resume, scanned))
 }
 
 /// fnmatch(3) without flags, over bytes, as GNU find's `-name` uses it:
@@ -542,7 +546,30 @@ mod tests {
         e.u32(0);
         e.u32(0);
         e.u8(0);
+        e.u64(0);
         assert!(Reply::decode(&e.into_bytes()).is_err());
+        // An empty page decodes only with its scanned count, and nothing after it.
+        let page = |scanned: Option<u64>, extra: bool| {
+            let mut e = Encoder::new();
+            e.u8(13);
+            e.u32(0);
+            e.u32(0);
+            e.u32(0);
+            e.u8(0);
+            if let Some(n) = scanned {
+                e.u64(n);
+            }
+            if extra {
+                e.u8(0);
+            }
+            Reply::decode(&e.into_bytes())
+        };
+        assert!(page(None, false).is_err());
+        assert!(page(Some(7), true).is_err());
+        assert!(matches!(
+            page(Some(7), false),
+            Ok(Reply::FindPage { scanned: 7, .. })
+        ));
         // Over the page limit.
         let mut e = Encoder::new();
         e.u8(13);
@@ -585,6 +612,7 @@ mod tests {
             matches: vec![m; n],
             unresolved: vec![],
             resume: Some((InodeId(1), long)),
+            scanned: u64::MAX,
         }
         .encode();
         assert!(body.len() < 2 << 20, "{}", body.len());

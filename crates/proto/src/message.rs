@@ -336,6 +336,9 @@ pub enum Reply {
         unresolved: Vec<FindMatch>,
         /// Where the next page starts (after this key); None when done.
         resume: Option<(InodeId, FileName)>,
+        /// Dentries this page examined (the whole shard's, in key order,
+        /// not only those below the find's root).
+        scanned: u64,
     },
 }
 
@@ -778,9 +781,10 @@ impl Reply {
                 matches,
                 unresolved,
                 resume,
+                scanned,
             } => {
                 e.u8(tag::FIND_PAGE);
-                find::encode_page(&mut e, dirs, matches, unresolved, resume);
+                find::encode_page(&mut e, dirs, matches, unresolved, resume, *scanned);
             }
         }
         e.into_bytes()
@@ -845,12 +849,13 @@ impl Reply {
                 installed: d.bool()?,
             },
             tag::FIND_PAGE => {
-                let (dirs, matches, unresolved, resume) = find::decode_page(&mut d)?;
+                let (dirs, matches, unresolved, resume, scanned) = find::decode_page(&mut d)?;
                 Reply::FindPage {
                     dirs,
                     matches,
                     unresolved,
                     resume,
+                    scanned,
                 }
             }
             _ => return Err(ProtoError::BadValue("reply tag")),
@@ -1103,6 +1108,7 @@ mod tests {
                 matches: vec![],
                 unresolved: vec![],
                 resume: None,
+                scanned: 0,
             },
             Reply::FindPage {
                 dirs: vec![
@@ -1138,6 +1144,7 @@ mod tests {
                     attrs: None,
                 }],
                 resume: Some((InodeId(10), name("moved"))),
+                scanned: 40_000,
             },
         ];
         for r in replies {

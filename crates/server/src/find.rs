@@ -1,6 +1,8 @@
 //! Server-side find (`Op::Find`): one page of a scan over this server's
 //! whole shard of dentries, in key order, testing each entry against the
-//! query with the inode record when this server holds it. Paths are not
+//! query with the inode record when this server holds it, and counting the
+//! dentries examined (all of the shard's, wherever the find's root is: the
+//! server does not know the tree). Paths are not
 //! stored anywhere: the client builds them from the directory entries every
 //! page carries.
 
@@ -151,5 +153,6 @@ pub(crate) fn find_page(
         matches,
         unresolved,
         resume,
+        scanned: scanned as u64,
     })
 }
