@@ -8,27 +8,12 @@
 
 mod common;
 
-use common::{pattern, TestCluster, CHUNK};
-use madfs_client::{
-    Client, ErrorCode, FileKind, FileName, InodeId, OpenOptions, Timestamp, RENAME_NOREPLACE,
-};
+use common::{pattern, write_synced, TestCluster, CHUNK};
+use madfs_client::{Client, ErrorCode, FileKind, FileName, InodeId, Timestamp, RENAME_NOREPLACE};
 use madfs_types::dentry_server;
 use std::time::{Duration, Instant};
 
 const SERVERS: usize = 4;
-
-async fn write_synced(c: &Client, path: &str, data: &[u8]) {
-    let f = c
-        .open(
-            path,
-            OpenOptions::new().write(true).create(true).truncate(true),
-        )
-        .await
-        .unwrap();
-    f.write_at(0, data).await.unwrap();
-    f.fsync().await.unwrap();
-    f.close().await.unwrap();
-}
 
 /// Everything `populate` made, checked through `c`.
 async fn check(c: &Client, big: &[u8]) {

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{assert_err, key_of, pattern, tail, Options, TestCluster, CHUNK};
+use common::{assert_err, key_of, pattern, tail, write_synced, Options, TestCluster, CHUNK};
 use madfs_client::{Client, ClientError, ErrorCode, FileKind, OpenOptions, Timeouts};
 use std::future::Future;
 use std::process::{Command, Output, Stdio};
@@ -57,25 +57,6 @@ async fn bounded<F: Future>(what: &str, f: F) -> F::Output {
     tokio::time::timeout(TEST_DEADLINE, f)
         .await
         .unwrap_or_else(|_| panic!("{what}: not done within {TEST_DEADLINE:?}"))
-}
-
-async fn write_synced(c: &Client, path: &str, data: &[u8]) {
-    let f = c
-        .open(
-            path,
-            OpenOptions::new().write(true).create(true).truncate(true),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("create {path}: {e}"));
-    f.write_at(0, data)
-        .await
-        .unwrap_or_else(|e| panic!("write {path}: {e}"));
-    f.fsync()
-        .await
-        .unwrap_or_else(|e| panic!("fsync {path}: {e}"));
-    f.close()
-        .await
-        .unwrap_or_else(|e| panic!("close {path}: {e}"));
 }
 
 fn a_data() -> Vec<u8> {

@@ -606,3 +606,27 @@ pub fn key_of(tc: &TestCluster) -> ClusterKey {
         .load_key()
         .unwrap()
 }
+
+/// Create (or truncate) `path`, write `data`, fsync and close: when this
+/// returns, the data is acknowledged as durable.
+pub async fn write_synced(c: &madfs_client::Client, path: &str, data: &[u8]) {
+    let f = c
+        .open(
+            path,
+            madfs_client::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("create {path}: {e}"));
+    f.write_at(0, data)
+        .await
+        .unwrap_or_else(|e| panic!("write {path}: {e}"));
+    f.fsync()
+        .await
+        .unwrap_or_else(|e| panic!("fsync {path}: {e}"));
+    f.close()
+        .await
+        .unwrap_or_else(|e| panic!("close {path}: {e}"));
+}
