@@ -36,6 +36,19 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
     r: &mut R,
     data_allowed: impl Fn(&FrameHeader) -> bool,
 ) -> Result<Option<Frame>, RpcError> {
+    let Some((header, body)) = read_head(r, data_allowed).await? else {
+        return Ok(None);
+    };
+    let data = read_data(r, &header).await?;
+    Ok(Some(Frame { header, body, data }))
+}
+
+/// The first part of `read_frame`: header and checked body, so a server can
+/// reserve memory for the bulk data (or wait for it) before reading it.
+pub async fn read_head<R: AsyncRead + Unpin>(
+    r: &mut R,
+    data_allowed: impl Fn(&FrameHeader) -> bool,
+) -> Result<Option<(FrameHeader, Vec<u8>)>, RpcError> {
     let mut raw = [0u8; FRAME_HEADER_BYTES];
     match r.read_exact(&mut raw).await {
         Ok(_) => {}
@@ -51,11 +64,19 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
         .await
         .map_err(|e| RpcError::Io(format!("reading body: {e}")))?;
     header.verify_body(&raw, &body)?;
+    Ok(Some((header, body)))
+}
+
+/// The rest of `read_frame`: the bulk data announced by `header`.
+pub async fn read_data<R: AsyncRead + Unpin>(
+    r: &mut R,
+    header: &FrameHeader,
+) -> Result<Vec<u8>, RpcError> {
     let mut data = vec![0u8; header.data_len as usize];
     r.read_exact(&mut data)
         .await
         .map_err(|e| RpcError::Io(format!("reading data: {e}")))?;
-    Ok(Some(Frame { header, body, data }))
+    Ok(data)
 }
 
 /// Write a frame: header and body in one buffer, bulk data straight from the

@@ -2,7 +2,7 @@
 //! read requests and run each in its own task (so one connection carries
 //! many in flight), and write responses back as they finish.
 
-use crate::conn::{header, random_nonce, read_frame, write_frame, Frame};
+use crate::conn::{header, random_nonce, read_data, read_frame, read_head, write_frame};
 use crate::error::RpcError;
 use crate::{log_debug, log_warn};
 use madfs_proto::auth::{self, Challenge, ClusterKey, Hello, Role};
@@ -22,6 +22,11 @@ use tokio::sync::{Mutex, Semaphore};
 pub const SERVER_IN_FLIGHT_MAX: usize = 256;
 /// Connections one server accepts at once.
 pub const CONNECTIONS_MAX: usize = 4096;
+/// Bulk bytes (request data plus the data Read requests will return) one
+/// server holds at once over all connections: beyond it the server stops
+/// reading requests that carry or ask for data until earlier ones finish,
+/// so memory is bounded in bytes and not only in request counts.
+pub const BULK_BYTES_BUDGET: usize = 1 << 30;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Who sent a request.
@@ -48,6 +53,21 @@ pub async fn serve<H: Handler>(
     key: ClusterKey,
     handler: Arc<H>,
 ) {
+    serve_with_budget(listener, server_id, key, handler, BULK_BYTES_BUDGET).await
+}
+
+/// `serve` with another bulk-bytes budget (tests use a small one).
+pub async fn serve_with_budget<H: Handler>(
+    listener: TcpListener,
+    server_id: ServerId,
+    key: ClusterKey,
+    handler: Arc<H>,
+    budget_bytes: usize,
+) {
+    let budget = Arc::new(Budget {
+        bytes: Arc::new(Semaphore::new(budget_bytes)),
+        total: budget_bytes,
+    });
     let key = Arc::new(key);
     let slots = Arc::new(Semaphore::new(CONNECTIONS_MAX));
     loop {
@@ -65,13 +85,40 @@ pub async fn serve<H: Handler>(
             }
         };
         let _ = stream.set_nodelay(true);
-        let (key, handler) = (key.clone(), handler.clone());
+        let (key, handler, budget) = (key.clone(), handler.clone(), budget.clone());
         tokio::spawn(async move {
-            if let Err(e) = connection(stream, peer, server_id, &key, handler).await {
+            if let Err(e) = connection(stream, peer, server_id, &key, handler, budget).await {
                 log_warn!("connection from {peer} closed: {e}");
             }
             drop(permit);
         });
+    }
+}
+
+/// The server-wide budget of bulk bytes.
+struct Budget {
+    bytes: Arc<Semaphore>,
+    total: usize,
+}
+
+impl Budget {
+    /// Wait until `n` bytes fit (a request larger than the whole budget
+    /// waits for all of it, so it still runs, alone).
+    async fn reserve(
+        &self,
+        n: usize,
+    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, RpcError> {
+        let n = n.min(self.total);
+        if n == 0 {
+            return Ok(None);
+        }
+        let n = u32::try_from(n).map_err(|_| RpcError::Io("bulk budget above 4 GiB".into()))?;
+        self.bytes
+            .clone()
+            .acquire_many_owned(n)
+            .await
+            .map(Some)
+            .map_err(|_| RpcError::Io("server shutting down".into()))
     }
 }
 
@@ -81,6 +128,7 @@ async fn connection<H: Handler>(
     server_id: ServerId,
     key: &ClusterKey,
     handler: Arc<H>,
+    budget: Arc<Budget>,
 ) -> Result<(), RpcError> {
     let (mut r, mut w) = stream.into_split();
     let role = tokio::time::timeout(
@@ -99,16 +147,11 @@ async fn connection<H: Handler>(
             .acquire_owned()
             .await
             .map_err(|_| RpcError::Io("closed".into()))?;
-        let frame = read_frame(&mut r, |h| {
+        let head = read_head(&mut r, |h| {
             Opcode::from_u16(h.opcode).is_some_and(Op::carries_data)
         })
         .await?;
-        let Some(Frame {
-            header: h,
-            body,
-            data,
-        }) = frame
-        else {
+        let Some((h, body)) = head else {
             return Ok(());
         };
         if h.is_response {
@@ -117,6 +160,13 @@ async fn connection<H: Handler>(
         // A malformed request closes the connection: after a decode error
         // we cannot trust where the next frame starts.
         let req = Request::decode(h.opcode, &body)?;
+        let bulk = h.data_len as usize
+            + match req.op {
+                Op::Read { len, .. } => len as usize,
+                _ => 0,
+            };
+        let bytes_permit = budget.reserve(bulk).await?;
+        let data = read_data(&mut r, &h).await?;
         let (handler, writer) = (handler.clone(), writer.clone());
         tokio::spawn(async move {
             let result = if req.op.opcode().is_peer_only() && ctx.role != Role::Peer {
@@ -143,6 +193,7 @@ async fn connection<H: Handler>(
                 log_debug!("writing response to {}: {e}", ctx.peer);
             }
             drop(permit);
+            drop(bytes_permit);
         });
     }
 }

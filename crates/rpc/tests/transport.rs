@@ -153,3 +153,73 @@ async fn garbage_closes_only_its_own_connection() {
         Reply::Empty
     );
 }
+
+/// Counts the Write requests running at once.
+#[derive(Default)]
+struct Gauge {
+    now: std::sync::atomic::AtomicUsize,
+    max: std::sync::atomic::AtomicUsize,
+}
+
+impl Handler for Gauge {
+    async fn handle(
+        self: &Arc<Self>,
+        _ctx: CallContext,
+        _req: Request,
+        data: Vec<u8>,
+    ) -> Result<(Reply, Vec<u8>), WireError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let n = self.now.fetch_add(1, SeqCst) + 1;
+        self.max.fetch_max(n, SeqCst);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        self.now.fetch_sub(1, SeqCst);
+        Ok((
+            Reply::Links {
+                nlink: data.len() as u32,
+            },
+            Vec::new(),
+        ))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_bytes_budget_bounds_what_a_server_holds() {
+    let key = ClusterKey([5; 32]);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let gauge = Arc::new(Gauge::default());
+    tokio::spawn(madfs_rpc::serve::serve_with_budget(
+        listener,
+        ServerId(0),
+        key.clone(),
+        gauge.clone(),
+        1 << 20,
+    ));
+    let conn = connect(addr, &key, Role::Client).await.unwrap();
+    let write = |size: usize| {
+        let conn = conn.clone();
+        tokio::spawn(async move {
+            let op = Op::Write {
+                ino: InodeId(1),
+                chunk: madfs_types::ChunkIndex(1),
+                offset: 0,
+                file_size: 0,
+            };
+            conn.call(&req(op), &vec![7u8; size]).await
+        })
+    };
+    // Two 600 kB writes never fit in 1 MiB together: they run one by one.
+    let tasks: Vec<_> = (0..4).map(|_| write(600_000)).collect();
+    for t in tasks {
+        assert_eq!(
+            t.await.unwrap().unwrap().reply,
+            Reply::Links { nlink: 600_000 }
+        );
+    }
+    assert_eq!(gauge.max.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // A request larger than the whole budget still runs (alone).
+    assert_eq!(
+        write(3 << 20).await.unwrap().unwrap().reply,
+        Reply::Links { nlink: 3 << 20 }
+    );
+}
