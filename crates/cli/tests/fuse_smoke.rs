@@ -79,10 +79,10 @@ fn wait_unmounted(dir: &Path) {
 
 #[test]
 fn mount_read_write_rename_unlink_umount() {
-    if !Path::new("/dev/fuse").exists() {
-        eprintln!("SKIPPED: no /dev/fuse on this machine");
-        return;
-    }
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "no /dev/fuse on this machine: the mount cannot be tested"
+    );
     let tc = TestCluster::start(3);
     let m = MountGuard::mount(&tc);
 

@@ -14,7 +14,7 @@ mod common;
 #[path = "common/mount.rs"]
 mod mount;
 
-use common::{pattern, TestCluster};
+use common::{need, pattern, TestCluster};
 use mount::{is_mounted, Mount};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -27,18 +27,6 @@ const SERVERS: usize = 3;
 const DD_MIB: usize = 1024;
 
 // ---- helpers ------------------------------------------------------------
-
-/// Insist that `program` is installed (else fail, naming the package).
-fn need(program: &str, package: &str) {
-    let found = std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
-        .unwrap_or(false);
-    assert!(
-        found,
-        "`{program}` is not installed: install the Debian package `{package}` \
-         (scripts/setup should)"
-    );
-}
 
 /// Run a command with a clean, deterministic environment; insist that it
 /// succeeds; its stdout.

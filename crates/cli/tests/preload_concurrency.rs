@@ -7,7 +7,7 @@ mod common;
 mod helpers;
 
 use common::TestCluster;
-use helpers::{cli_cat, compile, have, run_ok};
+use helpers::{cli_cat, compile, run_ok};
 
 const PIECE: usize = 65536;
 const PIECES: usize = 24;
@@ -33,10 +33,7 @@ fn check_files(tc: &TestCluster, dir: &str, n: usize) {
 
 #[test]
 fn threads_share_descriptors() {
-    if !have("cc") {
-        eprintln!("skipped: no C compiler");
-        return;
-    }
+    common::need("cc", "gcc");
     let tc = TestCluster::start(4);
     let work = tempfile::tempdir().unwrap();
     let exe = compile("writers.c", work.path());
@@ -57,10 +54,7 @@ fn threads_share_descriptors() {
 
 #[test]
 fn forked_children_write() {
-    if !have("cc") {
-        eprintln!("skipped: no C compiler");
-        return;
-    }
+    common::need("cc", "gcc");
     let tc = TestCluster::start(4);
     let work = tempfile::tempdir().unwrap();
     let exe = compile("writers.c", work.path());
@@ -74,10 +68,7 @@ fn forked_children_write() {
 
 #[test]
 fn python_threads_and_processes() {
-    if !have("python3") {
-        eprintln!("skipped: no python3");
-        return;
-    }
+    common::need("python3", "python3");
     let tc = TestCluster::start(2);
     let script = r#"
 import os, threading, multiprocessing

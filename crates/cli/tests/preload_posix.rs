@@ -7,14 +7,11 @@ mod common;
 mod helpers;
 
 use common::TestCluster;
-use helpers::{cli_cat, cli_ls, compile, have, run};
+use helpers::{cli_cat, cli_ls, compile, run};
 
 #[test]
 fn c_program_exercises_every_call() {
-    if !have("cc") {
-        eprintln!("skipped: no C compiler");
-        return;
-    }
+    common::need("cc", "gcc");
     let tc = TestCluster::start(3);
     let work = tempfile::tempdir().unwrap();
     let exe = compile("posix.c", work.path());

@@ -7,7 +7,7 @@ mod common;
 mod helpers;
 
 use common::{TestCluster, MADFS};
-use helpers::{cli_cat, cli_ls, have, preload_lib, run, sh};
+use helpers::{cli_cat, cli_ls, preload_lib, run, sh};
 use std::process::{Command, Stdio};
 
 #[test]
@@ -111,9 +111,7 @@ fn stdio_output_on_redirected_streams() {
     sh(&tc, "ls /madfs/nope 2> /madfs/err || true");
     assert!(String::from_utf8_lossy(&cli_cat(&tc, "/err")).contains("No such file"));
 
-    if !have("cc") {
-        return;
-    }
+    common::need("cc", "gcc");
     // A C program: buffered stdout, then fork + _exit in the child: the
     // buffered bytes are written once (by the parent), as without MadFS.
     let work = tempfile::tempdir().unwrap();
@@ -165,9 +163,7 @@ fn library_descriptors_survive_the_program() {
          exec 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&-; cat /madfs/fd3 /madfs/fd9",
     );
     assert_eq!(got, "3\n9\n");
-    if !have("python3") {
-        return;
-    }
+    common::need("python3", "python3");
     // A program closing every descriptor it does not know keeps working.
     let script = r#"
 import os

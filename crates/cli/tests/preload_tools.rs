@@ -7,7 +7,7 @@ mod common;
 mod helpers;
 
 use common::{pattern, TestCluster};
-use helpers::{cli_cat, cli_ls, have, run, run_ok, sh};
+use helpers::{cli_cat, cli_ls, run, run_ok, sh};
 
 /// A local directory with files of several sizes (some span chunks: the
 /// test cluster's chunk is 1 MiB), a subdirectory and a symlink.
@@ -171,10 +171,7 @@ fn bash_redirection_and_working_directory() {
 
 #[test]
 fn tar_round_trip() {
-    if !have("tar") {
-        eprintln!("skipped: no tar");
-        return;
-    }
+    common::need("tar", "tar");
     let tc = TestCluster::start(3);
     let local = local_tree();
     let l = local.path().display().to_string();
@@ -201,22 +198,18 @@ fn tar_round_trip() {
         &format!("tar -C /madfs/x -cf - . | tar -C {b} -xf - && diff -r {l} {b}"),
     );
     // Compressed, with the compressor as a child writing into MadFS.
-    if have("gzip") {
-        sh(
-            &tc,
-            &format!("tar -C {l} -czf /madfs/t.tgz . && tar -tzf /madfs/t.tgz | sort > {b}/list"),
-        );
-        let list = std::fs::read_to_string(back.path().join("list")).unwrap();
-        assert!(list.contains("./sub/deeper/big.bin"), "{list}");
-    }
+    common::need("gzip", "gzip");
+    sh(
+        &tc,
+        &format!("tar -C {l} -czf /madfs/t.tgz . && tar -tzf /madfs/t.tgz | sort > {b}/list"),
+    );
+    let list = std::fs::read_to_string(back.path().join("list")).unwrap();
+    assert!(list.contains("./sub/deeper/big.bin"), "{list}");
 }
 
 #[test]
 fn python_script() {
-    if !have("python3") {
-        eprintln!("skipped: no python3");
-        return;
-    }
+    common::need("python3", "python3");
     let tc = TestCluster::start(3);
     let script = r#"
 import os, shutil, errno
@@ -275,10 +268,7 @@ print(os.getcwd(), sorted(os.listdir(".")))
 
 #[test]
 fn unsupported_calls_say_so_once() {
-    if !have("python3") {
-        eprintln!("skipped: no python3");
-        return;
-    }
+    common::need("python3", "python3");
     let tc = TestCluster::start(1);
     let script = r#"
 import fcntl, errno

@@ -630,3 +630,16 @@ pub async fn write_synced(c: &madfs_client::Client, path: &str, data: &[u8]) {
         .await
         .unwrap_or_else(|e| panic!("close {path}: {e}"));
 }
+
+/// Insist that `program` is on PATH: a missing tool fails the test with the
+/// Debian package to install (scripts/setup installs them), never skips it.
+pub fn need(program: &str, package: &str) {
+    let found = std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
+        .unwrap_or(false);
+    assert!(
+        found,
+        "`{program}` is not installed: install the Debian package `{package}` \
+         (scripts/setup should)"
+    );
+}

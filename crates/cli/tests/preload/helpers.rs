@@ -107,16 +107,6 @@ pub fn cli_ls(tc: &TestCluster, path: &str) -> Vec<String> {
     v
 }
 
-/// Whether a tool is on PATH (tests of optional tools skip without it).
-pub fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .stdout(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
-
 /// Compile one of the C programs of tests/preload into `dir`; its path.
 pub fn compile(source: &str, dir: &Path) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
