@@ -42,6 +42,11 @@ pub struct FindCount {
 /// An open file of the ior phases.
 pub trait BenchFile {
     fn write_at(&mut self, offset: u64, data: &[u8]) -> Result<()>;
+    /// `write_at` of a buffer given away (a client that sends it later
+    /// need not copy it).
+    fn write_owned(&mut self, offset: u64, data: Vec<u8>) -> Result<()> {
+        self.write_at(offset, &data)
+    }
     /// Read exactly `buf.len()` bytes (a short read is an error).
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<()>;
     /// Close, after an fsync if `sync`.
@@ -100,7 +105,8 @@ pub struct MadfsEngine {
 
 impl MadfsEngine {
     pub fn connect(cluster: Option<&Path>) -> Result<MadfsEngine> {
-        let bc = BlockingClient::connect(cluster).map_err(|e| e.to_string())?;
+        // A rank is one thread issuing one request at a time.
+        let bc = BlockingClient::connect_single_threaded(cluster).map_err(|e| e.to_string())?;
         Ok(MadfsEngine { bc })
     }
 }
@@ -118,6 +124,13 @@ struct MadfsFile(BlockingFile);
 impl BenchFile for MadfsFile {
     fn write_at(&mut self, offset: u64, data: &[u8]) -> Result<()> {
         self.0.write_at(offset, data).map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    fn write_owned(&mut self, offset: u64, data: Vec<u8>) -> Result<()> {
+        self.0
+            .write_owned(offset, data)
+            .map_err(|e| e.to_string())?;
         Ok(())
     }
 
@@ -167,15 +180,9 @@ impl Engine for MadfsEngine {
 
     fn create(&self, dir: &DirRef, name: &str, data: &[u8]) -> Result<()> {
         let err = |e: madfs_client::ClientError| format!("create {}/{name}: {e}", dir.path);
-        let (attr, _) = self
-            .bc
-            .create(ino(dir), &fname(name)?, 0o644, true)
+        self.bc
+            .create_with_data(ino(dir), &fname(name)?, 0o644, data)
             .map_err(err)?;
-        if !data.is_empty() {
-            let f = self.bc.file(attr, &OpenOptions::new().write(true));
-            f.write_at(0, data).map_err(err)?;
-            f.close().map_err(err)?;
-        }
         Ok(())
     }
 
@@ -202,7 +209,12 @@ impl Engine for MadfsEngine {
 
     fn open(&self, path: &str, write: bool) -> Result<Box<dyn BenchFile>> {
         let opts = if write {
-            OpenOptions::new().write(true).create(true)
+            // As the kernel's page cache does for the baseline: a write
+            // returns once copied; finish() waits (and fsyncs if asked).
+            OpenOptions::new()
+                .write(true)
+                .create(true)
+                .write_behind(true)
         } else {
             OpenOptions::new().read(true)
         };

@@ -250,12 +250,18 @@ impl<R: BufRead, W: Write> Rank<'_, R, W> {
             .engine
             .open(&self.layout.ior_easy_file(self.rank), true)?;
         let key = pattern::key(TAG_EASY, self.rank as u64, 0);
-        let mut buf = vec![0u8; xfer as usize];
         let n = self.stonewalled(limit, |_, i| {
+            // A fresh buffer per transfer, given to the engine, which may
+            // still be sending it when the next one is filled.
+            let mut buf = vec![0u8; xfer as usize];
             pattern::fill(&mut buf, key, i * xfer);
-            f.write_at(i * xfer, &buf)
+            f.write_owned(i * xfer, buf)
         })?;
+        let tw = std::time::Instant::now();
         f.finish(true)?;
+        if std::env::var("MADFS_BENCH_TIMING").is_ok() {
+            eprintln!("TIMING rank {} finish {:?}", self.rank, tw.elapsed());
+        }
         Ok((n, n * xfer, 0))
     }
 
@@ -281,11 +287,11 @@ impl<R: BufRead, W: Write> Rank<'_, R, W> {
         let (rank, ranks) = (self.rank, self.cfg.ranks);
         let mut f = self.engine.open(&self.layout.ior_hard_file(), true)?;
         let key = pattern::key(TAG_HARD, rank as u64, 0);
-        let mut buf = vec![0u8; IOR_HARD_XFER as usize];
         let n = self.stonewalled(self.cfg.limits.ior_hard_segments, |_, i| {
             let off = ior_hard_offset(i, rank, ranks);
+            let mut buf = vec![0u8; IOR_HARD_XFER as usize];
             pattern::fill(&mut buf, key, off);
-            f.write_at(off, &buf)
+            f.write_owned(off, buf)
         })?;
         f.finish(true)?;
         Ok((n, n * IOR_HARD_XFER, 0))

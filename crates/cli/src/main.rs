@@ -34,6 +34,10 @@ enum Command {
         /// This server's id in the cluster file.
         #[arg(long)]
         id: u16,
+        /// Threads serving requests (default: one per core). `madfs up`
+        /// divides the cores among the servers it starts on this host.
+        #[arg(long)]
+        threads: Option<usize>,
     },
     /// Start a local cluster on 127.0.0.1 and wait until every server answers.
     Up {
@@ -159,7 +163,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Server { id } => cluster_cmd::server(cli.cluster.as_deref(), id),
+        Command::Server { id, threads } => cluster_cmd::server(cli.cluster.as_deref(), id, threads),
         Command::Up {
             servers,
             data,

@@ -8,6 +8,7 @@ use crate::chunk::{clamp_read, fill_piece, split_range};
 use crate::dir::{merge_pages, DirCursor, Page};
 use crate::error::{ClientError, Result};
 use crate::join::{join_bounded, try_join_bounded, IN_FLIGHT_PER_CALL};
+use crate::writebehind::{self, Budget};
 use madfs_proto::auth::{ClusterKey, Role};
 use madfs_proto::message::{DirEntry, Entry, FsStats, SetAttrs};
 use madfs_proto::{ErrorCode, Op, Reply, Request};
@@ -33,6 +34,8 @@ pub struct Client {
     creds: Arc<Credentials>,
     chunk_size: u64,
     timeouts: Timeouts,
+    /// Bytes of write-behind data in flight over all files of this client.
+    write_budget: Budget,
 }
 
 /// What a `Client::write` did, for the open file's bookkeeping.
@@ -83,6 +86,7 @@ impl Client {
             creds: Arc::new(Credentials::current_process()),
             chunk_size: cfg.chunk_size,
             timeouts,
+            write_budget: Budget::new(writebehind::BUDGET_BYTES),
         })
     }
 
@@ -109,6 +113,10 @@ impl Client {
 
     pub fn timeouts(&self) -> Timeouts {
         self.timeouts
+    }
+
+    pub(crate) fn write_budget(&self) -> &Budget {
+        &self.write_budget
     }
 
     async fn call_data(&self, server: ServerId, op: Op, data: &[u8]) -> Result<Response> {
@@ -235,6 +243,21 @@ impl Client {
         exclusive: bool,
         symlink_target: Vec<u8>,
     ) -> Result<(Attr, bool)> {
+        self.create_entry_with_data(parent, name, kind, perm, exclusive, symlink_target, &[])
+            .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn create_entry_with_data(
+        &self,
+        parent: InodeId,
+        name: &FileName,
+        kind: FileKind,
+        perm: u32,
+        exclusive: bool,
+        symlink_target: Vec<u8>,
+        data: &[u8],
+    ) -> Result<(Attr, bool)> {
         let op = Op::Create {
             parent,
             name: name.clone(),
@@ -243,10 +266,40 @@ impl Client {
             exclusive,
             symlink_target,
         };
-        match self.call(self.dentry_server(parent, name), op).await? {
+        let resp = self
+            .call_data(self.dentry_server(parent, name), op, data)
+            .await?;
+        match resp.reply {
             Reply::Created { entry, created } => Ok((self.entry_attr(entry).await?, created)),
             other => Err(ClientError::unexpected("create", &other)),
         }
+    }
+
+    /// Create a new regular file (it must not exist) holding `data`, and
+    /// return its attributes. Up to the inline limit (64 KiB) this is one
+    /// request; larger contents are written after the create. Not synced:
+    /// open the file and fsync it for durability.
+    pub async fn create_with_data(
+        &self,
+        parent: InodeId,
+        name: &FileName,
+        perm: u32,
+        data: &[u8],
+    ) -> Result<Attr> {
+        if data.len() as u64 <= limits::INLINE_DATA_MAX_BYTES {
+            let (attr, _) = self
+                .create_entry_with_data(parent, name, FileKind::File, perm, true, Vec::new(), data)
+                .await?;
+            return Ok(attr);
+        }
+        let (attr, _) = self.create(parent, name, perm, true).await?;
+        let outcome = self.write(attr.ino, 0, data).await?;
+        if outcome.touched_non_zero_chunk {
+            return self
+                .update_size(attr.ino, data.len() as u64, Timestamp::now())
+                .await;
+        }
+        self.getattr(attr.ino).await
     }
 
     /// Create a regular file; without `exclusive`, an existing regular file

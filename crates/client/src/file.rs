@@ -6,11 +6,12 @@
 
 use crate::client::Client;
 use crate::error::{ClientError, Result};
+use crate::writebehind::WriteBehind;
 use madfs_proto::message::{SetAttrs, ACCESS_READ, ACCESS_WRITE};
 use madfs_proto::ErrorCode;
 use madfs_types::{Attr, FileKind, InodeId, ServerId, Timestamp};
 use std::collections::BTreeSet;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// How to open a file, like `std::fs::OpenOptions` (builder by value).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +27,12 @@ pub struct OpenOptions {
     /// Permission bits for a created file. No umask is applied here: the
     /// caller (shell, preload library, FUSE request) knows the right one.
     pub perm: u32,
+    /// Writes return once their data is copied and handed to a task
+    /// (see `writebehind`); a failure is returned by a later write, fsync
+    /// or close of this handle. Reads, truncates, fsync and close through
+    /// this handle wait for its writes first; other handles do not (as
+    /// across clients: close or fsync before another handle reads).
+    pub write_behind: bool,
 }
 
 impl Default for OpenOptions {
@@ -45,6 +52,7 @@ impl OpenOptions {
             exclusive: false,
             truncate: false,
             perm: 0o644,
+            write_behind: false,
         }
     }
 
@@ -78,6 +86,11 @@ impl OpenOptions {
         self.truncate = v;
         self
     }
+    pub fn write_behind(mut self, v: bool) -> Self {
+        self.write_behind = v;
+        self
+    }
+
     pub fn perm(mut self, perm: u32) -> Self {
         self.perm = perm & 0o7777;
         self
@@ -94,6 +107,7 @@ impl OpenOptions {
             exclusive: flags & libc::O_CREAT != 0 && flags & libc::O_EXCL != 0,
             truncate: flags & libc::O_TRUNC != 0,
             perm: mode & 0o7777,
+            write_behind: false,
         }
     }
 
@@ -137,7 +151,9 @@ pub struct File {
     read: bool,
     write: bool,
     append: bool,
-    state: Mutex<FileState>,
+    state: Arc<Mutex<FileState>>,
+    /// Writes in flight, with `OpenOptions::write_behind`.
+    behind: Option<Arc<WriteBehind>>,
     /// Serialises appends through this handle, so two appends never pick
     /// the same end offset.
     append_lock: tokio::sync::Mutex<()>,
@@ -198,19 +214,31 @@ impl File {
             read: opts.reads(),
             write: opts.writes(),
             append: opts.append,
-            state: Mutex::new(FileState {
+            state: Arc::new(Mutex::new(FileState {
                 size_hint: attr.size,
                 dirty: BTreeSet::new(),
                 needs_size_update: false,
-            }),
+            })),
+            behind: (opts.write_behind && opts.writes()).then(|| Arc::new(WriteBehind::new())),
             attr,
             append_lock: tokio::sync::Mutex::new(()),
         }
     }
 
     fn state(&self) -> MutexGuard<'_, FileState> {
-        // The state stays consistent across a panic (plain field updates).
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock_state(&self.state)
+    }
+
+    /// Wait for this handle's writes in flight and return the first
+    /// failure among them not yet reported.
+    async fn drain(&self) -> Result<()> {
+        if let Some(wb) = &self.behind {
+            wb.drain().await;
+            if let Some(e) = wb.take_error() {
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     pub fn ino(&self) -> InodeId {
@@ -259,6 +287,7 @@ impl File {
                 "cannot read a directory",
             ));
         }
+        self.drain().await?;
         let mut size = self.size();
         if offset.saturating_add(len as u64) > size {
             let fresh = self.client.getattr(self.attr.ino).await?;
@@ -287,9 +316,26 @@ impl File {
         }
     }
 
+    /// `write_at` of a buffer the caller gives away: with write-behind the
+    /// data is sent from it as it is, without the copy `write_at` makes.
+    pub async fn write_owned(&self, offset: u64, data: Vec<u8>) -> Result<usize> {
+        match &self.behind {
+            Some(wb) if !self.append && self.write && !data.is_empty() => {
+                self.write_behind(wb, offset, std::borrow::Cow::Owned(data))
+                    .await
+            }
+            _ => self.write_at(offset, &data).await,
+        }
+    }
+
     async fn write_inner(&self, offset: u64, data: &[u8]) -> Result<usize> {
         if data.is_empty() {
             return Ok(0);
+        }
+        if let Some(wb) = &self.behind {
+            return self
+                .write_behind(wb, offset, std::borrow::Cow::Borrowed(data))
+                .await;
         }
         let outcome = self.client.write(self.attr.ino, offset, data).await?;
         let mut st = self.state();
@@ -299,10 +345,60 @@ impl File {
         Ok(data.len())
     }
 
+    /// Copy `data`, start sending it, and return: see `writebehind`.
+    async fn write_behind(
+        &self,
+        wb: &Arc<WriteBehind>,
+        offset: u64,
+        data: std::borrow::Cow<'_, [u8]>,
+    ) -> Result<usize> {
+        if let Some(e) = wb.take_error() {
+            return Err(e);
+        }
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|&e| e <= madfs_types::limits::FILE_SIZE_MAX_BYTES)
+            .ok_or_else(|| {
+                ClientError::new(
+                    ErrorCode::FileTooBig,
+                    format!(
+                        "write of {} bytes at offset {offset} goes past the largest file size",
+                        data.len()
+                    ),
+                )
+            })?;
+        let ticket = wb.admit(self.client.write_budget(), offset, end).await;
+        // Appends (and size queries) see the data at once.
+        {
+            let mut st = self.state();
+            st.size_hint = st.size_hint.max(end);
+        }
+        let (client, ino, state, wb) = (
+            self.client.clone(),
+            self.attr.ino,
+            self.state.clone(),
+            wb.clone(),
+        );
+        let len = data.len();
+        let data = data.into_owned();
+        tokio::spawn(async move {
+            let result = client.write(ino, offset, &data).await.map(|outcome| {
+                // Recorded before the ticket is released, so a drain that
+                // returns sees what fsync and close must publish.
+                let mut st = lock_state(&state);
+                st.dirty.extend(outcome.servers_written);
+                st.needs_size_update |= outcome.touched_non_zero_chunk;
+            });
+            wb.finish(ticket, result);
+        });
+        Ok(len)
+    }
+
     /// Make this handle's writes durable: data on every server written to,
     /// then the size on the owner, then the owner's log. Data is durable
     /// before the size that exposes it.
     pub async fn fsync(&self) -> Result<()> {
+        self.drain().await?;
         let (dirty, size, update) = {
             let st = self.state();
             (st.dirty.clone(), st.size_hint, st.needs_size_update)
@@ -340,6 +436,7 @@ impl File {
                 "file not open for writing",
             ));
         }
+        self.drain().await?;
         let known = self.size();
         let changes = SetAttrs {
             size: Some(size),
@@ -360,6 +457,7 @@ impl File {
     /// later open sees this handle's data and size. Does not fsync. Call it
     /// before dropping the handle (dropping cannot send requests).
     pub async fn close(&self) -> Result<()> {
+        self.drain().await?;
         let (size, update) = {
             let st = self.state();
             (st.size_hint, st.needs_size_update)
@@ -375,6 +473,11 @@ impl File {
         }
         Ok(())
     }
+}
+
+fn lock_state(state: &Mutex<FileState>) -> MutexGuard<'_, FileState> {
+    // The state stays consistent across a panic (plain field updates).
+    state.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl std::fmt::Debug for File {
@@ -397,7 +500,31 @@ impl Drop for File {
     /// its size, in the background and best effort: nobody is left to
     /// report an error to.
     fn drop(&mut self) {
-        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        if self.behind.is_some() {
+            // Writes may still be in flight: publish the size after them.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let (client, ino, state, wb) = (
+                    self.client.clone(),
+                    self.attr.ino,
+                    self.state.clone(),
+                    self.behind.clone(),
+                );
+                rt.spawn(async move {
+                    if let Some(wb) = wb {
+                        wb.drain().await;
+                    }
+                    let (update, size) = {
+                        let st = lock_state(&state);
+                        (st.needs_size_update, st.size_hint)
+                    };
+                    if update {
+                        let _ = client.update_size(ino, size, Timestamp::now()).await;
+                    }
+                });
+            }
+            return;
+        }
+        let st = lock_state(&self.state);
         if !st.needs_size_update {
             return;
         }

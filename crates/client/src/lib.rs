@@ -27,6 +27,7 @@ mod file;
 mod find;
 mod join;
 mod path;
+pub mod writebehind;
 
 pub use blocking::{BlockingClient, BlockingFile};
 pub use chunk::{split_range, Piece};

@@ -15,13 +15,13 @@ use crate::creds::GroupCache;
 use crate::handles::{
     DirHandle, DirState, DirTable, FileTable, OpenFile, WriteMode, DIRS_MAX, FILES_MAX,
 };
-use crate::writebehind::{Budget, BUDGET_BYTES};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
     INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr,
     ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
     ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
+use madfs_client::writebehind::{Budget, BUDGET_BYTES};
 use madfs_client::{
     Attr, Client, ClientError, Credentials, DirEntry, ErrorCode, File, FileKind, InodeId,
     OpenOptions, ServerId, SetAttrs, TimeSet, ACCESS_EXEC, ACCESS_READ, ACCESS_WRITE,

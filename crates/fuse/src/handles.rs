@@ -4,8 +4,8 @@
 //! file's handle. Both tables are bounded: a program leaking descriptors
 //! gets ENFILE from open/opendir instead of growing the daemon without limit.
 
-use crate::writebehind::WriteBehind;
 use fuser::Errno;
+use madfs_client::writebehind::WriteBehind;
 use madfs_client::{DirCursor, DirEntry, File, InodeId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

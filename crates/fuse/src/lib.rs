@@ -4,7 +4,7 @@
 //! - fs.rs: the `fuser::Filesystem` callbacks, each run as a tokio task with
 //!   the caller's credentials;
 //! - handles.rs: open files and directory listings by FUSE handle;
-//! - writebehind.rs: writes answered before they land, bounded and ordered;
+//! - write-behind (madfs_client::writebehind): writes answered before they land, bounded and ordered;
 //! - creds.rs: the caller's supplementary groups from /proc;
 //! - convert.rs: attributes, times, names and the errno mapping;
 //! - mountinfo.rs: finding and unmounting MadFS mounts.
@@ -18,7 +18,6 @@ mod creds;
 mod fs;
 mod handles;
 mod mountinfo;
-mod writebehind;
 
 pub use fs::{MadFs, DEFAULT_TTL, MAX_READAHEAD_BYTES, MAX_WRITE_BYTES};
 pub use mountinfo::{absolute, is_madfs_mount, mount_at, unmount, MountEntry, FS_NAME};

@@ -152,6 +152,9 @@ pub enum Op {
     /// Make a file, directory or symlink. Sent to the name's dentry server,
     /// which allocates the inode too. Non-exclusive create of an existing
     /// regular file returns that file (open with O_CREAT, no O_EXCL).
+    /// An exclusive create of a regular file may carry its first bytes as
+    /// bulk data (up to the inline limit): a small file then costs one
+    /// request, as chunk 0 lives with the inode on the same server.
     Create {
         parent: InodeId,
         name: FileName,
@@ -373,7 +376,7 @@ impl Op {
 
     /// Whether a frame with this opcode may carry bulk data.
     pub fn carries_data(opcode: Opcode) -> bool {
-        opcode == Opcode::Write
+        opcode == Opcode::Write || opcode == Opcode::Create
     }
 }
 

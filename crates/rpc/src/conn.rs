@@ -21,6 +21,8 @@ use tokio::sync::{oneshot, Semaphore};
 
 /// Requests one connection may have outstanding; callers beyond it wait.
 pub const IN_FLIGHT_MAX: usize = 512;
+/// Read buffer of a connection's reader (larger reads bypass it).
+pub(crate) const READ_BUFFER_BYTES: usize = 64 * 1024;
 
 /// A decoded frame: header, body bytes, bulk data.
 pub struct Frame {
@@ -72,10 +74,25 @@ pub async fn read_data<R: AsyncRead + Unpin>(
     r: &mut R,
     header: &FrameHeader,
 ) -> Result<Vec<u8>, RpcError> {
-    let mut data = vec![0u8; header.data_len as usize];
-    r.read_exact(&mut data)
-        .await
-        .map_err(|e| RpcError::Io(format!("reading data: {e}")))?;
+    // Read into spare capacity: zeroing a megabyte first would cost as
+    // much as a copy of it.
+    let len = header.data_len as usize;
+    let mut data = Vec::with_capacity(len);
+    while data.len() < len {
+        // Bounded: the capacity may exceed `len`, and the bytes after it
+        // belong to the next frame.
+        let n = (&mut *r)
+            .take((len - data.len()) as u64)
+            .read_buf(&mut data)
+            .await
+            .map_err(|e| RpcError::Io(format!("reading data: {e}")))?;
+        if n == 0 {
+            return Err(RpcError::Io(format!(
+                "reading data: connection closed after {} of {len} bytes",
+                data.len()
+            )));
+        }
+    }
     Ok(data)
 }
 
@@ -329,7 +346,9 @@ pub(crate) fn random_nonce() -> auth::Nonce {
     n
 }
 
-async fn read_loop(mut r: OwnedReadHalf, s: Arc<Shared>) {
+async fn read_loop(r: OwnedReadHalf, s: Arc<Shared>) {
+    // Buffered: a header and its body usually arrive in one read call.
+    let mut r = tokio::io::BufReader::with_capacity(READ_BUFFER_BYTES, r);
     let err = loop {
         // Responses carry data only for reads; the opcode says which.
         let frame = match read_frame(&mut r, |h| h.opcode == Opcode::Read as u16).await {

@@ -2,7 +2,9 @@
 //! read requests and run each in its own task (so one connection carries
 //! many in flight), and write responses back as they finish.
 
-use crate::conn::{header, random_nonce, read_data, read_frame, read_head, write_frame};
+use crate::conn::{
+    header, random_nonce, read_data, read_frame, read_head, write_frame, READ_BUFFER_BYTES,
+};
 use crate::error::RpcError;
 use crate::{log_debug, log_warn};
 use madfs_proto::auth::{self, Challenge, ClusterKey, Hello, Role};
@@ -139,6 +141,8 @@ async fn connection<H: Handler>(
     .map_err(|_| RpcError::Timeout("handshake".into()))??;
     log_debug!("{peer} authenticated as {role:?}");
     let ctx = CallContext { role, peer };
+    // Buffered: a header and its body usually arrive in one read call.
+    let mut r = tokio::io::BufReader::with_capacity(READ_BUFFER_BYTES, r);
     let writer = Arc::new(Mutex::new(w));
     let in_flight = Arc::new(Semaphore::new(SERVER_IN_FLIGHT_MAX));
     loop {

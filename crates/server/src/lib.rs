@@ -40,9 +40,14 @@ impl fmt::Display for ServerError {
 impl std::error::Error for ServerError {}
 
 /// Run server `id` of the cluster until SIGTERM or SIGINT, then make every
-/// acknowledged write durable and return.
-pub fn run(cfg: ClusterConfig, id: ServerId) -> Result<(), ServerError> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
+/// acknowledged write durable and return. `threads` runtime workers serve
+/// requests (default: one per core); disk I/O runs on the blocking pool.
+pub fn run(cfg: ClusterConfig, id: ServerId, threads: Option<usize>) -> Result<(), ServerError> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = threads {
+        builder.worker_threads(n.max(1));
+    }
+    let rt = builder
         .enable_all()
         .thread_name("madfs-server")
         .build()

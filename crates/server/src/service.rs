@@ -606,7 +606,16 @@ impl Server {
                 exclusive,
                 symlink_target,
             } => ok(self
-                .create(c, parent, &name, kind, perm, exclusive, symlink_target)
+                .create(
+                    c,
+                    parent,
+                    &name,
+                    kind,
+                    perm,
+                    exclusive,
+                    symlink_target,
+                    data,
+                )
                 .await?),
             Op::Remove { parent, name, dir } => {
                 ok(retry_races(|| self.remove(c, parent, &name, dir)).await?)
@@ -750,7 +759,22 @@ impl Server {
         perm_bits: u32,
         exclusive: bool,
         target: Vec<u8>,
+        data: Vec<u8>,
     ) -> Result<Reply, WireError> {
+        if !data.is_empty() {
+            if kind != FileKind::File || !exclusive {
+                return Err(err(
+                    ErrorCode::InvalidArgument,
+                    "only an exclusive create of a regular file carries data",
+                ));
+            }
+            if data.len() as u64 > limits::INLINE_DATA_MAX_BYTES {
+                return Err(err(
+                    ErrorCode::InvalidArgument,
+                    "data with a create is at most the inline limit (64 KiB)",
+                ));
+            }
+        }
         if kind == FileKind::Symlink
             && (target.is_empty() || target.len() > limits::SYMLINK_MAX_BYTES)
         {
@@ -787,7 +811,7 @@ impl Server {
             });
         }
         perm::check_dir_write(&dir, c)?;
-        self.check_space(0)?;
+        self.check_space(data.len() as u64)?;
         let ino = self.alloc_ino()?;
         // setgid directories pass their group (and, to subdirectories, the bit) on.
         let (gid, mut bits) = if dir.perm & 0o2000 != 0 {
@@ -805,8 +829,13 @@ impl Server {
         if kind == FileKind::Symlink {
             bits = 0o777;
         }
-        let inode = Inode::new(ino, kind, bits, c.uid, gid, target);
+        let mut inode = Inode::new(ino, kind, bits, c.uid, gid, target);
         let mut b = WriteBatch::new();
+        if !data.is_empty() {
+            // The inode is ours (we allocated it), so chunk 0 is too.
+            inode.attr.size = data.len() as u64;
+            b.put(&keys::inline_data(ino), &data);
+        }
         b.put(&keys::inode(ino), &inode.encode());
         Self::put_dentry(&mut b, parent, name, kind, ino);
         self.kv.write(b, false).map_err(kv_err)?;
@@ -1162,9 +1191,10 @@ impl Server {
             return Err(err(ErrorCode::FileTooBig, ""));
         }
         self.check_space(data.len() as u64)?;
+        let cs = self.chunk_size;
         if chunk.0 != 0 {
             let chunks = self.chunks.clone();
-            blocking(move || chunks.write(ino, chunk, offset as u64, &data))
+            blocking(move || chunks.write(ino, chunk, offset as u64, &data, cs))
                 .await
                 .map_err(io_err)?;
             return Ok(Reply::Empty);
@@ -1192,8 +1222,8 @@ impl Server {
                 // Outgrown: move chunk 0 to a file, then write there.
                 let chunks = self.chunks.clone();
                 blocking(move || {
-                    chunks.write(ino, ChunkIndex(0), 0, &inline)?;
-                    chunks.write(ino, ChunkIndex(0), offset as u64, &data)
+                    chunks.write(ino, ChunkIndex(0), 0, &inline, cs)?;
+                    chunks.write(ino, ChunkIndex(0), offset as u64, &data, cs)
                 })
                 .await
                 .map_err(io_err)?;
@@ -1202,7 +1232,7 @@ impl Server {
             }
         } else {
             let chunks = self.chunks.clone();
-            blocking(move || chunks.write(ino, ChunkIndex(0), offset as u64, &data))
+            blocking(move || chunks.write(ino, ChunkIndex(0), offset as u64, &data, cs))
                 .await
                 .map_err(io_err)?;
         }

@@ -105,7 +105,9 @@ mod tests {
         let mut b = WriteBatch::new();
         b.put(b"k", b"v");
         kv.write(b, false).unwrap();
-        chunks.write(InodeId(1), ChunkIndex(1), 0, b"x").unwrap();
+        chunks
+            .write(InodeId(1), ChunkIndex(1), 0, b"x", 1 << 20)
+            .unwrap();
         let s = SyncCoalescer::start(chunks, kv);
         let mut tasks = Vec::new();
         for _ in 0..50 {

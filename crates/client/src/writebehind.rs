@@ -1,23 +1,24 @@
-//! Write-behind for one open file: a FUSE write is answered as soon as its
-//! data is copied and handed to a task, so the kernel sends the next block
-//! while this one travels to its server. Without it a sequential writer
-//! (dd, cp) has exactly one 1 MiB request in flight and the mount reaches
-//! about half of what the client library does with the same servers.
+//! Write-behind for one open file: a write returns as soon as its data is
+//! copied and handed to a task, so the writer prepares the next block while
+//! this one travels to its server. Used by the FUSE mount for every write,
+//! and by `File` when opened with `OpenOptions::write_behind`. Without it
+//! a sequential writer (dd, cp, an IOR rank) has exactly one 1 MiB request
+//! in flight and reaches about half of what the servers take.
 //!
 //! What keeps this correct:
 //! - writes whose byte ranges overlap never run at once (a later write
 //!   waits for the earlier one), so the last write to a byte wins;
 //! - everything that must see the data waits for the writes in flight
-//!   first (`drain`): flush (close), fsync, release, a read of the inode
-//!   through any handle of this mount, a setattr of the inode;
+//!   first (`drain`): close, fsync, a read or truncate through the handle
+//!   (and on the mount, a read or setattr of the inode through any handle);
 //! - a failed write is remembered and returned by the next write, flush or
 //!   fsync of the handle (so close(2) reports it), as NFS and the page
 //!   cache of local file systems do;
 //! - at most `PER_FILE_MAX` writes per handle and `BUDGET_BYTES` over the
-//!   whole mount are in flight: a fast writer is slowed to what the servers
+//!   whole client (or mount) are in flight: a fast writer is slowed to what the servers
 //!   take instead of buffering without bound.
 
-use madfs_client::ClientError;
+use crate::error::ClientError;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
@@ -29,7 +30,8 @@ pub const PER_FILE_MAX: usize = 8;
 pub const BUDGET_BYTES: usize = 64 << 20;
 const UNIT: usize = 4096;
 
-/// The mount-wide byte budget, shared by every open file.
+/// The byte budget shared by every open file of a mount or client.
+#[derive(Clone)]
 pub struct Budget(Arc<Semaphore>);
 
 impl Budget {
@@ -167,7 +169,7 @@ impl WriteBehind {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use madfs_client::ErrorCode;
+    use madfs_proto::ErrorCode;
     use std::time::Duration;
 
     #[tokio::test]
