@@ -202,14 +202,17 @@ async fn put(c: &Client, local: &Path, remote: &str) -> Result<(), String> {
         .write(true)
         .create(true)
         .truncate(true)
-        .perm(0o644);
+        .perm(0o644)
+        // Read the next block while this one is sent; close reports a
+        // failed write.
+        .write_behind(true);
     let f = c
         .open(remote, opts)
         .await
         .map_err(|e| fail("put", remote, e))?;
-    let mut buf = vec![0u8; COPY_BLOCK_BYTES];
     let mut offset = 0u64;
     loop {
+        let mut buf = vec![0u8; COPY_BLOCK_BYTES];
         let mut filled = 0;
         while filled < buf.len() {
             match input.read(&mut buf[filled..]) {
@@ -222,7 +225,8 @@ async fn put(c: &Client, local: &Path, remote: &str) -> Result<(), String> {
         if filled == 0 {
             break;
         }
-        f.write_at(offset, &buf[..filled])
+        buf.truncate(filled);
+        f.write_owned(offset, buf)
             .await
             .map_err(|e| fail("put", remote, e))?;
         offset += filled as u64;

@@ -371,3 +371,44 @@ async fn data_bytes_stay_exact_after_a_failed_write() {
     })
     .await;
 }
+
+/// With write-behind a write returns before its server answers, so the
+/// ENOSPC of a write comes back from a later write, fsync or close of the
+/// handle; nothing else is lost and the server stays up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_behind_reports_a_full_disk_at_a_later_call() {
+    let mut tc = start();
+    let c = client(&tc);
+    bounded("write-behind on a full disk", async {
+        populate(&c).await;
+        let opts = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .write_behind(true);
+        let f = c.open("/wb", opts).await.expect("create /wb");
+        let max = (DISK as usize / PIECE) * 2;
+        let mut failure = None;
+        for i in 0..max {
+            if let Err(e) = f.write_at((i * PIECE) as u64, &b_piece(i)).await {
+                failure = Some(e);
+                break;
+            }
+        }
+        let failure = match failure {
+            Some(e) => e,
+            None => f
+                .fsync()
+                .await
+                .expect_err("fsync after writing twice the disk's size"),
+        };
+        assert_err(Err::<(), _>(failure), ErrorCode::NoSpace, libc::ENOSPC);
+        // Later failures of writes still in flight may be reported by close.
+        let _ = f.close().await;
+        assert_alive(&mut tc, &c, "after write-behind filled the disk").await;
+        check_intact(&c, "after write-behind filled the disk").await;
+        c.remove_file("/wb")
+            .await
+            .expect("remove /wb on a full disk");
+    })
+    .await;
+}

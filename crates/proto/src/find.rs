@@ -387,20 +387,26 @@ pub fn glob_match(pat: &[u8], name: &[u8]) -> bool {
 /// literal segments found left to right, the first anchored at the start and
 /// the last at the end.
 fn star_match(pat: &[u8], name: &[u8]) -> bool {
-    let segs: Vec<&[u8]> = pat.split(|&c| c == b'*').collect();
-    if segs.len() == 1 {
+    // No allocation: this runs once per entry of a server-side find.
+    let (Some(first_star), Some(last_star)) = (
+        pat.iter().position(|&c| c == b'*'),
+        pat.iter().rposition(|&c| c == b'*'),
+    ) else {
         return pat == name;
-    }
-    let (first, last) = (segs[0], segs[segs.len() - 1]);
+    };
+    let (first, last) = (&pat[..first_star], &pat[last_star + 1..]);
     if name.len() < first.len() + last.len() || !name.starts_with(first) || !name.ends_with(last) {
         return false;
     }
     let mut rest = &name[first.len()..name.len() - last.len()];
-    for seg in &segs[1..segs.len() - 1] {
+    if first_star == last_star {
+        return true;
+    }
+    for seg in pat[first_star + 1..last_star].split(|&c| c == b'*') {
         if seg.is_empty() {
             continue;
         }
-        match rest.windows(seg.len()).position(|w| w == *seg) {
+        match rest.windows(seg.len()).position(|w| w == seg) {
             Some(i) => rest = &rest[i + seg.len()..],
             None => return false,
         }
