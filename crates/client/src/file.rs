@@ -86,6 +86,7 @@ impl OpenOptions {
         self.truncate = v;
         self
     }
+
     pub fn write_behind(mut self, v: bool) -> Self {
         self.write_behind = v;
         self
@@ -287,7 +288,11 @@ impl File {
                 "cannot read a directory",
             ));
         }
-        self.drain().await?;
+        // Wait for this handle's writes (their failure is for the next
+        // write, fsync or close to report).
+        if let Some(wb) = &self.behind {
+            wb.drain().await;
+        }
         let mut size = self.size();
         if offset.saturating_add(len as u64) > size {
             let fresh = self.client.getattr(self.attr.ino).await?;
@@ -345,7 +350,8 @@ impl File {
         Ok(data.len())
     }
 
-    /// Copy `data`, start sending it, and return: see `writebehind`.
+    /// Start sending `data` (copied unless owned) and return: see
+    /// `writebehind`.
     async fn write_behind(
         &self,
         wb: &Arc<WriteBehind>,

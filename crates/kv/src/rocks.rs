@@ -21,9 +21,9 @@ use crate::{scan_seek_key, KvError, KvStore, Op, Result, WriteBatch};
 const MEMTABLE_BUDGET: u64 = 64 << 20;
 /// Background threads for flushes and compactions.
 const PARALLELISM: libc::c_int = 2;
-/// Bloom filter density for block-based tables.
 /// RocksDB's InfoLogLevel::ERROR_LEVEL.
 const INFO_LOG_LEVEL_ERROR: std::os::raw::c_int = 3;
+/// Bloom filter density for block-based tables.
 const BLOOM_BITS_PER_KEY: f64 = 10.0;
 
 /// A RocksDB database opened at a path on local disk.
