@@ -6,6 +6,7 @@
 //! Every call here blocks on the disk: callers run them on tokio's blocking
 //! pool, never on the async threads.
 
+use crate::writeback::EarlyWriteback;
 use madfs_types::{stable_hash, ChunkIndex, InodeId};
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
@@ -21,6 +22,7 @@ pub struct ChunkStore {
     dirty: Mutex<HashSet<PathBuf>>,
     /// Bytes held in chunk files (kept up to date on growth and removal).
     bytes: AtomicU64,
+    early_writeback: EarlyWriteback,
 }
 
 impl ChunkStore {
@@ -31,6 +33,7 @@ impl ChunkStore {
             root,
             dirty: Mutex::new(HashSet::new()),
             bytes: AtomicU64::new(bytes),
+            early_writeback: EarlyWriteback::new(),
         })
     }
 
@@ -134,10 +137,9 @@ impl ChunkStore {
         if after > before {
             self.bytes.fetch_add(after - before, Ordering::Relaxed);
         }
-        if after >= chunk_size {
+        if after >= chunk_size && self.early_writeback.allowed() {
             // The chunk is complete (a sequential writer has moved on):
-            // start writing it to disk now, so a later fsync finds little
-            // left to do and the disk works while the network does.
+            // see writeback.rs.
             start_writeback(&f);
         }
         self.mark_dirty(path);

@@ -11,7 +11,9 @@ pub mod locks;
 pub mod perm;
 mod rename;
 mod service;
+mod space;
 pub mod sync;
+mod writeback;
 
 pub use service::Server;
 

@@ -11,6 +11,7 @@ use crate::counter::Counter;
 use crate::inode::{decode_dentry, encode_dentry, Inode};
 use crate::locks::{LockKey, Locks};
 use crate::perm::{self, Owner};
+use crate::space::SpaceGauge;
 use crate::sync::SyncCoalescer;
 use crate::{keys, ServerError};
 use madfs_kv::{KvStore, RocksStore, WriteBatch};
@@ -80,7 +81,8 @@ pub struct Server {
     pub(crate) id: ServerId,
     pub(crate) servers: usize,
     pub(crate) chunk_size: u64,
-    data_dir: PathBuf,
+    /// Free space of the data directory's file system.
+    space: SpaceGauge,
     pub(crate) kv: Arc<dyn KvStore>,
     chunks: Arc<ChunkStore>,
     sync: SyncCoalescer,
@@ -164,7 +166,7 @@ impl Server {
             id,
             servers: cfg.server_count(),
             chunk_size: cfg.chunk_size,
-            data_dir,
+            space: SpaceGauge::new(data_dir),
             kv: kv.clone(),
             sync: SyncCoalescer::start(chunks.clone(), kv.clone()),
             chunks,
@@ -1300,19 +1302,20 @@ impl Server {
     /// Refuse growth (ENOSPC) once free space would drop into the reserve:
     /// the smaller of 64 MiB and an eighth of the disk.
     fn check_space(&self, growth: u64) -> Result<(), WireError> {
-        let (total, _, avail) = fs_space(&self.data_dir).map_err(io_err)?;
-        let reserve = SPACE_RESERVE_MAX_BYTES.min(total / 8);
-        if avail < reserve.saturating_add(growth) {
-            return Err(err(
+        let granted = self
+            .space
+            .grant(growth, |total| SPACE_RESERVE_MAX_BYTES.min(total / 8))
+            .map_err(io_err)?;
+        granted.map_err(|reserve| {
+            err(
                 ErrorCode::NoSpace,
                 format!("server {} keeps its last {reserve} bytes free", self.id),
-            ));
-        }
-        Ok(())
+            )
+        })
     }
 
     fn statfs(&self) -> Result<FsStats, WireError> {
-        let (total, free, avail) = fs_space(&self.data_dir).map_err(io_err)?;
+        let (total, free, avail) = self.space.measure().map_err(io_err)?;
         Ok(FsStats {
             bytes_total: total,
             bytes_free: free,
@@ -1401,20 +1404,6 @@ pub(crate) async fn join_all<F: Future>(futs: impl IntoIterator<Item = F>) -> Ve
         out.extend(r);
     }
     out
-}
-
-fn fs_space(path: &std::path::Path) -> std::io::Result<(u64, u64, u64)> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
-    // SAFETY: `c` is a valid NUL-terminated path and `st` a properly sized
-    // out-parameter that statvfs fills on success.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let f = st.f_frsize;
-    Ok((st.f_blocks * f, st.f_bfree * f, st.f_bavail * f))
 }
 
 impl Handler for Server {
