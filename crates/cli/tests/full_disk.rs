@@ -406,6 +406,17 @@ async fn write_behind_reports_a_full_disk_at_a_later_call() {
         let _ = f.close().await;
         assert_alive(&mut tc, &c, "after write-behind filled the disk").await;
         check_intact(&c, "after write-behind filled the disk").await;
+        // The published size covers only writes that landed: every piece
+        // inside it holds what was written there (a failed write's range
+        // would read back as zeros).
+        let wb = c.read_file("/wb").await.expect("read /wb");
+        assert_eq!(wb.len() % PIECE, 0, "size of /wb: whole pieces");
+        for (i, got) in wb.chunks(PIECE).enumerate() {
+            assert!(
+                got == b_piece(i),
+                "piece {i} of /wb is not what was written"
+            );
+        }
         c.remove_file("/wb")
             .await
             .expect("remove /wb on a full disk");

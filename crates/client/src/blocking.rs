@@ -60,8 +60,11 @@ impl BlockingClient {
     /// thread waits on the sockets itself, so a reply wakes it directly
     /// instead of waking a runtime worker that then wakes it (one
     /// cross-core wakeup less per request). For single-threaded callers
-    /// that call often (benchmark ranks); background work (a dropped
-    /// file's size update) runs only during later calls.
+    /// that call often (benchmark ranks). Background work (write-behind
+    /// writes, a dropped file's size update) runs only during later calls,
+    /// and a caller that computes for longer than the call timeout between
+    /// calls may see a request that was answered in time reported as
+    /// timed out.
     pub fn connect_single_threaded(cluster_file: Option<&Path>) -> Result<BlockingClient> {
         BlockingClient::wrap_client(Client::connect(cluster_file)?, false)
     }
@@ -240,7 +243,11 @@ impl BlockingFile {
 
 impl Drop for BlockingFile {
     fn drop(&mut self) {
-        if tokio::runtime::Handle::try_current().is_err() && self.file.needs_size_update() {
+        // With write-behind, writes may still be in flight (and, on a
+        // current-thread runtime, not even sent): close waits for them.
+        if tokio::runtime::Handle::try_current().is_err()
+            && (self.file.needs_size_update() || self.file.writes_behind())
+        {
             let _ = self.rt.block_on(self.file.close());
         }
     }

@@ -251,9 +251,20 @@ impl File {
         self.attr.clone()
     }
 
-    /// The largest size this handle knows of (size at open, or its writes).
+    /// The largest size this handle knows of (size at open, or its writes,
+    /// including write-behind writes still in flight).
     pub fn size(&self) -> u64 {
-        self.state().size_hint
+        let landed = self.state().size_hint;
+        match &self.behind {
+            Some(wb) => landed.max(wb.in_flight_end()),
+            None => landed,
+        }
+    }
+
+    /// Whether writes of this handle may still be in flight (write-behind),
+    /// so that `close` is needed before the handle goes away.
+    pub fn writes_behind(&self) -> bool {
+        self.behind.is_some()
     }
 
     pub fn client(&self) -> &Client {
@@ -373,12 +384,10 @@ impl File {
                     ),
                 )
             })?;
+        // From admission on, `size()` (and so an append) counts this
+        // write; `size_hint` grows only once it has landed, so a failed
+        // write never publishes a size covering bytes nobody wrote.
         let ticket = wb.admit(self.client.write_budget(), offset, end).await;
-        // Appends (and size queries) see the data at once.
-        {
-            let mut st = self.state();
-            st.size_hint = st.size_hint.max(end);
-        }
         let (client, ino, state, wb) = (
             self.client.clone(),
             self.attr.ino,
@@ -392,6 +401,7 @@ impl File {
                 // Recorded before the ticket is released, so a drain that
                 // returns sees what fsync and close must publish.
                 let mut st = lock_state(&state);
+                st.size_hint = st.size_hint.max(end);
                 st.dirty.extend(outcome.servers_written);
                 st.needs_size_update |= outcome.touched_non_zero_chunk;
             });

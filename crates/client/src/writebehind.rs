@@ -32,16 +32,24 @@ const UNIT: usize = 4096;
 
 /// The byte budget shared by every open file of a mount or client.
 #[derive(Clone)]
-pub struct Budget(Arc<Semaphore>);
+pub struct Budget {
+    units: Arc<Semaphore>,
+    total_units: usize,
+}
 
 impl Budget {
     pub fn new(bytes: usize) -> Budget {
-        Budget(Arc::new(Semaphore::new(bytes.div_ceil(UNIT).max(1))))
+        let total_units = bytes.div_ceil(UNIT).clamp(1, u32::MAX as usize);
+        Budget {
+            units: Arc::new(Semaphore::new(total_units)),
+            total_units,
+        }
     }
 
     fn units(&self, len: usize) -> u32 {
-        // A write larger than the whole budget takes all of it.
-        len.div_ceil(UNIT).clamp(1, BUDGET_BYTES.div_ceil(UNIT)) as u32
+        // A write larger than the whole budget takes all of it (and so
+        // runs alone) instead of waiting forever.
+        len.div_ceil(UNIT).clamp(1, self.total_units) as u32
     }
 }
 
@@ -101,7 +109,7 @@ impl WriteBehind {
             .await
             .expect("write slots are never closed");
         let budget = budget
-            .0
+            .units
             .clone()
             .acquire_many_owned(budget.units((end - start) as usize))
             .await
@@ -196,6 +204,17 @@ mod tests {
         assert_eq!(wb.in_flight_end(), 0);
         assert_eq!(wb.take_error().unwrap().code, ErrorCode::NoSpace);
         assert!(wb.take_error().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_write_larger_than_a_small_budget_still_runs() {
+        let wb = WriteBehind::new();
+        let budget = Budget::new(8192);
+        let t = tokio::time::timeout(Duration::from_secs(5), wb.admit(&budget, 0, 1 << 20))
+            .await
+            .expect("a write larger than the budget is admitted alone");
+        wb.finish(t, Ok(()));
+        wb.drain().await;
     }
 
     #[tokio::test]

@@ -137,9 +137,10 @@ impl ChunkStore {
         if after > before {
             self.bytes.fetch_add(after - before, Ordering::Relaxed);
         }
-        if after >= chunk_size && self.early_writeback.allowed() {
-            // The chunk is complete (a sequential writer has moved on):
-            // see writeback.rs.
+        if before < chunk_size && after >= chunk_size && self.early_writeback.allowed() {
+            // This write completed the chunk (a sequential writer has
+            // moved on): see writeback.rs. Overwrites of a full chunk
+            // leave it to the page cache.
             start_writeback(&f);
         }
         self.mark_dirty(path);
@@ -202,39 +203,64 @@ impl ChunkStore {
     }
 
     /// fsync every file and directory written since the last call.
-    /// Called only by the sync thread.
+    /// Called only by the sync thread. A path that cannot be synced stays
+    /// dirty, so the next fsync tries it again instead of passing over it.
     pub fn sync_dirty(&self) -> io::Result<()> {
         let dirty: Vec<PathBuf> = {
             let mut d = self.dirty.lock().unwrap_or_else(|e| e.into_inner());
             d.drain().collect()
         };
         let mut first_err = None;
-        let mut files = Vec::with_capacity(dirty.len());
-        for p in dirty {
-            match File::open(&p) {
-                Ok(f) => files.push(f),
-                // Removed since it was written: nothing left to make durable.
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        // Two passes: first start the writeback of every file, so the disk
-        // sees all of it at once, then wait for each (and its metadata).
-        // One fsync after another would write one chunk at a time.
-        for f in &files {
-            start_writeback(f);
-        }
-        for f in files {
-            if let Err(e) = f.sync_all() {
+        for batch in dirty.chunks(SYNC_BATCH_FILES) {
+            if let Err((e, failed)) = sync_batch(batch) {
                 first_err.get_or_insert(e);
+                for p in failed {
+                    self.mark_dirty(p);
+                }
             }
         }
         match first_err {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+/// Files one sync pass holds open at once: bounded, so a sync of
+/// thousands of dirty chunks never runs the server out of descriptors.
+const SYNC_BATCH_FILES: usize = 256;
+
+/// Sync `paths` in two passes: first start the writeback of every file, so
+/// the disk sees all of it at once, then wait for each (and its metadata);
+/// one fsync after another would write one chunk at a time. On failure,
+/// the first error and the paths not known to be durable.
+fn sync_batch(paths: &[PathBuf]) -> Result<(), (io::Error, Vec<PathBuf>)> {
+    let mut first_err = None;
+    let mut failed = Vec::new();
+    let mut files = Vec::with_capacity(paths.len());
+    for p in paths {
+        match File::open(p) {
+            Ok(f) => files.push((p, f)),
+            // Removed since it was written: nothing left to make durable.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                first_err.get_or_insert(e);
+                failed.push(p.clone());
+            }
+        }
+    }
+    for (_, f) in &files {
+        start_writeback(f);
+    }
+    for (p, f) in files {
+        if let Err(e) = f.sync_all() {
+            first_err.get_or_insert(e);
+            failed.push(p.clone());
+        }
+    }
+    match first_err {
+        Some(e) => Err((e, failed)),
+        None => Ok(()),
     }
 }
 
