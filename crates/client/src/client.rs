@@ -38,6 +38,20 @@ pub struct Client {
     write_budget: Budget,
 }
 
+/// The end of a write of `len` bytes at `offset`, or FileTooBig if it goes
+/// past the largest file size.
+pub(crate) fn write_end(offset: u64, len: usize) -> Result<u64> {
+    offset
+        .checked_add(len as u64)
+        .filter(|&e| e <= limits::FILE_SIZE_MAX_BYTES)
+        .ok_or_else(|| {
+            ClientError::new(
+                ErrorCode::FileTooBig,
+                format!("write of {len} bytes at offset {offset} goes past the largest file size"),
+            )
+        })
+}
+
 /// What a `Client::write` did, for the open file's bookkeeping.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WriteOutcome {
@@ -115,7 +129,9 @@ impl Client {
         self.timeouts
     }
 
-    pub(crate) fn write_budget(&self) -> &Budget {
+    /// The write-behind byte budget shared by every file of this client
+    /// (and by a mount over it).
+    pub fn write_budget(&self) -> &Budget {
         &self.write_budget
     }
 
@@ -574,16 +590,7 @@ impl Client {
     /// concurrently. The owner grows the size for a write to chunk 0; writes
     /// to other chunks leave the size to `update_size` (see `WriteOutcome`).
     pub async fn write(&self, ino: InodeId, offset: u64, data: &[u8]) -> Result<WriteOutcome> {
-        let end = offset.checked_add(data.len() as u64);
-        if !matches!(end, Some(e) if e <= limits::FILE_SIZE_MAX_BYTES) {
-            return Err(ClientError::new(
-                ErrorCode::FileTooBig,
-                format!(
-                    "write of {} bytes at offset {offset} goes past the largest file size",
-                    data.len()
-                ),
-            ));
-        }
+        write_end(offset, data.len())?;
         let pieces = split_range(offset, data.len() as u64, self.chunk_size);
         let servers = self.server_count();
         let placed: Vec<_> = pieces

@@ -4,7 +4,7 @@
 //! file remembers that the owner's size (and mtime) needs an `UpdateSize` at
 //! close or fsync, and which servers hold unsynced data.
 
-use crate::client::Client;
+use crate::client::{write_end, Client};
 use crate::error::{ClientError, Result};
 use crate::writebehind::WriteBehind;
 use madfs_proto::message::{SetAttrs, ACCESS_READ, ACCESS_WRITE};
@@ -372,18 +372,7 @@ impl File {
         if let Some(e) = wb.take_error() {
             return Err(e);
         }
-        let end = offset
-            .checked_add(data.len() as u64)
-            .filter(|&e| e <= madfs_types::limits::FILE_SIZE_MAX_BYTES)
-            .ok_or_else(|| {
-                ClientError::new(
-                    ErrorCode::FileTooBig,
-                    format!(
-                        "write of {} bytes at offset {offset} goes past the largest file size",
-                        data.len()
-                    ),
-                )
-            })?;
+        let end = write_end(offset, data.len())?;
         // From admission on, `size()` (and so an append) counts this
         // write; `size_hint` grows only once it has landed, so a failed
         // write never publishes a size covering bytes nobody wrote.
@@ -516,40 +505,32 @@ impl Drop for File {
     /// its size, in the background and best effort: nobody is left to
     /// report an error to.
     fn drop(&mut self) {
-        if self.behind.is_some() {
-            // Writes may still be in flight: publish the size after them.
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let (client, ino, state, wb) = (
-                    self.client.clone(),
-                    self.attr.ino,
-                    self.state.clone(),
-                    self.behind.clone(),
-                );
-                rt.spawn(async move {
-                    if let Some(wb) = wb {
-                        wb.drain().await;
-                    }
-                    let (update, size) = {
-                        let st = lock_state(&state);
-                        (st.needs_size_update, st.size_hint)
-                    };
-                    if update {
-                        let _ = client.update_size(ino, size, Timestamp::now()).await;
-                    }
-                });
+        // With write-behind, writes may still be in flight: the size is
+        // known only once they land.
+        if self.behind.is_none() && !lock_state(&self.state).needs_size_update {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (client, ino, state, wb) = (
+            self.client.clone(),
+            self.attr.ino,
+            self.state.clone(),
+            self.behind.clone(),
+        );
+        rt.spawn(async move {
+            if let Some(wb) = wb {
+                wb.drain().await;
             }
-            return;
-        }
-        let st = lock_state(&self.state);
-        if !st.needs_size_update {
-            return;
-        }
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (client, ino, size) = (self.client.clone(), self.attr.ino, st.size_hint);
-            rt.spawn(async move {
+            let (update, size) = {
+                let st = lock_state(&state);
+                (st.needs_size_update, st.size_hint)
+            };
+            if update {
                 let _ = client.update_size(ino, size, Timestamp::now()).await;
-            });
-        }
+            }
+        });
     }
 }
 

@@ -21,7 +21,6 @@ use fuser::{
     ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
     ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
-use madfs_client::writebehind::{Budget, BUDGET_BYTES};
 use madfs_client::{
     Attr, Client, ClientError, Credentials, DirEntry, ErrorCode, File, FileKind, InodeId,
     OpenOptions, ServerId, SetAttrs, TimeSet, ACCESS_EXEC, ACCESS_READ, ACCESS_WRITE,
@@ -90,8 +89,6 @@ pub(crate) struct Inner {
     files: FileTable,
     dirs: DirTable,
     groups: GroupCache,
-    /// Bytes of write-behind in flight over the whole mount.
-    budget: Budget,
     ttl: Duration,
     /// For telling the kernel its cached attributes are stale; set once the
     /// session exists (it is created after the file system).
@@ -113,7 +110,6 @@ impl MadFs {
                 files: FileTable::new(FILES_MAX),
                 dirs: DirTable::new(DIRS_MAX),
                 groups: GroupCache::default(),
-                budget: Budget::new(BUDGET_BYTES),
                 ttl: DEFAULT_TTL,
                 notifier: Arc::new(OnceLock::new()),
             }),
@@ -207,7 +203,7 @@ impl Inner {
         match f.mode {
             WriteMode::Behind => {
                 let end = offset.saturating_add(len as u64);
-                let ticket = f.wb.admit(&self.budget, offset, end).await;
+                let ticket = f.wb.admit(self.client.write_budget(), offset, end).await;
                 tokio::spawn(async move {
                     let r = f.file.write_at(offset, &data).await.map(|_| ());
                     f.wb.finish(ticket, r);
