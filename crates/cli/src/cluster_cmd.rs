@@ -14,13 +14,25 @@ const KEY_FILE: &str = "cluster.key";
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
-pub fn server(cluster: Option<&Path>, id: u16, threads: Option<usize>) -> Result<ExitCode, String> {
+pub fn server(
+    cluster: Option<&Path>,
+    id: u16,
+    threads: Option<usize>,
+    find_index_mib: usize,
+) -> Result<ExitCode, String> {
     let path = ClusterConfig::locate(cluster);
     let cfg = ClusterConfig::load(&path).map_err(|e| e.to_string())?;
     if threads == Some(0) {
         return Err("--threads must be at least 1".into());
     }
-    madfs_server::run(cfg, ServerId(id), threads).map_err(|e| format!("server {id}: {e}"))?;
+    let find_index_bytes = find_index_mib
+        .checked_mul(1 << 20)
+        .ok_or("--find-index-mib is too large")?;
+    let opts = madfs_server::RunOptions {
+        threads,
+        find_index_bytes,
+    };
+    madfs_server::run(cfg, ServerId(id), opts).map_err(|e| format!("server {id}: {e}"))?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -38,6 +38,12 @@ enum Command {
         /// divides the cores among the servers it starts on this host.
         #[arg(long)]
         threads: Option<usize>,
+        /// Memory for the in-memory dentry index that `madfs find` and
+        /// `madfs du` scan, in MiB (0: none; they then scan RocksDB, several
+        /// times slower). An entry takes about 90 bytes; past the budget the
+        /// index is dropped until the server restarts.
+        #[arg(long, default_value_t = madfs_server::FIND_INDEX_DEFAULT_BYTES >> 20)]
+        find_index_mib: usize,
     },
     /// Start a local cluster on 127.0.0.1 and wait until every server answers.
     Up {
@@ -163,7 +169,11 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Server { id, threads } => cluster_cmd::server(cli.cluster.as_deref(), id, threads),
+        Command::Server {
+            id,
+            threads,
+            find_index_mib,
+        } => cluster_cmd::server(cli.cluster.as_deref(), id, threads, find_index_mib),
         Command::Up {
             servers,
             data,

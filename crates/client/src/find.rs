@@ -60,12 +60,13 @@ pub struct DuTotals {
     pub inodes: u64,
 }
 
-/// What every server returned, merged.
+/// What every server returned, merged. Matches stay in the pages they came
+/// in: appending them to one vector would copy them again at every growth.
 #[derive(Default)]
 struct Scan {
     dirs: HashMap<InodeId, FindDir>,
-    matches: Vec<FindMatch>,
-    unresolved: Vec<FindMatch>,
+    matches: Vec<Vec<FindMatch>>,
+    unresolved: Vec<Vec<FindMatch>>,
     scanned: u64,
 }
 
@@ -115,8 +116,8 @@ impl Client {
                 } => {
                     scan.scanned = scan.scanned.saturating_add(scanned);
                     scan.dirs.extend(dirs.into_iter().map(|d| (d.ino, d)));
-                    scan.matches.extend(matches);
-                    scan.unresolved.extend(unresolved);
+                    scan.matches.push(matches);
+                    scan.unresolved.push(unresolved);
                     match resume {
                         None => return Ok(scan),
                         Some(r) => after = Some(r),
@@ -349,7 +350,8 @@ impl Client {
                 _ => None,
             }
         };
-        for m in &scan.matches {
+        out.found.reserve(scan.matches.iter().map(Vec::len).sum());
+        for m in scan.matches.iter().flatten() {
             if m.ino == root_attr.ino && m.kind == FileKind::Dir {
                 continue; // the root itself, tested above
             }
@@ -363,7 +365,7 @@ impl Client {
             }
         }
         let mut pending = Vec::new();
-        for m in &scan.unresolved {
+        for m in scan.unresolved.iter().flatten() {
             if let Some(path) = keep(m, &mut places) {
                 pending.push((path, m));
             }
@@ -387,7 +389,8 @@ impl Client {
             }
         }
         if paths {
-            out.found.sort_by(|a, b| a.path.cmp(&b.path));
+            // Paths are unique (one per dentry): no need for a stable sort.
+            out.found.sort_unstable_by(|a, b| a.path.cmp(&b.path));
         }
         out.denied.sort();
         Ok(out)

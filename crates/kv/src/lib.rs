@@ -132,6 +132,14 @@ impl WriteBatch {
         self.ops.is_empty()
     }
 
+    /// The keys the batch puts or deletes, in order (a key may repeat): lets
+    /// a layer above mirror some keys after the batch is applied.
+    pub fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        self.ops.iter().map(|op| match op {
+            Op::Put(k, _) | Op::Delete(k) => k.as_slice(),
+        })
+    }
+
     pub(crate) fn ops(&self) -> &[Op] {
         &self.ops
     }

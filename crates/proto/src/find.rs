@@ -395,7 +395,13 @@ fn star_match(pat: &[u8], name: &[u8]) -> bool {
         return pat == name;
     };
     let (first, last) = (&pat[..first_star], &pat[last_star + 1..]);
-    if name.len() < first.len() + last.len() || !name.starts_with(first) || !name.ends_with(last) {
+    // Byte loops, not slice equality: that calls memcmp even for the empty
+    // affixes of `*x*`, and this runs once per entry.
+    let same = |a: &[u8], b: &[u8]| a.iter().zip(b).all(|(x, y)| x == y);
+    if name.len() < first.len() + last.len()
+        || !same(first, &name[..first.len()])
+        || !same(last, &name[name.len() - last.len()..])
+    {
         return false;
     }
     let mut rest = &name[first.len()..name.len() - last.len()];
@@ -406,12 +412,33 @@ fn star_match(pat: &[u8], name: &[u8]) -> bool {
         if seg.is_empty() {
             continue;
         }
-        match rest.windows(seg.len()).position(|w| w == seg) {
+        match find_bytes(rest, seg) {
             Some(i) => rest = &rest[i + seg.len()..],
             None => return false,
         }
     }
     true
+}
+
+/// Where `needle` (not empty) first occurs in `hay`: a scan for its first
+/// byte, then a byte-wise compare, so a short needle costs no call to
+/// memcmp per position.
+fn find_bytes(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    let (&first, tail) = needle.split_first()?;
+    let last_start = hay.len().checked_sub(needle.len())?;
+    let mut from = 0;
+    while from <= last_start {
+        let at = from + hay[from..=last_start].iter().position(|&b| b == first)?;
+        if hay[at + 1..at + needle.len()]
+            .iter()
+            .zip(tail)
+            .all(|(a, b)| a == b)
+        {
+            return Some(at);
+        }
+        from = at + 1;
+    }
+    None
 }
 
 /// Match byte `c` against the bracket expression starting at `pat[start]`
@@ -535,6 +562,20 @@ mod tests {
             ] {
                 let general = glob_match(format!("{p}?").as_bytes(), format!("{n}x").as_bytes());
                 assert_eq!(star_match(p.as_bytes(), n.as_bytes()), general, "{p} ~ {n}");
+            }
+        }
+        // The substring search agrees with a naive one.
+        for hay in ["", "a", "0101", "x01", "aab0101", "10", "001"] {
+            for needle in ["0", "01", "10", "101", "aab0101", "aab01010"] {
+                let naive = hay
+                    .as_bytes()
+                    .windows(needle.len())
+                    .position(|w| w == needle.as_bytes());
+                assert_eq!(
+                    find_bytes(hay.as_bytes(), needle.as_bytes()),
+                    naive,
+                    "{needle} in {hay}"
+                );
             }
         }
         // Pathological pattern stays fast.

@@ -57,11 +57,6 @@ pub(crate) fn find_page(
     let mut stopped = false;
     let mut failure: Option<WireError> = None;
     let mut visit = |k: &[u8], v: &[u8]| -> Result<bool, WireError> {
-        if dirs.len() + matches.len() + unresolved.len() + 2 > max || scanned >= SCAN_ROWS_PER_PAGE
-        {
-            stopped = true;
-            return Ok(false);
-        }
         scanned += 1;
         let parent =
             keys::ino_from_key(k).ok_or_else(|| err(ErrorCode::Io, "corrupt dentry key"))?;
@@ -117,12 +112,13 @@ pub(crate) fn find_page(
                 }
             }
         }
-        match &mut last_key {
-            Some(lk) => {
-                lk.clear();
-                lk.extend_from_slice(k);
-            }
-            None => last_key = Some(k.to_vec()),
+        // Full (the next row could add two items) or scanned enough: stop
+        // after this row, the only key copied per page.
+        if dirs.len() + matches.len() + unresolved.len() + 2 > max || scanned >= SCAN_ROWS_PER_PAGE
+        {
+            stopped = true;
+            last_key = Some(k.to_vec());
+            return Ok(false);
         }
         Ok(true)
     };

@@ -4,6 +4,7 @@
 
 pub mod chunks;
 pub mod counter;
+mod dentry_index;
 mod find;
 pub mod inode;
 pub mod keys;
@@ -41,12 +42,34 @@ impl fmt::Display for ServerError {
 
 impl std::error::Error for ServerError {}
 
+/// Default memory budget of the in-memory dentry index find reads: about
+/// 12 million entries with short names.
+pub const FIND_INDEX_DEFAULT_BYTES: usize = 1 << 30;
+
+/// How one server process runs.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Runtime workers serving requests (None: one per core); disk I/O runs
+    /// on the blocking pool.
+    pub threads: Option<usize>,
+    /// Memory budget of the dentry index (0: none; find then scans RocksDB).
+    pub find_index_bytes: usize,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            threads: None,
+            find_index_bytes: FIND_INDEX_DEFAULT_BYTES,
+        }
+    }
+}
+
 /// Run server `id` of the cluster until SIGTERM or SIGINT, then make every
-/// acknowledged write durable and return. `threads` runtime workers serve
-/// requests (default: one per core); disk I/O runs on the blocking pool.
-pub fn run(cfg: ClusterConfig, id: ServerId, threads: Option<usize>) -> Result<(), ServerError> {
+/// acknowledged write durable and return.
+pub fn run(cfg: ClusterConfig, id: ServerId, opts: RunOptions) -> Result<(), ServerError> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = threads {
+    if let Some(n) = opts.threads {
         builder.worker_threads(n.max(1));
     }
     let rt = builder
@@ -62,7 +85,7 @@ pub fn run(cfg: ClusterConfig, id: ServerId, threads: Option<usize>) -> Result<(
         let key = cfg
             .load_key()
             .map_err(|e| ServerError::Config(e.to_string()))?;
-        let server = Arc::new(Server::open(&cfg, id, key.clone())?);
+        let server = Arc::new(Server::open(&cfg, id, key.clone(), opts.find_index_bytes)?);
         let listener = tokio::net::TcpListener::bind(entry.address)
             .await
             .map_err(|e| ServerError::Bind(format!("{}: {e}", entry.address)))?;

@@ -8,6 +8,7 @@
 
 use crate::chunks::ChunkStore;
 use crate::counter::Counter;
+use crate::dentry_index::IndexedKv;
 use crate::inode::{decode_dentry, encode_dentry, Inode};
 use crate::locks::{LockKey, Locks};
 use crate::perm::{self, Owner};
@@ -99,7 +100,14 @@ pub struct Server {
 }
 
 impl Server {
-    pub fn open(cfg: &ClusterConfig, id: ServerId, key: ClusterKey) -> Result<Server, ServerError> {
+    /// Open server `id`'s store under its data directory; `find_index_bytes`
+    /// bounds the in-memory dentry index (0: none).
+    pub fn open(
+        cfg: &ClusterConfig,
+        id: ServerId,
+        key: ClusterKey,
+        find_index_bytes: usize,
+    ) -> Result<Server, ServerError> {
         let entry = cfg
             .server(id)
             .ok_or_else(|| ServerError::Config(format!("no server {id}")))?;
@@ -110,7 +118,7 @@ impl Server {
             RocksStore::open(&data_dir.join("meta"))
                 .map_err(|e| ServerError::Storage(e.to_string()))?,
         );
-        Self::with_store(cfg, id, key, kv, data_dir)
+        Self::with_store(cfg, id, key, kv, data_dir, find_index_bytes)
     }
 
     pub fn with_store(
@@ -119,7 +127,10 @@ impl Server {
         key: ClusterKey,
         kv: Arc<dyn KvStore>,
         data_dir: PathBuf,
+        find_index_bytes: usize,
     ) -> Result<Server, ServerError> {
+        // Every write from here on goes through the index's wrapper.
+        let kv: Arc<dyn KvStore> = Arc::new(IndexedKv::new(kv, find_index_bytes));
         let storage = |e: madfs_kv::KvError| ServerError::Storage(e.to_string());
         match kv.get(keys::META_FORMAT).map_err(storage)? {
             None => {
