@@ -17,7 +17,7 @@
 
 use crate::keys;
 use madfs_kv::{KvStore, Result, WriteBatch};
-use madfs_rpc::log_warn;
+use madfs_rpc::{log_info, log_warn};
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -265,7 +265,15 @@ impl DentryIndex {
             why = Some("the store returned dentries out of order".into());
         }
         match why {
-            None => *index.lock() = Some(copy),
+            None => {
+                log_info!(
+                    "find index: {} dentries in about {} MiB (budget {} MiB)",
+                    copy.sorted.len(),
+                    copy.bytes >> 20,
+                    budget_bytes >> 20
+                );
+                *index.lock() = Some(copy);
+            }
             Some(why) => log_warn!("find runs without its in-memory index: {why}"),
         }
         index
@@ -282,7 +290,8 @@ impl DentryIndex {
     }
 
     /// Whether finds read the copy (false once it was dropped).
-    pub(crate) fn is_on(&self) -> bool {
+    #[cfg(test)]
+    fn is_on(&self) -> bool {
         self.lock().is_some()
     }
 
@@ -371,7 +380,8 @@ impl IndexedKv {
     }
 
     /// Whether finds are served from memory.
-    pub(crate) fn index_on(&self) -> bool {
+    #[cfg(test)]
+    fn index_on(&self) -> bool {
         self.index.is_on()
     }
 }
@@ -445,7 +455,7 @@ mod tests {
     /// Short names (kept inline) and long ones (on the heap), interleaved
     /// in key order.
     fn test_name(i: u64) -> String {
-        if i % 4 == 0 {
+        if i.is_multiple_of(4) {
             format!("n{i}-a-name-longer-than-the-inline-limit")
         } else {
             format!("n{i}")
