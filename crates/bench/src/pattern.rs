@@ -24,6 +24,26 @@ fn word(key: u64, index: u64) -> [u8; 8] {
     (key ^ index.wrapping_mul(0xD6E8_FEB8_6659_FD93)).to_le_bytes()
 }
 
+/// The pattern of `key` at `offset`, `len` bytes long, in a new buffer
+/// written once (not zeroed first, as `vec![0; len]` then `fill` would).
+pub fn make(key: u64, offset: u64, len: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(len);
+    if offset.is_multiple_of(8) {
+        let base = offset / 8;
+        for i in 0..(len / 8) as u64 {
+            v.extend_from_slice(&word(key, base + i));
+        }
+        let rest = len % 8;
+        if rest > 0 {
+            v.extend_from_slice(&word(key, base + (len / 8) as u64)[..rest]);
+        }
+        return v;
+    }
+    v.resize(len, 0);
+    fill(&mut v, key, offset);
+    v
+}
+
 /// Fill `buf` with the pattern of `key` as found at `offset` in the file.
 pub fn fill(buf: &mut [u8], key: u64, offset: u64) {
     if offset.is_multiple_of(8) {
@@ -50,13 +70,6 @@ pub fn fill(buf: &mut [u8], key: u64, offset: u64) {
         buf[pos..pos + n].copy_from_slice(&w[start..start + n]);
         pos += n;
     }
-}
-
-/// The pattern of `key` at `offset`, `len` bytes long.
-pub fn make(key: u64, offset: u64, len: usize) -> Vec<u8> {
-    let mut v = vec![0; len];
-    fill(&mut v, key, offset);
-    v
 }
 
 /// The index of the first byte of `buf` that differs from the pattern of
@@ -103,6 +116,12 @@ mod tests {
             let part = make(k, off, 37);
             assert_eq!(&whole[off as usize..off as usize + 37], &part[..]);
             assert_eq!(first_mismatch(&part, k, off), None);
+        }
+        // Built in one pass or filled in place: the same bytes.
+        for (off, len) in [(0, 0), (0, 7), (8, 37), (16, 64), (3, 29)] {
+            let mut v = vec![0; len];
+            fill(&mut v, k, off);
+            assert_eq!(make(k, off, len), v, "{off} {len}");
         }
         let mut bad = whole.clone();
         bad[41] ^= 1;

@@ -253,9 +253,7 @@ impl<R: BufRead, W: Write> Rank<'_, R, W> {
         let n = self.stonewalled(limit, |_, i| {
             // A fresh buffer per transfer, given to the engine, which may
             // still be sending it when the next one is filled.
-            let mut buf = vec![0u8; xfer as usize];
-            pattern::fill(&mut buf, key, i * xfer);
-            f.write_owned(i * xfer, buf)
+            f.write_owned(i * xfer, pattern::make(key, i * xfer, xfer as usize))
         })?;
         let tw = std::time::Instant::now();
         f.finish(true)?;
@@ -289,9 +287,7 @@ impl<R: BufRead, W: Write> Rank<'_, R, W> {
         let key = pattern::key(TAG_HARD, rank as u64, 0);
         let n = self.stonewalled(self.cfg.limits.ior_hard_segments, |_, i| {
             let off = ior_hard_offset(i, rank, ranks);
-            let mut buf = vec![0u8; IOR_HARD_XFER as usize];
-            pattern::fill(&mut buf, key, off);
-            f.write_owned(off, buf)
+            f.write_owned(off, pattern::make(key, off, IOR_HARD_XFER as usize))
         })?;
         f.finish(true)?;
         Ok((n, n * IOR_HARD_XFER, 0))
