@@ -175,7 +175,7 @@ fn keep_large_buffers() {
     #[cfg(target_env = "gnu")]
     // SAFETY: mallopt only sets allocator parameters; no thread runs yet.
     unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
     }
 }
