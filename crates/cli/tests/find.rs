@@ -454,3 +454,120 @@ async fn find_pages_through_large_shards() {
     assert_eq!(out.scanned as usize, all.len());
     assert!(out.scanned as usize >= out.found.len());
 }
+
+/// Equal sets, or a failure that names a few differences (not thousands).
+fn same(got: BTreeSet<String>, want: &BTreeSet<String>, what: &str) {
+    let extra: Vec<&String> = got.difference(want).take(5).collect();
+    let missing: Vec<&String> = want.difference(&got).take(5).collect();
+    assert!(
+        extra.is_empty() && missing.is_empty(),
+        "{what}: extra {extra:?}, missing {missing:?} (of {} found, {} wanted)",
+        got.len(),
+        want.len()
+    );
+}
+
+/// How many times the servers' logs say they built the find index.
+fn index_builds(tc: &TestCluster) -> usize {
+    (0..tc.server_count())
+        .map(|i| {
+            std::fs::read_to_string(tc.log_path(i))
+                .unwrap_or_default()
+                .matches("find index: ")
+                .count()
+        })
+        .sum()
+}
+
+/// The servers keep an in-memory copy of their dentries for find. It must
+/// follow creates, removals and renames (within a directory, across
+/// directories, onto other servers), be rebuilt from RocksDB at restart,
+/// and give the same answers as a server without one (`--find-index-mib 0`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn find_answers_the_same_with_and_without_the_dentry_index() {
+    const FILES: usize = 3_000;
+    let mut tc = TestCluster::start(SERVERS);
+    assert_eq!(index_builds(&tc), SERVERS);
+    let c = tc.client();
+    c.mkdir("/i", 0o755).await.unwrap();
+    c.mkdir("/i/a", 0o755).await.unwrap();
+    c.mkdir("/i/b", 0o755).await.unwrap();
+    let a = c.lstat("/i/a").await.unwrap().ino;
+    let mut tasks = Vec::new();
+    for w in 0..16 {
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in (w..FILES).step_by(16) {
+                let n = FileName::new(format!("f{i}").as_bytes()).unwrap();
+                c.create(a, &n, 0o644, true).await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut want = BTreeSet::new();
+    for i in 0..FILES {
+        let from = format!("/i/a/f{i}");
+        let to = if i % 3 == 0 {
+            c.unlink(a, &FileName::new(format!("f{i}").as_bytes()).unwrap())
+                .await
+                .unwrap();
+            continue;
+        } else if i % 5 == 0 {
+            format!("/i/b/g{i}") // another directory, likely another server
+        } else if i % 7 == 0 {
+            format!("/i/a/h{i}") // the same directory, a new name
+        } else {
+            from.clone()
+        };
+        if to != from {
+            c.rename(from.as_str(), to.as_str()).await.unwrap();
+        }
+        want.insert(to);
+    }
+    let q = FindQuery {
+        name: Some(b"*1*".to_vec()),
+        ..FindQuery::default()
+    };
+    let want: BTreeSet<String> = want
+        .into_iter()
+        .filter(|p| p.rsplit('/').next().unwrap().contains('1'))
+        .collect();
+    assert!(
+        want.len() > 500,
+        "a test of {} names proves little",
+        want.len()
+    );
+    let found = |c: Client| {
+        let q = q.clone();
+        async move {
+            c.find("/i", &q)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|f| String::from_utf8(f.path).unwrap())
+                .collect::<BTreeSet<String>>()
+        }
+    };
+    same(
+        found(c.clone()).await,
+        &want,
+        "kept in step with the writes",
+    );
+
+    for i in 0..SERVERS {
+        tc.stop(i);
+        tc.restart(i);
+    }
+    assert_eq!(index_builds(&tc), 2 * SERVERS);
+    same(found(tc.client()).await, &want, "rebuilt at restart");
+
+    tc.set_server_args(&["--find-index-mib", "0"]);
+    for i in 0..SERVERS {
+        tc.stop(i);
+        tc.restart(i);
+    }
+    assert_eq!(index_builds(&tc), 2 * SERVERS, "no index was asked for");
+    same(found(tc.client()).await, &want, "scanned from RocksDB");
+}

@@ -36,6 +36,7 @@ fn start() -> TestCluster {
         1,
         Options {
             tmpfs_bytes: Some(DISK),
+            ..Options::default()
         },
     )
 }

@@ -50,6 +50,8 @@ pub struct Options {
     /// own (see `tmpfs_wrapper`), so it needs no privileges, is seen by that
     /// server only, and vanishes with it: such a server cannot be restarted.
     pub tmpfs_bytes: Option<u64>,
+    /// More arguments for `madfs server` (e.g. `--find-index-mib 0`).
+    pub server_args: Vec<String>,
 }
 
 /// The command prefix that starts a program in a fresh mount namespace with
@@ -248,6 +250,9 @@ impl TestCluster {
             .arg(&self.cluster_file)
             .arg("--id")
             .arg(i.to_string())
+            .args(&self.opts.server_args)
+            // Start, stop and find-index lines: the tests read some.
+            .env("MADFS_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log);
@@ -362,6 +367,11 @@ impl TestCluster {
                 }
             }
         }
+    }
+
+    /// Arguments for `madfs server` from the next (re)start on.
+    pub fn set_server_args(&mut self, args: &[&str]) {
+        self.opts.server_args = args.iter().map(|a| a.to_string()).collect();
     }
 
     /// Start server `i` again (after kill9 or stop) and wait until it answers.
