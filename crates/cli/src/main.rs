@@ -40,8 +40,9 @@ enum Command {
         threads: Option<usize>,
         /// Memory for the in-memory dentry index that `madfs find` and
         /// `madfs du` scan, in MiB (0: none; they then scan RocksDB, several
-        /// times slower). An entry takes about 90 bytes; past the budget the
-        /// index is dropped until the server restarts.
+        /// times slower). An entry takes about 64 bytes (more for names over 22
+        /// bytes); past the budget the index is dropped until the server
+        /// restarts.
         #[arg(long, default_value_t = madfs_server::FIND_INDEX_DEFAULT_BYTES >> 20)]
         find_index_mib: usize,
     },

@@ -467,14 +467,18 @@ fn same(got: BTreeSet<String>, want: &BTreeSet<String>, what: &str) {
     );
 }
 
-/// How many times the servers' logs say they built the find index.
+/// How many times the servers' logs say they built the find index, after
+/// checking that none ever dropped it (its answers would then come from
+/// RocksDB, and a test of the index would prove nothing).
 fn index_builds(tc: &TestCluster) -> usize {
     (0..tc.server_count())
         .map(|i| {
-            std::fs::read_to_string(tc.log_path(i))
-                .unwrap_or_default()
-                .matches("find index: ")
-                .count()
+            let log = std::fs::read_to_string(tc.log_path(i)).unwrap_or_default();
+            assert!(
+                !log.contains("find runs without its in-memory index"),
+                "server {i}: {log}"
+            );
+            log.matches("find index: ").count()
         })
         .sum()
 }
@@ -542,12 +546,16 @@ async fn find_answers_the_same_with_and_without_the_dentry_index() {
     let found = |c: Client| {
         let q = q.clone();
         async move {
-            c.find("/i", &q)
+            let paths: Vec<String> = c
+                .find("/i", &q)
                 .await
                 .unwrap()
                 .into_iter()
                 .map(|f| String::from_utf8(f.path).unwrap())
-                .collect::<BTreeSet<String>>()
+                .collect();
+            let set: BTreeSet<String> = paths.iter().cloned().collect();
+            assert_eq!(set.len(), paths.len(), "a path found twice");
+            set
         }
     };
     same(
@@ -555,6 +563,7 @@ async fn find_answers_the_same_with_and_without_the_dentry_index() {
         &want,
         "kept in step with the writes",
     );
+    assert_eq!(index_builds(&tc), SERVERS, "the index is still in use");
 
     for i in 0..SERVERS {
         tc.stop(i);

@@ -389,7 +389,8 @@ impl Client {
             }
         }
         if paths {
-            // Paths are unique (one per dentry): no need for a stable sort.
+            // Equal paths (a directory renamed during the find) are rare and
+            // interchangeable: no need for a stable sort.
             out.found.sort_unstable_by(|a, b| a.path.cmp(&b.path));
         }
         out.denied.sort();

@@ -43,7 +43,7 @@ impl fmt::Display for ServerError {
 impl std::error::Error for ServerError {}
 
 /// Default memory budget of the in-memory dentry index find reads: about
-/// 12 million entries with short names.
+/// 16 million entries with names of up to 22 bytes (64 bytes each).
 pub const FIND_INDEX_DEFAULT_BYTES: usize = 1 << 30;
 
 /// How one server process runs.
