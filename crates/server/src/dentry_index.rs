@@ -227,27 +227,37 @@ impl Mirror {
         }
     }
 
-    /// Copy into `out` up to `max` entries from `from` on (after it when
-    /// `!inclusive`), in key order.
-    fn copy_from(&self, from: &Key, inclusive: bool, max: usize, out: &mut Vec<(Key, Value)>) {
+    /// Call `emit` on up to `max` entries from `from` on (after it when
+    /// `!inclusive`), in key order; how many.
+    fn each_from(
+        &self,
+        from: &Key,
+        inclusive: bool,
+        max: usize,
+        mut emit: impl FnMut(&Key, &Value),
+    ) -> usize {
         let mut b = self
             .blocks
             .partition_point(|blk| blk.last().is_some_and(|(k, _)| k < from));
         let mut first = true;
-        while out.len() < max {
+        let mut n = 0;
+        while n < max {
             let Some(blk) = self.blocks.get(b) else {
-                return;
+                break;
             };
             let start = if first {
                 blk.partition_point(|(k, _)| if inclusive { k < from } else { k <= from })
             } else {
                 0
             };
-            let take = (max - out.len()).min(blk.len() - start);
-            out.extend_from_slice(&blk[start..start + take]);
+            for (k, v) in blk[start..].iter().take(max - n) {
+                emit(k, v);
+                n += 1;
+            }
             first = false;
             b += 1;
         }
+        n
     }
 }
 
@@ -389,41 +399,49 @@ impl DentryIndex {
         let name = tail.get(8..).unwrap_or_default();
         let mut from: Key = (u64::from_be_bytes(head), Name::new(name));
         let mut inclusive = true;
-        let mut chunk = Vec::with_capacity(VISIT_CHUNK);
-        let mut key = Vec::with_capacity(KEY_HEAD + 256);
-        let encode = |key: &mut Vec<u8>, (parent, name): &Key| {
-            key.clear();
-            key.extend_from_slice(keys::DENTRY);
-            key.extend_from_slice(&parent.to_be_bytes());
-            key.extend_from_slice(name.as_bytes());
-        };
+        // A chunk: the entries' keys and values encoded back to back, and
+        // where each key ends (its value is the next VALUE_LEN bytes).
+        let mut bytes = Vec::with_capacity(VISIT_CHUNK * (KEY_HEAD + 16 + VALUE_LEN));
+        let mut ends = Vec::with_capacity(VISIT_CHUNK);
         loop {
-            chunk.clear();
-            match self.lock().as_ref() {
-                Some(copy) => copy.copy_from(&from, inclusive, VISIT_CHUNK, &mut chunk),
+            bytes.clear();
+            ends.clear();
+            let taken = match self.lock().as_ref() {
+                Some(copy) => copy.each_from(&from, inclusive, VISIT_CHUNK, |(parent, name), v| {
+                    bytes.extend_from_slice(keys::DENTRY);
+                    bytes.extend_from_slice(&parent.to_be_bytes());
+                    bytes.extend_from_slice(name.as_bytes());
+                    ends.push(bytes.len());
+                    bytes.extend_from_slice(v);
+                }),
                 None => {
                     // Dropped under the scan: go on from the store.
-                    encode(&mut key, &from);
+                    let mut key = keys::DENTRY.to_vec();
+                    key.extend_from_slice(&from.0.to_be_bytes());
+                    key.extend_from_slice(from.1.as_bytes());
                     if !inclusive {
                         key.push(0); // the first key after it
                     }
                     return Visited::Dropped(key);
                 }
-            }
+            };
             // The visitor runs without the lock: it may read the store.
-            for (k, v) in &chunk {
-                encode(&mut key, k);
-                if !f(&key, v) {
+            let mut start = 0;
+            for &end in &ends {
+                if !f(&bytes[start..end], &bytes[end..end + VALUE_LEN]) {
                     return Visited::Done;
                 }
+                start = end + VALUE_LEN;
             }
-            match chunk.pop() {
-                Some((last, _)) if chunk.len() + 1 == VISIT_CHUNK => {
-                    from = last;
-                    inclusive = false;
-                }
-                _ => return Visited::Done,
+            if taken < VISIT_CHUNK {
+                return Visited::Done;
             }
+            // Go on after the chunk's last key.
+            let last_start = ends.len().checked_sub(2).map_or(0, |i| ends[i] + VALUE_LEN);
+            let (parent, name) = split_key(&bytes[last_start..ends[ends.len() - 1]])
+                .expect("keys encoded just above");
+            from = (parent, Name::new(name));
+            inclusive = false;
         }
     }
 }
