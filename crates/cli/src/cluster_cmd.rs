@@ -19,6 +19,7 @@ pub fn server(
     id: u16,
     threads: Option<usize>,
     find_index_mib: usize,
+    direct_io: bool,
 ) -> Result<ExitCode, String> {
     let path = ClusterConfig::locate(cluster);
     let cfg = ClusterConfig::load(&path).map_err(|e| e.to_string())?;
@@ -31,6 +32,7 @@ pub fn server(
     let opts = madfs_server::RunOptions {
         threads,
         find_index_bytes,
+        direct_io,
     };
     madfs_server::run(cfg, ServerId(id), opts).map_err(|e| format!("server {id}: {e}"))?;
     Ok(ExitCode::SUCCESS)

@@ -45,6 +45,10 @@ enum Command {
         /// restarts.
         #[arg(long, default_value_t = madfs_server::FIND_INDEX_DEFAULT_BYTES >> 20)]
         find_index_mib: usize,
+        /// Write and read every chunk through the page cache, even large
+        /// aligned transfers (which by default bypass it with O_DIRECT).
+        #[arg(long)]
+        no_direct_io: bool,
     },
     /// Start a local cluster on 127.0.0.1 and wait until every server answers.
     Up {
@@ -191,7 +195,14 @@ fn main() -> ExitCode {
             id,
             threads,
             find_index_mib,
-        } => cluster_cmd::server(cli.cluster.as_deref(), id, threads, find_index_mib),
+            no_direct_io,
+        } => cluster_cmd::server(
+            cli.cluster.as_deref(),
+            id,
+            threads,
+            find_index_mib,
+            !no_direct_io,
+        ),
         Command::Up {
             servers,
             data,

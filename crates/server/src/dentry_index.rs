@@ -187,13 +187,20 @@ impl Mirror {
             Err(i) => i,
         };
         if self.blocks[b].len() == BLOCK_ENTRIES {
-            // Full: move its upper half to a new block after it.
+            // Full: move its upper half to a new block after it, or only
+            // its last quarter when the key goes at its end (ascending
+            // creates), so that blocks left behind stay three quarters full.
+            let cut = if at == BLOCK_ENTRIES {
+                BLOCK_ENTRIES * 3 / 4
+            } else {
+                BLOCK_ENTRIES / 2
+            };
             let mut upper = Self::new_block();
-            upper.extend(self.blocks[b].drain(BLOCK_ENTRIES / 2..));
+            upper.extend(self.blocks[b].drain(cut..));
             self.blocks.insert(b + 1, upper);
-            if at > BLOCK_ENTRIES / 2 {
+            if at > cut {
                 b += 1;
-                at -= BLOCK_ENTRIES / 2;
+                at -= cut;
             }
         }
         self.heap_bytes += key.1.heap_bytes();
@@ -225,6 +232,23 @@ impl Mirror {
             let next = self.blocks.remove(b + 1);
             self.blocks[b].extend(next);
         }
+    }
+
+    /// Every invariant the scans and the budget rely on.
+    #[cfg(test)]
+    fn check(&self) {
+        let mut last: Option<&Key> = None;
+        let mut heap = 0;
+        for b in &self.blocks {
+            assert!(!b.is_empty(), "an empty block");
+            assert_eq!(b.capacity(), BLOCK_ENTRIES, "a block grew or shrank");
+            for (k, _) in b {
+                assert!(last.is_none_or(|l| l < k), "keys out of order");
+                last = Some(k);
+                heap += k.1.heap_bytes();
+            }
+        }
+        assert_eq!(heap, self.heap_bytes);
     }
 
     /// Call `emit` on up to `max` entries from `from` on (after it when
@@ -338,7 +362,9 @@ impl DentryIndex {
         // updated: drop it.
         self.copy.lock().unwrap_or_else(|poisoned| {
             let mut g = poisoned.into_inner();
-            *g = None;
+            if g.take().is_some() {
+                log_warn!("find runs without its in-memory index from now on: a panic");
+            }
             self.on.store(false, Ordering::Release);
             g
         })
@@ -414,14 +440,17 @@ impl DentryIndex {
                     ends.push(bytes.len());
                     bytes.extend_from_slice(v);
                 }),
+                None if inclusive => {
+                    // Dropped before anything was visited: the store scans
+                    // from the caller's own start.
+                    return Visited::Dropped(start.to_vec());
+                }
                 None => {
                     // Dropped under the scan: go on from the store.
                     let mut key = keys::DENTRY.to_vec();
                     key.extend_from_slice(&from.0.to_be_bytes());
                     key.extend_from_slice(from.1.as_bytes());
-                    if !inclusive {
-                        key.push(0); // the first key after it
-                    }
+                    key.push(0); // the first key after the last one visited
                     return Visited::Dropped(key);
                 }
             };
@@ -585,6 +614,9 @@ mod tests {
                 }
             }
             kv.write(b, false).unwrap();
+            if let Some(m) = kv.index.lock().as_ref() {
+                m.check();
+            }
         }
     }
 
@@ -660,38 +692,71 @@ mod tests {
 
     #[test]
     fn a_copy_dropped_during_a_scan_hands_over_to_the_store() {
-        let store: Arc<dyn KvStore> = Arc::new(MemStore::new());
-        let mut b = WriteBatch::new();
-        for i in 0..40u64 {
-            b.put(&dkey(1, format!("f{i:02}").as_bytes()), &dval(1, i));
-        }
-        store.write(b, false).unwrap();
-        let kv = IndexedKv::new(store, 40 * BLOCK_BYTES);
-        assert!(kv.index_on());
-        let mut seen = Vec::new();
-        kv.scan_visit(keys::DENTRY, keys::DENTRY, &mut |k, _| {
-            if seen.len() == 5 {
-                // Past the budget from the visitor (which runs without the
-                // lock): more entries, all after the scan's position.
-                let mut b = WriteBatch::new();
-                for i in 0..200u64 {
-                    b.put(&dkey(2, format!("g{i:03}").as_bytes()), &dval(1, i));
-                }
-                kv.write(b, false).unwrap();
-                assert!(!kv.index_on());
+        // Dropped inside the first chunk, mid-chunk, at a chunk's last entry.
+        for drop_at in [0, 1, 4, 5] {
+            let store: Arc<dyn KvStore> = Arc::new(MemStore::new());
+            let mut b = WriteBatch::new();
+            for i in 0..40u64 {
+                b.put(&dkey(1, format!("f{i:02}").as_bytes()), &dval(1, i));
             }
-            seen.push(k.to_vec());
-            true
-        })
-        .unwrap();
-        let all: Vec<Vec<u8>> = visit_all(kv.inner.as_ref(), keys::DENTRY, usize::MAX)
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect();
-        assert_eq!(
-            seen, all,
-            "every entry once, in order, across the hand-over"
-        );
+            store.write(b, false).unwrap();
+            let kv = IndexedKv::new(store, 40 * BLOCK_BYTES);
+            assert!(kv.index_on());
+            let mut seen = Vec::new();
+            kv.scan_visit(keys::DENTRY, keys::DENTRY, &mut |k, _| {
+                if seen.len() == drop_at {
+                    // Past the budget from the visitor (which runs without
+                    // the lock): more entries, all after the scan's position.
+                    let mut b = WriteBatch::new();
+                    for i in 0..1000u64 {
+                        b.put(&dkey(2, format!("g{i:04}").as_bytes()), &dval(1, i));
+                    }
+                    kv.write(b, false).unwrap();
+                    assert!(!kv.index_on());
+                }
+                seen.push(k.to_vec());
+                true
+            })
+            .unwrap();
+            let all: Vec<Vec<u8>> = visit_all(kv.inner.as_ref(), keys::DENTRY, usize::MAX)
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect();
+            assert_eq!(
+                seen, all,
+                "dropped at {drop_at}: every entry once, in order, across the hand-over"
+            );
+        }
+    }
+
+    #[test]
+    fn a_full_block_splits_wherever_the_key_goes() {
+        for at in 0..=BLOCK_ENTRIES as u64 {
+            let mut m = Mirror::default();
+            for i in 0..BLOCK_ENTRIES as u64 {
+                m.insert(
+                    (1, Name::new(&[b'a', b'0' + 2 * i as u8 + 2])),
+                    [0; VALUE_LEN],
+                );
+            }
+            assert_eq!(m.blocks.len(), 1);
+            // Odd keys fall between the even ones: position `at`.
+            m.insert(
+                (1, Name::new(&[b'a', b'0' + 2 * at as u8 + 1])),
+                [1; VALUE_LEN],
+            );
+            m.check();
+            assert_eq!(m.blocks.len(), 2);
+            assert_eq!(m.entries(), BLOCK_ENTRIES + 1);
+            let mut seen = Vec::new();
+            m.each_from(&(0, Name::new(b"")), true, usize::MAX, |k, _| {
+                seen.push(k.1.as_bytes()[1])
+            });
+            assert!(
+                seen.is_sorted() && seen.len() == BLOCK_ENTRIES + 1,
+                "at {at}"
+            );
+        }
     }
 
     #[test]
@@ -709,6 +774,7 @@ mod tests {
                 m.remove(&(1, Name::new(format!("f{i:03}").as_bytes())));
             }
         }
+        m.check();
         assert_eq!(m.entries(), 10);
         assert!(m.blocks.len() <= 10, "{} blocks", m.blocks.len());
         assert!(m.blocks.iter().all(|b| !b.is_empty()));

@@ -54,6 +54,9 @@ pub struct RunOptions {
     pub threads: Option<usize>,
     /// Memory budget of the dentry index (0: none; find then scans RocksDB).
     pub find_index_bytes: usize,
+    /// Large aligned chunk writes and reads bypass the page cache (see
+    /// chunks.rs).
+    pub direct_io: bool,
 }
 
 impl Default for RunOptions {
@@ -61,6 +64,7 @@ impl Default for RunOptions {
         RunOptions {
             threads: None,
             find_index_bytes: FIND_INDEX_DEFAULT_BYTES,
+            direct_io: true,
         }
     }
 }
@@ -85,7 +89,7 @@ pub fn run(cfg: ClusterConfig, id: ServerId, opts: RunOptions) -> Result<(), Ser
         let key = cfg
             .load_key()
             .map_err(|e| ServerError::Config(e.to_string()))?;
-        let server = Arc::new(Server::open(&cfg, id, key.clone(), opts.find_index_bytes)?);
+        let server = Arc::new(Server::open(&cfg, id, key.clone(), &opts)?);
         let listener = tokio::net::TcpListener::bind(entry.address)
             .await
             .map_err(|e| ServerError::Bind(format!("{}: {e}", entry.address)))?;

@@ -14,7 +14,7 @@ use crate::locks::{LockKey, Locks};
 use crate::perm::{self, Owner};
 use crate::space::SpaceGauge;
 use crate::sync::SyncCoalescer;
-use crate::{keys, ServerError};
+use crate::{keys, RunOptions, ServerError};
 use madfs_kv::{KvStore, RocksStore, WriteBatch};
 use madfs_proto::auth::{ClusterKey, Role};
 use madfs_proto::message::{DirEntry, Entry, FsStats, Op, Reply, SealAction, SetAttrs};
@@ -100,13 +100,13 @@ pub struct Server {
 }
 
 impl Server {
-    /// Open server `id`'s store under its data directory; `find_index_bytes`
-    /// bounds the in-memory dentry index (0: none).
+    /// Open server `id`'s store under its data directory, set up as `opts`
+    /// says (dentry index budget, direct I/O).
     pub fn open(
         cfg: &ClusterConfig,
         id: ServerId,
         key: ClusterKey,
-        find_index_bytes: usize,
+        opts: &RunOptions,
     ) -> Result<Server, ServerError> {
         let entry = cfg
             .server(id)
@@ -118,7 +118,7 @@ impl Server {
             RocksStore::open(&data_dir.join("meta"))
                 .map_err(|e| ServerError::Storage(e.to_string()))?,
         );
-        Self::with_store(cfg, id, key, kv, data_dir, find_index_bytes)
+        Self::with_store(cfg, id, key, kv, data_dir, opts)
     }
 
     pub fn with_store(
@@ -127,10 +127,10 @@ impl Server {
         key: ClusterKey,
         kv: Arc<dyn KvStore>,
         data_dir: PathBuf,
-        find_index_bytes: usize,
+        opts: &RunOptions,
     ) -> Result<Server, ServerError> {
         // Every write from here on goes through the index's wrapper.
-        let kv: Arc<dyn KvStore> = Arc::new(IndexedKv::new(kv, find_index_bytes));
+        let kv: Arc<dyn KvStore> = Arc::new(IndexedKv::new(kv, opts.find_index_bytes));
         let storage = |e: madfs_kv::KvError| ServerError::Storage(e.to_string());
         match kv.get(keys::META_FORMAT).map_err(storage)? {
             None => {
@@ -160,6 +160,7 @@ impl Server {
             ChunkStore::open(data_dir.join("chunks"))
                 .map_err(|e| ServerError::Storage(e.to_string()))?,
         );
+        chunks.set_direct_io(opts.direct_io);
         let mut inodes = 0u64;
         let mut start = keys::INODE.to_vec();
         loop {
