@@ -216,7 +216,9 @@ impl Engine for MadfsEngine {
                 .create(true)
                 .write_behind(true)
         } else {
-            OpenOptions::new().read(true)
+            // As the kernel's read-ahead does for the baseline: the next
+            // reads are sent while the rank checks the last one.
+            OpenOptions::new().read(true).read_ahead(true)
         };
         let f = self.bc.open(path, opts).map_err(|e| e.to_string())?;
         Ok(Box::new(MadfsFile(f)))

@@ -236,7 +236,7 @@ async fn put(c: &Client, local: &Path, remote: &str) -> Result<(), String> {
 
 async fn copy_out(c: &Client, remote: &str, out: &mut dyn Write) -> Result<(), String> {
     let f = c
-        .open(remote, OpenOptions::new().read(true))
+        .open(remote, OpenOptions::new().read(true).read_ahead(true))
         .await
         .map_err(|e| e.code.describe().to_string())?;
     if f.attr().kind == FileKind::Dir {

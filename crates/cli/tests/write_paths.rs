@@ -3,7 +3,9 @@
 //! use), and files opened with write-behind (`OpenOptions::write_behind`,
 //! used by `madfs put` and the benchmark's ior phases). Both must give the
 //! same files as the plain paths, and the server must refuse a create that
-//! carries data it cannot take.
+//! carries data it cannot take. Reads sent ahead (`OpenOptions::read_ahead`,
+//! used by `madfs get` and the benchmark's read phases) must return what
+//! plain reads return.
 
 mod common;
 
@@ -182,4 +184,41 @@ async fn write_behind_file_reads_back_and_publishes_its_size() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(other.read_file("/dropped").await.unwrap() == tail);
+}
+
+/// A read-ahead handle returns the bytes a plain read returns, whatever the
+/// order of the reads (front to back, by a stride, backwards), with large
+/// aligned chunks that the servers write and read past their page cache;
+/// and a read sent ahead that met the end of the file does not hide data
+/// appended since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_ahead_returns_what_plain_reads_return() {
+    let tc = TestCluster::start(2);
+    let c = tc.client();
+    let piece = 256 * 1024;
+    let data = pattern(11, 10 * piece + 123);
+    c.write_file("/ra", &data).await.unwrap();
+    let want =
+        |off: usize, len: usize| data[off.min(data.len())..(off + len).min(data.len())].to_vec();
+    let ra = OpenOptions::new().read(true).read_ahead(true);
+    let f = c.open("/ra", ra).await.unwrap();
+    let mut order: Vec<usize> = (0..=10).collect(); // front to back
+    order.extend((0..=10).step_by(3)); // a stride of three pieces
+    order.extend((0..=10).rev()); // backwards
+    order.extend([4, 5, 6, 2, 3, 9, 10, 0]); // runs and jumps
+    for i in order {
+        let got = f.read_at((i * piece) as u64, piece).await.unwrap();
+        assert!(got == want(i * piece, piece), "piece {i}");
+    }
+    // Piece 9 sends piece 10 ahead, which meets the end (123 bytes)...
+    let g = c.open("/ra", ra).await.unwrap();
+    assert!(g.read_at((9 * piece) as u64, piece).await.unwrap() == want(9 * piece, piece));
+    // ...then another handle writes the rest of piece 10 and closes.
+    let more = pattern(12, piece);
+    let w = c.open("/ra", OpenOptions::new().write(true)).await.unwrap();
+    w.write_at((10 * piece) as u64, &more).await.unwrap();
+    w.close().await.unwrap();
+    let got = g.read_at((10 * piece) as u64, piece).await.unwrap();
+    assert_eq!(got.len(), piece, "the short read sent ahead was not used");
+    assert!(got == more);
 }

@@ -33,7 +33,21 @@ pub struct OpenOptions {
     /// this handle wait for its writes first; other handles do not (as
     /// across clients: close or fsync before another handle reads).
     pub write_behind: bool,
+    /// For a handle open only for reading: while reads keep one length and
+    /// one stride (each starting where the last ended, or a fixed distance
+    /// after the last one's start), the next `READ_AHEAD_DEPTH` reads are
+    /// sent before they are asked for, so
+    /// the servers' disks and the network work while the caller uses the
+    /// data. A prefetched read reflects the file when it was sent: data
+    /// written since by others is seen after reopening (close-to-open),
+    /// as through a kernel's read-ahead.
+    pub read_ahead: bool,
 }
+
+/// Reads a read-ahead handle keeps in flight.
+pub const READ_AHEAD_DEPTH: usize = 4;
+/// Bytes a read-ahead handle keeps in flight at most.
+const READ_AHEAD_MAX_BYTES: usize = 32 << 20;
 
 impl Default for OpenOptions {
     fn default() -> Self {
@@ -53,6 +67,7 @@ impl OpenOptions {
             truncate: false,
             perm: 0o644,
             write_behind: false,
+            read_ahead: false,
         }
     }
 
@@ -92,6 +107,11 @@ impl OpenOptions {
         self
     }
 
+    pub fn read_ahead(mut self, v: bool) -> Self {
+        self.read_ahead = v;
+        self
+    }
+
     pub fn perm(mut self, perm: u32) -> Self {
         self.perm = perm & 0o7777;
         self
@@ -109,6 +129,7 @@ impl OpenOptions {
             truncate: flags & libc::O_TRUNC != 0,
             perm: mode & 0o7777,
             write_behind: false,
+            read_ahead: false,
         }
     }
 
@@ -158,6 +179,38 @@ pub struct File {
     /// Serialises appends through this handle, so two appends never pick
     /// the same end offset.
     append_lock: tokio::sync::Mutex<()>,
+    /// Reads sent ahead, with `OpenOptions::read_ahead` on a read-only
+    /// handle.
+    ahead: Option<Mutex<ReadAhead>>,
+}
+
+/// One read sent ahead: its range and the task doing it.
+struct Prefetch {
+    offset: u64,
+    len: usize,
+    task: tokio::task::JoinHandle<Result<Vec<u8>>>,
+}
+
+/// The reads a sequential or strided reader will want next, oldest first.
+#[derive(Default)]
+struct ReadAhead {
+    queue: std::collections::VecDeque<Prefetch>,
+    /// Where the last read started.
+    last: Option<u64>,
+}
+
+impl ReadAhead {
+    fn clear(&mut self) {
+        for p in self.queue.drain(..) {
+            p.task.abort();
+        }
+    }
+}
+
+impl Drop for ReadAhead {
+    fn drop(&mut self) {
+        self.clear();
+    }
 }
 
 impl Client {
@@ -221,8 +274,60 @@ impl File {
                 needs_size_update: false,
             })),
             behind: (opts.write_behind && opts.writes()).then(|| Arc::new(WriteBehind::new())),
+            ahead: (opts.read_ahead && !opts.writes()).then(|| Mutex::new(ReadAhead::default())),
             attr,
             append_lock: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The read of exactly `(offset, len)` if it was sent ahead (any other
+    /// reads sent ahead are dropped: the reader went elsewhere), and the
+    /// stride to predict the next ones by: the distance from the last
+    /// read's start, or `len` for a first or backward read.
+    fn take_prefetch(&self, offset: u64, len: usize) -> (Option<Prefetch>, u64) {
+        let Some(ahead) = &self.ahead else {
+            return (None, len as u64);
+        };
+        let mut ra = ahead.lock().unwrap_or_else(|e| e.into_inner());
+        let stride = match ra.last {
+            Some(last) if offset > last => offset - last,
+            _ => len as u64,
+        };
+        ra.last = Some(offset);
+        let hit = match ra.queue.front() {
+            Some(p) if p.offset == offset && p.len == len => ra.queue.pop_front(),
+            Some(_) => {
+                ra.clear();
+                None
+            }
+            None => None,
+        };
+        (hit, stride)
+    }
+
+    /// Send the reads `stride` apart after the one at `offset` (each `len`
+    /// long, starting below `size`) that are not yet in flight.
+    fn read_ahead_from(&self, offset: u64, len: usize, stride: u64, size: u64) {
+        let Some(ahead) = &self.ahead else { return };
+        if len == 0 || stride == 0 {
+            return;
+        }
+        let depth = READ_AHEAD_DEPTH.min((READ_AHEAD_MAX_BYTES / len).max(1));
+        let mut ra = ahead.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = ra
+            .queue
+            .back()
+            .map_or(offset, |p| p.offset)
+            .saturating_add(stride);
+        while ra.queue.len() < depth && next < size {
+            let (client, ino, at) = (self.client.clone(), self.attr.ino, next);
+            let task = tokio::spawn(async move { client.read(ino, at, len, size).await });
+            ra.queue.push_back(Prefetch {
+                offset: at,
+                len,
+                task,
+            });
+            next = next.saturating_add(stride);
         }
     }
 
@@ -304,6 +409,19 @@ impl File {
         if let Some(wb) = &self.behind {
             wb.drain().await;
         }
+        let (hit, stride) = self.take_prefetch(offset, len);
+        if let Some(p) = hit {
+            let data = p
+                .task
+                .await
+                .map_err(|e| ClientError::new(ErrorCode::Io, format!("read task failed: {e}")))??;
+            // A short prefetch met the end of the file as it was then:
+            // read again below, with a fresh size.
+            if data.len() == len {
+                self.read_ahead_from(offset, len, stride, self.size());
+                return Ok(data);
+            }
+        }
         let mut size = self.size();
         if offset.saturating_add(len as u64) > size {
             let fresh = self.client.getattr(self.attr.ino).await?;
@@ -311,7 +429,11 @@ impl File {
             st.size_hint = st.size_hint.max(fresh.size);
             size = st.size_hint;
         }
-        self.client.read(self.attr.ino, offset, len, size).await
+        let data = self.client.read(self.attr.ino, offset, len, size).await?;
+        if data.len() == len {
+            self.read_ahead_from(offset, len, stride, size);
+        }
+        Ok(data)
     }
 
     /// Write all of `data` at `offset` (at the end of the file in append
