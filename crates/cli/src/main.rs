@@ -38,11 +38,11 @@ enum Command {
         /// divides the cores among the servers it starts on this host.
         #[arg(long)]
         threads: Option<usize>,
-        /// Memory for the in-memory dentry index that `madfs find` and
-        /// `madfs du` scan, in MiB (0: none; they then scan RocksDB, several
-        /// times slower). An entry takes about 64 bytes (more for names over 22
-        /// bytes); past the budget the index is dropped until the server
-        /// restarts.
+        /// Memory for the in-memory copy of dentries and inode attributes
+        /// that `madfs find` and `madfs du` read, in MiB (0: none; they then
+        /// read RocksDB, several times slower). A file takes about 130 bytes
+        /// (more for names over 22 bytes); a copy that outgrows the budget
+        /// is dropped until the server restarts.
         #[arg(long, default_value_t = madfs_server::FIND_INDEX_DEFAULT_BYTES >> 20)]
         find_index_mib: usize,
         /// Write and read every chunk through the page cache, even large

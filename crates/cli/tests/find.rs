@@ -475,7 +475,8 @@ fn index_builds(tc: &TestCluster) -> usize {
         .map(|i| {
             let log = std::fs::read_to_string(tc.log_path(i)).unwrap_or_default();
             assert!(
-                !log.contains("find runs without its in-memory index"),
+                !log.contains("find runs without its in-memory index")
+                    && !log.contains("find reads inodes from RocksDB"),
                 "server {i}: {log}"
             );
             log.matches("find index: ").count()
@@ -483,12 +484,13 @@ fn index_builds(tc: &TestCluster) -> usize {
         .sum()
 }
 
-/// The servers keep an in-memory copy of their dentries for find. It must
-/// follow creates, removals and renames (within a directory, across
-/// directories, onto other servers), be rebuilt from RocksDB at restart,
-/// and give the same answers as a server without one (`--find-index-mib 0`).
+/// The servers keep an in-memory copy of their dentries and inode
+/// attributes for find. It must follow creates, writes, removals and renames
+/// (within a directory, across directories, onto other servers), be rebuilt
+/// from RocksDB at restart, and give the same answers as a server without
+/// one (`--find-index-mib 0`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn find_answers_the_same_with_and_without_the_dentry_index() {
+async fn find_answers_the_same_with_and_without_the_in_memory_index() {
     const FILES: usize = 3_000;
     let mut tc = TestCluster::start(SERVERS);
     assert_eq!(index_builds(&tc), SERVERS);
@@ -503,14 +505,29 @@ async fn find_answers_the_same_with_and_without_the_dentry_index() {
         tasks.push(tokio::spawn(async move {
             for i in (w..FILES).step_by(16) {
                 let n = FileName::new(format!("f{i}").as_bytes()).unwrap();
-                c.create(a, &n, 0o644, true).await.unwrap();
+                match i % 4 {
+                    // Ten bytes at creation.
+                    1 => drop(
+                        c.create_with_data(a, &n, 0o644, b"0123456789")
+                            .await
+                            .unwrap(),
+                    ),
+                    // Ten bytes written after it: the size changes later.
+                    2 => {
+                        let ino = c.create(a, &n, 0o644, true).await.unwrap().0.ino;
+                        c.write(ino, 0, b"abcdefghij").await.unwrap();
+                    }
+                    _ => drop(c.create(a, &n, 0o644, true).await.unwrap()),
+                }
             }
         }));
     }
     for t in tasks {
         t.await.unwrap();
     }
+    // Every path left, with whether its file holds ten bytes.
     let mut want = BTreeSet::new();
+    let mut ten_bytes = BTreeSet::new();
     for i in 0..FILES {
         let from = format!("/i/a/f{i}");
         let to = if i % 3 == 0 {
@@ -528,22 +545,32 @@ async fn find_answers_the_same_with_and_without_the_dentry_index() {
         if to != from {
             c.rename(from.as_str(), to.as_str()).await.unwrap();
         }
+        if i % 4 == 1 || i % 4 == 2 {
+            ten_bytes.insert(to.clone());
+        }
         want.insert(to);
     }
-    let q = FindQuery {
+    let by_name = FindQuery {
         name: Some(b"*1*".to_vec()),
         ..FindQuery::default()
+    };
+    // The same names, of files of ten bytes: the servers test inodes.
+    let by_size = FindQuery {
+        size: Some(madfs_client::parse_size("10c").unwrap()),
+        ..by_name.clone()
     };
     let want: BTreeSet<String> = want
         .into_iter()
         .filter(|p| p.rsplit('/').next().unwrap().contains('1'))
         .collect();
+    let want_sized: BTreeSet<String> = want.intersection(&ten_bytes).cloned().collect();
     assert!(
-        want.len() > 500,
-        "a test of {} names proves little",
-        want.len()
+        want.len() > 500 && want_sized.len() > 200,
+        "a test of {} names, {} of them sized, proves little",
+        want.len(),
+        want_sized.len()
     );
-    let found = |c: Client| {
+    let found = |c: Client, q: &FindQuery| {
         let q = q.clone();
         async move {
             let paths: Vec<String> = c
@@ -559,9 +586,14 @@ async fn find_answers_the_same_with_and_without_the_dentry_index() {
         }
     };
     same(
-        found(c.clone()).await,
+        found(c.clone(), &by_name).await,
         &want,
         "kept in step with the writes",
+    );
+    same(
+        found(c.clone(), &by_size).await,
+        &want_sized,
+        "inodes kept in step with the writes",
     );
     assert_eq!(index_builds(&tc), SERVERS, "the index is still in use");
 
@@ -570,7 +602,16 @@ async fn find_answers_the_same_with_and_without_the_dentry_index() {
         tc.restart(i);
     }
     assert_eq!(index_builds(&tc), 2 * SERVERS);
-    same(found(tc.client()).await, &want, "rebuilt at restart");
+    same(
+        found(tc.client(), &by_name).await,
+        &want,
+        "rebuilt at restart",
+    );
+    same(
+        found(tc.client(), &by_size).await,
+        &want_sized,
+        "inodes rebuilt at restart",
+    );
 
     tc.set_server_args(&["--find-index-mib", "0"]);
     for i in 0..SERVERS {
@@ -578,5 +619,14 @@ async fn find_answers_the_same_with_and_without_the_dentry_index() {
         tc.restart(i);
     }
     assert_eq!(index_builds(&tc), 2 * SERVERS, "no index was asked for");
-    same(found(tc.client()).await, &want, "scanned from RocksDB");
+    same(
+        found(tc.client(), &by_name).await,
+        &want,
+        "scanned from RocksDB",
+    );
+    same(
+        found(tc.client(), &by_size).await,
+        &want_sized,
+        "inodes read from RocksDB",
+    );
 }

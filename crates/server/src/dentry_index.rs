@@ -23,10 +23,12 @@
 //! record, it is dropped for good and find scans RocksDB: slower, never
 //! wrong.
 
+use crate::inode_index::{FindInode, InodeIndex};
 use crate::keys;
 use madfs_kv::{KvStore, Result, WriteBatch};
 use madfs_rpc::{log_info, log_warn};
-use std::sync::atomic::{AtomicBool, Ordering};
+use madfs_types::InodeId;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A dentry key is the prefix, the parent's id, then the name.
@@ -298,19 +300,57 @@ pub(crate) struct DentryIndex {
     copy: Mutex<Option<Mirror>>,
     /// Whether `copy` is Some, read without the lock on every write.
     on: AtomicBool,
-    budget_bytes: usize,
+}
+
+/// The memory the dentry and inode copies may hold together
+/// (`--find-index-mib`). Each copy records its own size here after every
+/// change; a copy that takes the total past the limit is dropped.
+pub(crate) struct Budget {
+    limit: usize,
+    dentry_bytes: AtomicUsize,
+    inode_bytes: AtomicUsize,
+}
+
+impl Budget {
+    pub(crate) fn new(limit: usize) -> Budget {
+        Budget {
+            limit,
+            dentry_bytes: AtomicUsize::new(0),
+            inode_bytes: AtomicUsize::new(0),
+        }
+    }
+
+    pub(crate) fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Bytes both copies hold.
+    fn used(&self) -> usize {
+        self.dentry_bytes.load(Ordering::Relaxed) + self.inode_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Record the dentry copy's size; whether both copies fit.
+    fn set_dentries(&self, bytes: usize) -> bool {
+        self.dentry_bytes.store(bytes, Ordering::Relaxed);
+        self.used() <= self.limit
+    }
+
+    /// Record the inode copy's size; whether both copies fit.
+    pub(crate) fn set_inodes(&self, bytes: usize) -> bool {
+        self.inode_bytes.store(bytes, Ordering::Relaxed);
+        self.used() <= self.limit
+    }
 }
 
 impl DentryIndex {
-    /// Copy every dentry of `store`, within `budget_bytes` (0: no index).
+    /// Copy every dentry of `store`, within `budget` (limit 0: no index).
     /// Runs before the server serves, so no write races with it.
-    fn build(store: &dyn KvStore, budget_bytes: usize) -> DentryIndex {
+    fn build(store: &dyn KvStore, budget: &Budget) -> DentryIndex {
         let index = DentryIndex {
             copy: Mutex::new(None),
             on: AtomicBool::new(false),
-            budget_bytes,
         };
-        if budget_bytes == 0 {
+        if budget.limit() == 0 {
             return index;
         }
         let mut copy = Mirror::default();
@@ -327,9 +367,10 @@ impl DentryIndex {
                     } else {
                         last = Some(key.clone());
                         copy.push_last(key, value);
-                        if copy.bytes() > budget_bytes {
+                        if !budget.set_dentries(copy.bytes()) {
                             why = Some(format!(
-                                "more dentries than its budget of {budget_bytes} bytes"
+                                "more dentries than its budget of {} bytes",
+                                budget.limit()
                             ));
                         }
                     }
@@ -343,18 +384,20 @@ impl DentryIndex {
         }
         match why {
             None => {
-                log_info!(
-                    "find index: {} dentries in {} MiB (budget {} MiB)",
-                    copy.entries(),
-                    copy.bytes() >> 20,
-                    budget_bytes >> 20
-                );
                 *index.lock() = Some(copy);
                 index.on.store(true, Ordering::Release);
             }
-            Some(why) => log_warn!("find runs without its in-memory index: {why}"),
+            Some(why) => {
+                budget.set_dentries(0);
+                log_warn!("find runs without its in-memory index: {why}");
+            }
         }
         index
+    }
+
+    /// Entries held, when there is a copy.
+    fn entries(&self) -> Option<usize> {
+        self.lock().as_ref().map(Mirror::entries)
     }
 
     fn lock(&self) -> MutexGuard<'_, Option<Mirror>> {
@@ -376,7 +419,7 @@ impl DentryIndex {
     }
 
     /// Mirror the current values of `touched` dentry keys from `store`.
-    fn refresh(&self, store: &dyn KvStore, touched: &[Vec<u8>]) {
+    fn refresh(&self, store: &dyn KvStore, touched: &[Vec<u8>], budget: &Budget) {
         let mut guard = self.lock();
         let Some(copy) = guard.as_mut() else { return };
         let mut why: Option<String> = None;
@@ -400,15 +443,16 @@ impl DentryIndex {
                 }
             }
         }
-        if why.is_none() && copy.bytes() > self.budget_bytes {
+        if why.is_none() && !budget.set_dentries(copy.bytes()) {
             why = Some(format!(
                 "more dentries than its budget of {} bytes",
-                self.budget_bytes
+                budget.limit()
             ));
         }
         if let Some(why) = why {
             *guard = None;
             self.on.store(false, Ordering::Release);
+            budget.set_dentries(0);
             log_warn!("find runs without its in-memory index from now on: {why}");
         }
     }
@@ -475,24 +519,53 @@ impl DentryIndex {
     }
 }
 
-/// The store as the server sees it: RocksDB, with the dentry index kept in
-/// step on every write and read by find's scans.
+/// The store as the server sees it: RocksDB, with the dentry and inode
+/// copies kept in step on every write and read by find alone.
 pub(crate) struct IndexedKv {
     inner: Arc<dyn KvStore>,
     index: DentryIndex,
+    inodes: InodeIndex,
+    budget: Budget,
 }
 
 impl IndexedKv {
-    /// Wrap `inner`, copying its dentries within `budget_bytes` (0: none).
+    /// Wrap `inner`, copying its dentries and then its inodes within
+    /// `budget_bytes` together (0: no copies).
     pub(crate) fn new(inner: Arc<dyn KvStore>, budget_bytes: usize) -> IndexedKv {
-        let index = DentryIndex::build(inner.as_ref(), budget_bytes);
-        IndexedKv { inner, index }
+        let budget = Budget::new(budget_bytes);
+        let index = DentryIndex::build(inner.as_ref(), &budget);
+        let inodes = InodeIndex::build(inner.as_ref(), &budget);
+        if let (Some(dentries), Some(inode_count)) = (index.entries(), inodes.len()) {
+            log_info!(
+                "find index: {dentries} dentries and {inode_count} inodes in {} MiB (budget {} MiB)",
+                budget.used() >> 20,
+                budget_bytes >> 20
+            );
+        }
+        IndexedKv {
+            inner,
+            index,
+            inodes,
+            budget,
+        }
+    }
+
+    /// What the inode copy holds of `ino`: None when there is no copy (ask
+    /// the store), Some(None) when there is no such inode.
+    pub(crate) fn copied_inode(&self, ino: InodeId) -> Option<Option<FindInode>> {
+        self.inodes.get(ino)
     }
 
     /// Whether finds are served from memory.
     #[cfg(test)]
-    fn index_on(&self) -> bool {
+    pub(crate) fn index_on(&self) -> bool {
         self.index.is_on()
+    }
+
+    /// Whether finds look inodes up in memory.
+    #[cfg(test)]
+    pub(crate) fn inodes_on(&self) -> bool {
+        self.inodes.is_on()
     }
 }
 
@@ -502,18 +575,27 @@ impl KvStore for IndexedKv {
     }
 
     fn write(&self, batch: WriteBatch, sync: bool) -> Result<()> {
-        if !self.index.is_on() {
+        let (dentries_on, inodes_on) = (self.index.is_on(), self.inodes.is_on());
+        if !dentries_on && !inodes_on {
             return self.inner.write(batch, sync);
         }
-        let touched: Vec<Vec<u8>> = batch
-            .keys()
-            .filter(|k| k.starts_with(keys::DENTRY))
-            .map(<[u8]>::to_vec)
-            .collect();
+        let (mut dentries, mut inodes) = (Vec::new(), Vec::new());
+        for k in batch.keys() {
+            if dentries_on && k.starts_with(keys::DENTRY) {
+                dentries.push(k.to_vec());
+            } else if inodes_on && k.starts_with(keys::INODE) {
+                inodes.push(k.to_vec());
+            }
+        }
         let written = self.inner.write(batch, sync);
         // Even after an error: read back whatever the store now holds.
-        if !touched.is_empty() {
-            self.index.refresh(self.inner.as_ref(), &touched);
+        if !dentries.is_empty() {
+            self.index
+                .refresh(self.inner.as_ref(), &dentries, &self.budget);
+        }
+        if !inodes.is_empty() {
+            self.inodes
+                .refresh(self.inner.as_ref(), &inodes, &self.budget);
         }
         written
     }

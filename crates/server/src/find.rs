@@ -6,11 +6,13 @@
 //! stored anywhere: the client builds them from the directory entries every
 //! page carries.
 
+use crate::dentry_index::IndexedKv;
 use crate::inode::{decode_dentry, Inode};
+use crate::inode_index::FindInode;
 use crate::keys;
 use crate::service::{err, kv_err};
 use madfs_kv::KvStore;
-use madfs_proto::find::{FindAttrs, FindDir, FindMatch, FindQuery, FIND_PAGE_ENTRIES_MAX};
+use madfs_proto::find::{FindDir, FindMatch, FindQuery, FIND_PAGE_ENTRIES_MAX};
 use madfs_proto::{ErrorCode, Reply, WireError};
 use madfs_types::{FileKind, FileName, InodeId, ServerId};
 use std::sync::Arc;
@@ -19,14 +21,19 @@ use std::sync::Arc;
 /// takes when few entries match.
 const SCAN_ROWS_PER_PAGE: usize = 32 * 1024;
 
-fn local_inode(kv: &dyn KvStore, id: ServerId, ino: InodeId) -> Result<Option<Inode>, WireError> {
+/// What find needs of `ino` when this server holds it: from the in-memory
+/// copy, or from RocksDB when there is none.
+fn local_inode(kv: &IndexedKv, id: ServerId, ino: InodeId) -> Result<Option<FindInode>, WireError> {
     if ino.owner() != id {
         return Ok(None);
+    }
+    if let Some(copied) = kv.copied_inode(ino) {
+        return Ok(copied);
     }
     match kv.get(&keys::inode(ino)).map_err(kv_err)? {
         None => Ok(None),
         Some(v) => Inode::decode(&v)
-            .map(Some)
+            .map(|i| Some(FindInode::of(&i.attr)))
             .map_err(|e| err(ErrorCode::Io, format!("corrupt inode {ino}: {e}"))),
     }
 }
@@ -34,7 +41,7 @@ fn local_inode(kv: &dyn KvStore, id: ServerId, ino: InodeId) -> Result<Option<In
 /// One page of the find; runs on the blocking pool (a page may read up to
 /// `SCAN_ROWS_PER_PAGE` dentries and as many inodes).
 pub(crate) fn find_page(
-    kv: Arc<dyn KvStore>,
+    kv: Arc<IndexedKv>,
     id: ServerId,
     query: &FindQuery,
     after: Option<(InodeId, FileName)>,
@@ -71,9 +78,7 @@ pub(crate) fn find_page(
                 parent,
                 name: file_name()?,
                 ino,
-                access: inode
-                    .as_ref()
-                    .map(|i| (i.attr.perm, i.attr.uid, i.attr.gid)),
+                access: inode.as_ref().map(FindInode::access),
             });
         }
         if query.matches_entry(name, kind) {
@@ -99,7 +104,7 @@ pub(crate) fn find_page(
                 }
                 // No record: removed since the dentry was read; skip.
                 if let Some(i) = inode {
-                    let a = FindAttrs::of(&i.attr);
+                    let a = i.find_attrs();
                     if query.matches_attrs(&a) {
                         matches.push(FindMatch {
                             parent,

@@ -7,6 +7,7 @@ pub mod counter;
 mod dentry_index;
 mod find;
 pub mod inode;
+mod inode_index;
 pub mod keys;
 pub mod locks;
 pub mod perm;
@@ -42,8 +43,9 @@ impl fmt::Display for ServerError {
 
 impl std::error::Error for ServerError {}
 
-/// Default memory budget of the in-memory dentry index find reads: about
-/// 16 million entries with names of up to 22 bytes (64 bytes each).
+/// Default memory budget of the in-memory copies find reads (dentries and
+/// inode attributes): about 8 million files with names of up to 22 bytes
+/// (some 130 bytes each).
 pub const FIND_INDEX_DEFAULT_BYTES: usize = 1 << 30;
 
 /// How one server process runs.
@@ -52,7 +54,8 @@ pub struct RunOptions {
     /// Runtime workers serving requests (None: one per core); disk I/O runs
     /// on the blocking pool.
     pub threads: Option<usize>,
-    /// Memory budget of the dentry index (0: none; find then scans RocksDB).
+    /// Memory budget of find's in-memory copies (0: none; find then reads
+    /// RocksDB).
     pub find_index_bytes: usize,
     /// Large aligned chunk writes and reads bypass the page cache (see
     /// chunks.rs).

@@ -85,6 +85,8 @@ pub struct Server {
     /// Free space of the data directory's file system.
     space: SpaceGauge,
     pub(crate) kv: Arc<dyn KvStore>,
+    /// The same store, typed: find reads its in-memory copies.
+    indexed: Arc<IndexedKv>,
     chunks: Arc<ChunkStore>,
     sync: SyncCoalescer,
     pub(crate) peers: Pool,
@@ -130,7 +132,8 @@ impl Server {
         opts: &RunOptions,
     ) -> Result<Server, ServerError> {
         // Every write from here on goes through the index's wrapper.
-        let kv: Arc<dyn KvStore> = Arc::new(IndexedKv::new(kv, opts.find_index_bytes));
+        let indexed = Arc::new(IndexedKv::new(kv, opts.find_index_bytes));
+        let kv: Arc<dyn KvStore> = indexed.clone();
         let storage = |e: madfs_kv::KvError| ServerError::Storage(e.to_string());
         match kv.get(keys::META_FORMAT).map_err(storage)? {
             None => {
@@ -180,6 +183,7 @@ impl Server {
             chunk_size: cfg.chunk_size,
             space: SpaceGauge::new(data_dir),
             kv: kv.clone(),
+            indexed,
             sync: SyncCoalescer::start(chunks.clone(), kv.clone()),
             chunks,
             peers: Pool::new(cfg, key, Role::Peer, Timeouts::default()),
@@ -699,7 +703,7 @@ impl Server {
                 after,
                 max_entries,
             } => {
-                let (kv, id) = (self.kv.clone(), self.id);
+                let (kv, id) = (self.indexed.clone(), self.id);
                 let page = tokio::task::spawn_blocking(move || {
                     crate::find::find_page(kv, id, &query, after, max_entries)
                 })
