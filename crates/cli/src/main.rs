@@ -42,7 +42,8 @@ enum Command {
         /// that `madfs find` and `madfs du` read, in MiB (0: none; they then
         /// read RocksDB, several times slower). A file takes about 130 bytes
         /// (more for names over 22 bytes); a copy that outgrows the budget
-        /// is dropped until the server restarts.
+        /// is dropped until the server restarts, the inode attributes
+        /// before the dentries.
         #[arg(long, default_value_t = madfs_server::FIND_INDEX_DEFAULT_BYTES >> 20)]
         find_index_mib: usize,
         /// Write and read every chunk through the page cache, even large

@@ -304,7 +304,10 @@ pub(crate) struct DentryIndex {
 
 /// The memory the dentry and inode copies may hold together
 /// (`--find-index-mib`). Each copy records its own size here after every
-/// change; a copy that takes the total past the limit is dropped.
+/// change. The dentry copy comes first (every find scans it; only finds on
+/// attributes read inodes): it is dropped only when it alone passes the
+/// limit, and when it grows into the inode copy's room the inode copy is
+/// dropped instead. The inode copy is dropped when the two pass the limit.
 pub(crate) struct Budget {
     limit: usize,
     dentry_bytes: AtomicUsize,
@@ -329,16 +332,21 @@ impl Budget {
         self.dentry_bytes.load(Ordering::Relaxed) + self.inode_bytes.load(Ordering::Relaxed)
     }
 
-    /// Record the dentry copy's size; whether both copies fit.
+    /// Record the dentry copy's size; whether it fits on its own.
     fn set_dentries(&self, bytes: usize) -> bool {
         self.dentry_bytes.store(bytes, Ordering::Relaxed);
-        self.used() <= self.limit
+        bytes <= self.limit
     }
 
-    /// Record the inode copy's size; whether both copies fit.
+    /// Record the inode copy's size; whether it fits next to the dentries.
     pub(crate) fn set_inodes(&self, bytes: usize) -> bool {
         self.inode_bytes.store(bytes, Ordering::Relaxed);
         self.used() <= self.limit
+    }
+
+    /// Whether the two copies together are past the limit.
+    fn over(&self) -> bool {
+        self.used() > self.limit
     }
 }
 
@@ -589,13 +597,24 @@ impl KvStore for IndexedKv {
         }
         let written = self.inner.write(batch, sync);
         // Even after an error: read back whatever the store now holds.
-        if !dentries.is_empty() {
-            self.index
-                .refresh(self.inner.as_ref(), &dentries, &self.budget);
-        }
+        // Inodes first, so a find that sees a new dentry finds its inode.
         if !inodes.is_empty() {
             self.inodes
                 .refresh(self.inner.as_ref(), &inodes, &self.budget);
+        }
+        if !dentries.is_empty() {
+            self.index
+                .refresh(self.inner.as_ref(), &dentries, &self.budget);
+            if self.budget.over() {
+                self.inodes.give_way(&self.budget);
+            }
+        }
+        // A copy dropped by a panic under its lock gives its room back.
+        if dentries_on && !self.index.is_on() {
+            self.budget.set_dentries(0);
+        }
+        if inodes_on && !self.inodes.is_on() {
+            self.budget.set_inodes(0);
         }
         written
     }

@@ -82,12 +82,41 @@ impl Hasher for IdHasher {
 
 type Table = HashMap<u64, FindInode, BuildHasherDefault<IdHasher>>;
 
-/// Bytes the table's allocation takes: its buckets (a power of two, at
-/// most 7/8 used), one entry and one control byte each.
-fn table_bytes(t: &Table) -> usize {
-    match t.capacity() {
-        0 => 0,
-        cap => (cap * 8 / 7).next_power_of_two() * (std::mem::size_of::<(u64, FindInode)>() + 1),
+/// The table and the capacity of its allocation. `HashMap::capacity` is
+/// entries plus free slots, and a removal's tombstone takes a slot without
+/// giving memory back, so after churn it can read below what is allocated. The largest value seen since the last (re)allocation is the
+/// allocation's: right after one, nothing is a tombstone.
+#[derive(Default)]
+struct Held {
+    table: Table,
+    allocated: usize,
+}
+
+impl Held {
+    fn insert(&mut self, ino: u64, found: FindInode) {
+        self.table.insert(ino, found);
+        self.allocated = self.allocated.max(self.table.capacity());
+    }
+
+    fn remove(&mut self, ino: u64) {
+        self.table.remove(&ino);
+        // Give memory back after mass removals (mdtest's delete phases),
+        // not on every one.
+        if self.allocated > 4096 && self.table.len() < self.allocated / 4 {
+            self.table.shrink_to(self.table.len() * 2);
+            self.allocated = self.table.capacity();
+        }
+    }
+
+    /// Bytes the allocation takes: its buckets (a power of two, at most 7/8
+    /// used), one entry and one control byte each.
+    fn bytes(&self) -> usize {
+        match self.allocated {
+            0 => 0,
+            cap => {
+                (cap * 8 / 7).next_power_of_two() * (std::mem::size_of::<(u64, FindInode)>() + 1)
+            }
+        }
     }
 }
 
@@ -97,7 +126,7 @@ fn decode(value: &[u8]) -> Option<FindInode> {
 }
 
 pub(crate) struct InodeIndex {
-    copy: Mutex<Option<Table>>,
+    copy: Mutex<Option<Held>>,
     /// Whether `copy` is Some, read without the lock on every write.
     on: AtomicBool,
 }
@@ -113,14 +142,14 @@ impl InodeIndex {
         if budget.limit() == 0 {
             return index;
         }
-        let mut table = Table::default();
+        let mut held = Held::default();
         let mut why: Option<String> = None;
         let scanned = store.scan_visit(keys::INODE, keys::INODE, &mut |k, v| {
             match (keys::ino_from_key(k).filter(|_| k.len() == 12), decode(v)) {
                 (Some(ino), Some(found)) => {
-                    let grew = table.len() == table.capacity();
-                    table.insert(ino.0, found);
-                    if grew && !budget.set_inodes(table_bytes(&table)) {
+                    let before = held.allocated;
+                    held.insert(ino.0, found);
+                    if held.allocated != before && !budget.set_inodes(held.bytes()) {
                         why = Some(format!(
                             "more inodes than its budget of {} bytes leaves",
                             budget.limit()
@@ -136,7 +165,7 @@ impl InodeIndex {
         }
         match why {
             None => {
-                *index.lock() = Some(table);
+                *index.lock() = Some(held);
                 index.on.store(true, Ordering::Release);
             }
             Some(why) => {
@@ -147,9 +176,9 @@ impl InodeIndex {
         index
     }
 
-    fn lock(&self) -> MutexGuard<'_, Option<Table>> {
+    fn lock(&self) -> MutexGuard<'_, Option<Held>> {
         // A panic while holding the lock may have left the copy half
-        // updated: drop it.
+        // updated: drop it (`IndexedKv` then gives its budget back).
         self.copy.lock().unwrap_or_else(|poisoned| {
             let mut g = poisoned.into_inner();
             if g.take().is_some() {
@@ -166,13 +195,13 @@ impl InodeIndex {
 
     /// Entries held, when there is a copy.
     pub(crate) fn len(&self) -> Option<usize> {
-        self.lock().as_ref().map(HashMap::len)
+        self.lock().as_ref().map(|h| h.table.len())
     }
 
     /// Mirror the current values of `touched` inode keys from `store`.
     pub(crate) fn refresh(&self, store: &dyn KvStore, touched: &[Vec<u8>], budget: &Budget) {
         let mut guard = self.lock();
-        let Some(table) = guard.as_mut() else { return };
+        let Some(held) = guard.as_mut() else { return };
         let mut why: Option<String> = None;
         for key in touched {
             let Some(ino) = keys::ino_from_key(key).filter(|_| key.len() == 12) else {
@@ -181,40 +210,48 @@ impl InodeIndex {
             };
             match store.get(key) {
                 Ok(Some(v)) => match decode(&v) {
-                    Some(found) => {
-                        table.insert(ino.0, found);
-                    }
+                    Some(found) => held.insert(ino.0, found),
                     None => {
                         why = Some("a malformed inode record was written".into());
                         break;
                     }
                 },
-                Ok(None) => {
-                    table.remove(&ino.0);
-                    // Give memory back after mass removals (mdtest's delete
-                    // phases), not on every one.
-                    if table.capacity() > 4096 && table.len() < table.capacity() / 4 {
-                        table.shrink_to(table.len() * 2);
-                    }
-                }
+                Ok(None) => held.remove(ino.0),
                 Err(e) => {
                     why = Some(format!("reading an inode back failed: {e}"));
                     break;
                 }
             }
         }
-        if why.is_none() && !budget.set_inodes(table_bytes(table)) {
+        if why.is_none() && !budget.set_inodes(held.bytes()) {
             why = Some(format!(
                 "more inodes than its budget of {} bytes leaves",
                 budget.limit()
             ));
         }
         if let Some(why) = why {
-            *guard = None;
-            self.on.store(false, Ordering::Release);
-            budget.set_inodes(0);
-            log_warn!("find reads inodes from RocksDB from now on: {why}");
+            self.drop_locked(&mut guard, budget, &why);
         }
+    }
+
+    /// Drop the copy for good because the dentry copy needs the room (it
+    /// comes first: name-only finds are the common ones).
+    pub(crate) fn give_way(&self, budget: &Budget) {
+        let mut guard = self.lock();
+        if guard.is_some() {
+            self.drop_locked(
+                &mut guard,
+                budget,
+                &format!("the dentries need the budget of {} bytes", budget.limit()),
+            );
+        }
+    }
+
+    fn drop_locked(&self, guard: &mut MutexGuard<'_, Option<Held>>, budget: &Budget, why: &str) {
+        **guard = None;
+        self.on.store(false, Ordering::Release);
+        budget.set_inodes(0);
+        log_warn!("find reads inodes from RocksDB from now on: {why}");
     }
 
     /// What the copy holds of `ino`: None when there is no copy (ask the
@@ -223,7 +260,7 @@ impl InodeIndex {
         if !self.is_on() {
             return None;
         }
-        self.lock().as_ref().map(|t| t.get(&ino.0).copied())
+        self.lock().as_ref().map(|h| h.table.get(&ino.0).copied())
     }
 }
 
@@ -332,25 +369,109 @@ mod tests {
         assert_eq!(kv.copied_inode(InodeId(77)).flatten().unwrap().size, 770);
     }
 
-    #[test]
-    fn past_the_budget_the_copy_is_dropped_and_the_dentries_stay() {
-        let store: Arc<dyn KvStore> = Arc::new(MemStore::new());
-        let mut b = WriteBatch::new();
-        b.put(b"DENT\0\0\0\0\0\0\0\x01f", &[1, 2, 0, 0, 0, 0, 0, 0, 0]);
-        for ino in 1..=100u64 {
+    /// A stored dentry key of `name` in directory 1.
+    fn dentry_key(name: &str) -> Vec<u8> {
+        let mut k = keys::DENTRY.to_vec();
+        k.extend_from_slice(&1u64.to_be_bytes());
+        k.extend_from_slice(name.as_bytes());
+        k
+    }
+
+    /// Create batches as the server writes them: a dentry and its inode.
+    fn create_files(kv: &IndexedKv, from: u64, to: u64) {
+        for ino in from..to {
+            let mut b = WriteBatch::new();
             b.put(&keys::inode(InodeId(ino)), &record(ino, 1, 0, 1));
+            b.put(
+                &dentry_key(&format!("f{ino}")),
+                &[1, 0, 0, 0, 0, 0, 0, 0, ino as u8],
+            );
+            kv.write(b, false).unwrap();
         }
-        store.write(b, false).unwrap();
-        // Room for the dentry copy (one small block) and for a table of
-        // about a thousand inodes, not of five thousand.
-        let kv = IndexedKv::new(store, 80 << 10);
+    }
+
+    #[test]
+    fn past_the_budget_the_inodes_go_and_the_dentries_stay() {
+        let store: Arc<dyn KvStore> = Arc::new(MemStore::new());
+        // Room for both copies of a few hundred files, not of four thousand;
+        // the dentries alone (about 64 bytes each) fit.
+        let kv = IndexedKv::new(store.clone(), 400 << 10);
+        create_files(&kv, 1, 300);
         assert!(kv.index_on() && kv.inodes_on());
-        random_batches(&kv, 3, 3000, 0, 5000);
-        assert!(!kv.inodes_on(), "the copy outgrew its budget");
+        create_files(&kv, 300, 4000);
+        assert!(!kv.inodes_on(), "the inode copy outgrew the budget");
         assert!(kv.index_on(), "the dentry copy fits on its own");
         assert_eq!(kv.copied_inode(InodeId(1)), None);
+        // At a restart the dentries are copied first and keep their room.
+        let kv = IndexedKv::new(store, 400 << 10);
+        assert!(kv.index_on() && !kv.inodes_on());
         // No budget: no copy at all.
         assert!(!IndexedKv::new(Arc::new(MemStore::new()), 0).inodes_on());
+    }
+
+    #[test]
+    fn dentries_growing_into_the_inodes_room_drop_the_inode_copy() {
+        let store: Arc<dyn KvStore> = Arc::new(MemStore::new());
+        let kv = IndexedKv::new(store, 400 << 10);
+        create_files(&kv, 1, 1000);
+        assert!(kv.index_on() && kv.inodes_on());
+        // Names only (hard links, as far as the copies go): only the
+        // dentry copy grows, and the inode copy makes room for it.
+        for i in 0..2500u64 {
+            let mut b = WriteBatch::new();
+            b.put(
+                &dentry_key(&format!("link{i}")),
+                &[1, 0, 0, 0, 0, 0, 0, 0, 1],
+            );
+            kv.write(b, false).unwrap();
+        }
+        assert!(kv.index_on(), "the dentry copy comes first");
+        assert!(!kv.inodes_on(), "the inode copy gave way");
+    }
+
+    fn any_inode() -> FindInode {
+        FindInode {
+            size: 1,
+            mtime: Timestamp { secs: 1, nanos: 0 },
+            uid: 0,
+            gid: 0,
+            perm: 0o644,
+        }
+    }
+
+    #[test]
+    fn the_counted_bytes_follow_the_allocation_through_churn() {
+        let mut held = Held::default();
+        for ino in 0..7000u64 {
+            held.insert(ino, any_inode());
+        }
+        let full = held.bytes();
+        assert!(full >= 7000 * std::mem::size_of::<(u64, FindInode)>());
+        // Remove one, add another, at a steady size: tombstones take slots
+        // and `capacity()` falls (the table may even grow to get rid of
+        // them); the allocation never shrinks, and neither may the count.
+        let mut most = full;
+        for i in 0..20_000u64 {
+            held.remove(i);
+            held.insert(7000 + i, any_inode());
+            assert_eq!(held.table.len(), 7000);
+            assert!(
+                held.bytes() >= most,
+                "counted {} after {most} at {i}",
+                held.bytes()
+            );
+            most = held.bytes();
+        }
+        // Mass removal gives memory back, and the count follows.
+        for i in 20_000..26_500u64 {
+            held.remove(i);
+        }
+        assert_eq!(held.table.len(), 500);
+        assert!(
+            held.bytes() <= full / 2,
+            "{} after shrinking from {full}",
+            held.bytes()
+        );
     }
 
     #[test]
