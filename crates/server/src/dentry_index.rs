@@ -23,13 +23,13 @@
 //! record, it is dropped for good and find scans RocksDB: slower, never
 //! wrong.
 
+use crate::find_copy::{Budget, CopySlot, Share};
 use crate::inode_index::{FindInode, InodeIndex};
 use crate::keys;
 use madfs_kv::{KvStore, Result, WriteBatch};
-use madfs_rpc::{log_info, log_warn};
+use madfs_rpc::log_info;
 use madfs_types::InodeId;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 /// A dentry key is the prefix, the parent's id, then the name.
 const KEY_HEAD: usize = 12;
@@ -297,68 +297,21 @@ enum Visited {
 
 /// The index proper: the copy, or nothing once it was dropped.
 pub(crate) struct DentryIndex {
-    copy: Mutex<Option<Mirror>>,
-    /// Whether `copy` is Some, read without the lock on every write.
-    on: AtomicBool,
-}
-
-/// The memory the dentry and inode copies may hold together
-/// (`--find-index-mib`). Each copy records its own size here after every
-/// change. The dentry copy comes first (every find scans it; only finds on
-/// attributes read inodes): it is dropped only when it alone passes the
-/// limit, and when it grows into the inode copy's room the inode copy is
-/// dropped instead. The inode copy is dropped when the two pass the limit.
-pub(crate) struct Budget {
-    limit: usize,
-    dentry_bytes: AtomicUsize,
-    inode_bytes: AtomicUsize,
-}
-
-impl Budget {
-    pub(crate) fn new(limit: usize) -> Budget {
-        Budget {
-            limit,
-            dentry_bytes: AtomicUsize::new(0),
-            inode_bytes: AtomicUsize::new(0),
-        }
-    }
-
-    pub(crate) fn limit(&self) -> usize {
-        self.limit
-    }
-
-    /// Bytes both copies hold.
-    fn used(&self) -> usize {
-        self.dentry_bytes.load(Ordering::Relaxed) + self.inode_bytes.load(Ordering::Relaxed)
-    }
-
-    /// Record the dentry copy's size; whether it fits on its own.
-    fn set_dentries(&self, bytes: usize) -> bool {
-        self.dentry_bytes.store(bytes, Ordering::Relaxed);
-        bytes <= self.limit
-    }
-
-    /// Record the inode copy's size; whether it fits next to the dentries.
-    pub(crate) fn set_inodes(&self, bytes: usize) -> bool {
-        self.inode_bytes.store(bytes, Ordering::Relaxed);
-        self.used() <= self.limit
-    }
-
-    /// Whether the two copies together are past the limit.
-    fn over(&self) -> bool {
-        self.used() > self.limit
-    }
+    slot: CopySlot<Mirror>,
 }
 
 impl DentryIndex {
     /// Copy every dentry of `store`, within `budget` (limit 0: no index).
     /// Runs before the server serves, so no write races with it.
-    fn build(store: &dyn KvStore, budget: &Budget) -> DentryIndex {
+    fn build(store: &dyn KvStore, budget: Arc<Budget>) -> DentryIndex {
         let index = DentryIndex {
-            copy: Mutex::new(None),
-            on: AtomicBool::new(false),
+            slot: CopySlot::empty(
+                budget,
+                Share::Dentries,
+                "find runs without its in-memory index",
+            ),
         };
-        if budget.limit() == 0 {
+        if index.slot.budget().limit() == 0 {
             return index;
         }
         let mut copy = Mirror::default();
@@ -375,11 +328,8 @@ impl DentryIndex {
                     } else {
                         last = Some(key.clone());
                         copy.push_last(key, value);
-                        if !budget.set_dentries(copy.bytes()) {
-                            why = Some(format!(
-                                "more dentries than its budget of {} bytes",
-                                budget.limit()
-                            ));
+                        if !index.slot.set_bytes(copy.bytes()) {
+                            why = Some(index.over_budget());
                         }
                     }
                 }
@@ -390,45 +340,30 @@ impl DentryIndex {
         if let Err(e) = scanned {
             why = Some(format!("reading the dentries failed: {e}"));
         }
-        match why {
-            None => {
-                *index.lock() = Some(copy);
-                index.on.store(true, Ordering::Release);
-            }
-            Some(why) => {
-                budget.set_dentries(0);
-                log_warn!("find runs without its in-memory index: {why}");
-            }
-        }
+        index.slot.install(why.map_or(Ok(copy), Err));
         index
+    }
+
+    fn over_budget(&self) -> String {
+        format!(
+            "more dentries than its budget of {} bytes",
+            self.slot.budget().limit()
+        )
     }
 
     /// Entries held, when there is a copy.
     fn entries(&self) -> Option<usize> {
-        self.lock().as_ref().map(Mirror::entries)
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Option<Mirror>> {
-        // A panic while holding the lock may have left the copy half
-        // updated: drop it.
-        self.copy.lock().unwrap_or_else(|poisoned| {
-            let mut g = poisoned.into_inner();
-            if g.take().is_some() {
-                log_warn!("find runs without its in-memory index from now on: a panic");
-            }
-            self.on.store(false, Ordering::Release);
-            g
-        })
+        self.slot.lock().as_ref().map(Mirror::entries)
     }
 
     /// Whether finds read the copy (false once it was dropped).
     fn is_on(&self) -> bool {
-        self.on.load(Ordering::Acquire)
+        self.slot.is_on()
     }
 
     /// Mirror the current values of `touched` dentry keys from `store`.
-    fn refresh(&self, store: &dyn KvStore, touched: &[Vec<u8>], budget: &Budget) {
-        let mut guard = self.lock();
+    fn refresh(&self, store: &dyn KvStore, touched: &[Vec<u8>]) {
+        let mut guard = self.slot.lock();
         let Some(copy) = guard.as_mut() else { return };
         let mut why: Option<String> = None;
         for key in touched {
@@ -451,17 +386,11 @@ impl DentryIndex {
                 }
             }
         }
-        if why.is_none() && !budget.set_dentries(copy.bytes()) {
-            why = Some(format!(
-                "more dentries than its budget of {} bytes",
-                budget.limit()
-            ));
+        if why.is_none() && !self.slot.set_bytes(copy.bytes()) {
+            why = Some(self.over_budget());
         }
         if let Some(why) = why {
-            *guard = None;
-            self.on.store(false, Ordering::Release);
-            budget.set_dentries(0);
-            log_warn!("find runs without its in-memory index from now on: {why}");
+            self.slot.drop_locked(&mut guard, &why);
         }
     }
 
@@ -484,7 +413,7 @@ impl DentryIndex {
         loop {
             bytes.clear();
             ends.clear();
-            let taken = match self.lock().as_ref() {
+            let taken = match self.slot.lock().as_ref() {
                 Some(copy) => copy.each_from(&from, inclusive, VISIT_CHUNK, |(parent, name), v| {
                     bytes.extend_from_slice(keys::DENTRY);
                     bytes.extend_from_slice(&parent.to_be_bytes());
@@ -533,16 +462,16 @@ pub(crate) struct IndexedKv {
     inner: Arc<dyn KvStore>,
     index: DentryIndex,
     inodes: InodeIndex,
-    budget: Budget,
+    budget: Arc<Budget>,
 }
 
 impl IndexedKv {
     /// Wrap `inner`, copying its dentries and then its inodes within
     /// `budget_bytes` together (0: no copies).
     pub(crate) fn new(inner: Arc<dyn KvStore>, budget_bytes: usize) -> IndexedKv {
-        let budget = Budget::new(budget_bytes);
-        let index = DentryIndex::build(inner.as_ref(), &budget);
-        let inodes = InodeIndex::build(inner.as_ref(), &budget);
+        let budget = Arc::new(Budget::new(budget_bytes));
+        let index = DentryIndex::build(inner.as_ref(), budget.clone());
+        let inodes = InodeIndex::build(inner.as_ref(), budget.clone());
         if let (Some(dentries), Some(inode_count)) = (index.entries(), inodes.len()) {
             log_info!(
                 "find index: {dentries} dentries and {inode_count} inodes in {} MiB (budget {} MiB)",
@@ -599,22 +528,13 @@ impl KvStore for IndexedKv {
         // Even after an error: read back whatever the store now holds.
         // Inodes first, so a find that sees a new dentry finds its inode.
         if !inodes.is_empty() {
-            self.inodes
-                .refresh(self.inner.as_ref(), &inodes, &self.budget);
+            self.inodes.refresh(self.inner.as_ref(), &inodes);
         }
         if !dentries.is_empty() {
-            self.index
-                .refresh(self.inner.as_ref(), &dentries, &self.budget);
+            self.index.refresh(self.inner.as_ref(), &dentries);
             if self.budget.over() {
-                self.inodes.give_way(&self.budget);
+                self.inodes.give_way();
             }
-        }
-        // A copy dropped by a panic under its lock gives its room back.
-        if dentries_on && !self.index.is_on() {
-            self.budget.set_dentries(0);
-        }
-        if inodes_on && !self.inodes.is_on() {
-            self.budget.set_inodes(0);
         }
         written
     }
@@ -715,7 +635,7 @@ mod tests {
                 }
             }
             kv.write(b, false).unwrap();
-            if let Some(m) = kv.index.lock().as_ref() {
+            if let Some(m) = kv.index.slot.lock().as_ref() {
                 m.check();
             }
         }

@@ -8,17 +8,15 @@
 //! good past the memory budget (shared with the dentry copy) or on a
 //! malformed record or a read error; find then reads the store.
 
-use crate::dentry_index::Budget;
+use crate::find_copy::{Budget, CopySlot, Share};
 use crate::inode::Inode;
 use crate::keys;
 use madfs_kv::KvStore;
 use madfs_proto::find::FindAttrs;
-use madfs_rpc::log_warn;
 use madfs_types::{Attr, InodeId, Timestamp};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Arc;
 
 /// The attributes find uses, 40 bytes (a whole record is about 90).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,20 +124,17 @@ fn decode(value: &[u8]) -> Option<FindInode> {
 }
 
 pub(crate) struct InodeIndex {
-    copy: Mutex<Option<Held>>,
-    /// Whether `copy` is Some, read without the lock on every write.
-    on: AtomicBool,
+    slot: CopySlot<Held>,
 }
 
 impl InodeIndex {
     /// Copy every inode of `store` within what `budget` leaves (the dentry
     /// copy is built first). Runs before the server serves.
-    pub(crate) fn build(store: &dyn KvStore, budget: &Budget) -> InodeIndex {
+    pub(crate) fn build(store: &dyn KvStore, budget: Arc<Budget>) -> InodeIndex {
         let index = InodeIndex {
-            copy: Mutex::new(None),
-            on: AtomicBool::new(false),
+            slot: CopySlot::empty(budget, Share::Inodes, "find reads inodes from RocksDB"),
         };
-        if budget.limit() == 0 {
+        if index.slot.budget().limit() == 0 {
             return index;
         }
         let mut held = Held::default();
@@ -149,11 +144,8 @@ impl InodeIndex {
                 (Some(ino), Some(found)) => {
                     let before = held.allocated;
                     held.insert(ino.0, found);
-                    if held.allocated != before && !budget.set_inodes(held.bytes()) {
-                        why = Some(format!(
-                            "more inodes than its budget of {} bytes leaves",
-                            budget.limit()
-                        ));
+                    if held.allocated != before && !index.slot.set_bytes(held.bytes()) {
+                        why = Some(index.over_budget());
                     }
                 }
                 _ => why = Some("a malformed inode record".into()),
@@ -163,44 +155,29 @@ impl InodeIndex {
         if let Err(e) = scanned {
             why = Some(format!("reading the inodes failed: {e}"));
         }
-        match why {
-            None => {
-                *index.lock() = Some(held);
-                index.on.store(true, Ordering::Release);
-            }
-            Some(why) => {
-                budget.set_inodes(0);
-                log_warn!("find reads inodes from RocksDB, without its in-memory copy: {why}");
-            }
-        }
+        index.slot.install(why.map_or(Ok(held), Err));
         index
     }
 
-    fn lock(&self) -> MutexGuard<'_, Option<Held>> {
-        // A panic while holding the lock may have left the copy half
-        // updated: drop it (`IndexedKv` then gives its budget back).
-        self.copy.lock().unwrap_or_else(|poisoned| {
-            let mut g = poisoned.into_inner();
-            if g.take().is_some() {
-                log_warn!("find reads inodes from RocksDB from now on: a panic");
-            }
-            self.on.store(false, Ordering::Release);
-            g
-        })
+    fn over_budget(&self) -> String {
+        format!(
+            "more inodes than its budget of {} bytes leaves",
+            self.slot.budget().limit()
+        )
     }
 
     pub(crate) fn is_on(&self) -> bool {
-        self.on.load(Ordering::Acquire)
+        self.slot.is_on()
     }
 
     /// Entries held, when there is a copy.
     pub(crate) fn len(&self) -> Option<usize> {
-        self.lock().as_ref().map(|h| h.table.len())
+        self.slot.lock().as_ref().map(|h| h.table.len())
     }
 
     /// Mirror the current values of `touched` inode keys from `store`.
-    pub(crate) fn refresh(&self, store: &dyn KvStore, touched: &[Vec<u8>], budget: &Budget) {
-        let mut guard = self.lock();
+    pub(crate) fn refresh(&self, store: &dyn KvStore, touched: &[Vec<u8>]) {
+        let mut guard = self.slot.lock();
         let Some(held) = guard.as_mut() else { return };
         let mut why: Option<String> = None;
         for key in touched {
@@ -223,35 +200,25 @@ impl InodeIndex {
                 }
             }
         }
-        if why.is_none() && !budget.set_inodes(held.bytes()) {
-            why = Some(format!(
-                "more inodes than its budget of {} bytes leaves",
-                budget.limit()
-            ));
+        if why.is_none() && !self.slot.set_bytes(held.bytes()) {
+            why = Some(self.over_budget());
         }
         if let Some(why) = why {
-            self.drop_locked(&mut guard, budget, &why);
+            self.slot.drop_locked(&mut guard, &why);
         }
     }
 
     /// Drop the copy for good because the dentry copy needs the room (it
     /// comes first: name-only finds are the common ones).
-    pub(crate) fn give_way(&self, budget: &Budget) {
-        let mut guard = self.lock();
+    pub(crate) fn give_way(&self) {
+        let mut guard = self.slot.lock();
         if guard.is_some() {
-            self.drop_locked(
-                &mut guard,
-                budget,
-                &format!("the dentries need the budget of {} bytes", budget.limit()),
+            let why = format!(
+                "the dentries need the budget of {} bytes",
+                self.slot.budget().limit()
             );
+            self.slot.drop_locked(&mut guard, &why);
         }
-    }
-
-    fn drop_locked(&self, guard: &mut MutexGuard<'_, Option<Held>>, budget: &Budget, why: &str) {
-        **guard = None;
-        self.on.store(false, Ordering::Release);
-        budget.set_inodes(0);
-        log_warn!("find reads inodes from RocksDB from now on: {why}");
     }
 
     /// What the copy holds of `ino`: None when there is no copy (ask the
@@ -260,7 +227,10 @@ impl InodeIndex {
         if !self.is_on() {
             return None;
         }
-        self.lock().as_ref().map(|h| h.table.get(&ino.0).copied())
+        self.slot
+            .lock()
+            .as_ref()
+            .map(|h| h.table.get(&ino.0).copied())
     }
 }
 

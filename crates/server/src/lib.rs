@@ -6,6 +6,7 @@ pub mod chunks;
 pub mod counter;
 mod dentry_index;
 mod find;
+mod find_copy;
 pub mod inode;
 mod inode_index;
 pub mod keys;
