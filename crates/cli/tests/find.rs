@@ -570,31 +570,33 @@ async fn find_answers_the_same_with_and_without_the_in_memory_index() {
         want.len(),
         want_sized.len()
     );
-    let found = |c: Client, q: &FindQuery| {
-        let q = q.clone();
+    // Both queries, by name and by size, against what is expected.
+    let check = |c: Client, when: &'static str| {
+        let queries = [
+            (by_name.clone(), want.clone()),
+            (by_size.clone(), want_sized.clone()),
+        ];
         async move {
-            let paths: Vec<String> = c
-                .find("/i", &q)
-                .await
-                .unwrap()
-                .into_iter()
-                .map(|f| String::from_utf8(f.path).unwrap())
-                .collect();
-            let set: BTreeSet<String> = paths.iter().cloned().collect();
-            assert_eq!(set.len(), paths.len(), "a path found twice");
-            set
+            for (q, expected) in queries {
+                let paths: Vec<String> = c
+                    .find("/i", &q)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|f| String::from_utf8(f.path).unwrap())
+                    .collect();
+                let set: BTreeSet<String> = paths.iter().cloned().collect();
+                assert_eq!(set.len(), paths.len(), "a path found twice");
+                let what = if q.size.is_some() {
+                    "by size"
+                } else {
+                    "by name"
+                };
+                same(set, &expected, &format!("{what}, {when}"));
+            }
         }
     };
-    same(
-        found(c.clone(), &by_name).await,
-        &want,
-        "kept in step with the writes",
-    );
-    same(
-        found(c.clone(), &by_size).await,
-        &want_sized,
-        "inodes kept in step with the writes",
-    );
+    check(c.clone(), "kept in step with the writes").await;
     assert_eq!(index_builds(&tc), SERVERS, "the index is still in use");
 
     for i in 0..SERVERS {
@@ -602,16 +604,7 @@ async fn find_answers_the_same_with_and_without_the_in_memory_index() {
         tc.restart(i);
     }
     assert_eq!(index_builds(&tc), 2 * SERVERS);
-    same(
-        found(tc.client(), &by_name).await,
-        &want,
-        "rebuilt at restart",
-    );
-    same(
-        found(tc.client(), &by_size).await,
-        &want_sized,
-        "inodes rebuilt at restart",
-    );
+    check(tc.client(), "rebuilt at restart").await;
 
     tc.set_server_args(&["--find-index-mib", "0"]);
     for i in 0..SERVERS {
@@ -619,14 +612,5 @@ async fn find_answers_the_same_with_and_without_the_in_memory_index() {
         tc.restart(i);
     }
     assert_eq!(index_builds(&tc), 2 * SERVERS, "no index was asked for");
-    same(
-        found(tc.client(), &by_name).await,
-        &want,
-        "scanned from RocksDB",
-    );
-    same(
-        found(tc.client(), &by_size).await,
-        &want_sized,
-        "inodes read from RocksDB",
-    );
+    check(tc.client(), "read from RocksDB").await;
 }
