@@ -82,6 +82,16 @@ pub fn mount(cluster: Option<&Path>, dir: &Path, foreground: bool) -> Result<Exi
             return Ok(ExitCode::SUCCESS);
         }
         if let Ok(Some(status)) = child.try_wait() {
+            // The daemon exits successfully only after it mounted: it was
+            // unmounted again between two looks (a quick `madfs umount`).
+            if status.success() {
+                println!(
+                    "MadFS mounted on {} and already unmounted again (log {})",
+                    abs.display(),
+                    log_path.display()
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
             return Err(format!(
                 "mounting {} failed ({status}):\n{}",
                 abs.display(),
