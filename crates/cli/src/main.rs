@@ -13,6 +13,10 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+fn parse_cache_ttl(s: &str) -> Result<std::time::Duration, String> {
+    madfs_client::parse_ttl(s)
+}
+
 #[derive(Parser)]
 #[command(
     name = "madfs",
@@ -90,6 +94,17 @@ enum Command {
         /// Where MadFS appears to the program.
         #[arg(long, default_value = "/madfs")]
         prefix: String,
+        /// How long names and attributes looked up stay trusted, in seconds
+        /// (decimals allowed; 0 turns the metadata cache off). Changes made
+        /// by other processes and hosts may be seen this much later; the
+        /// program's own are seen at once; open always revalidates the file
+        /// it opens (close-to-open). Default 1, as the mount's TTLs.
+        #[arg(long, value_parser = parse_cache_ttl)]
+        cache_ttl: Option<std::time::Duration>,
+        /// At exit, each process prints on stderr the requests it sent, by
+        /// operation, and how its metadata cache answered.
+        #[arg(long)]
+        stats: bool,
         /// The program and its arguments (after `--`).
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         cmd: Vec<std::ffi::OsString>,
@@ -223,7 +238,20 @@ fn main() -> ExitCode {
         Command::Bench { cmd } => bench_cmd::run(cli.cluster.as_deref(), cmd),
         Command::Find { args } => find_cmd::find(cli.cluster.as_deref(), &args),
         Command::Du { paths, inodes } => find_cmd::du(cli.cluster.as_deref(), &paths, inodes),
-        Command::Run { prefix, cmd } => run_cmd::run(cli.cluster.as_deref(), &prefix, &cmd),
+        Command::Run {
+            prefix,
+            cache_ttl,
+            stats,
+            cmd,
+        } => run_cmd::run(
+            cli.cluster.as_deref(),
+            &run_cmd::RunOptions {
+                prefix,
+                cache_ttl,
+                stats,
+            },
+            &cmd,
+        ),
         other => files::run(cli.cluster.as_deref(), other),
     };
     match result {

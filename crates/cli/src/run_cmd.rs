@@ -4,8 +4,9 @@
 //! The library (libmadfs_preload.so) is looked for next to this executable
 //! (cargo builds cdylibs into the same target/<profile>/ directory), then in
 //! ../lib; MADFS_PRELOAD_LIB overrides. The program gets LD_PRELOAD (the
-//! library first, any existing value after it), MADFS_CLUSTER (absolute) and
-//! MADFS_PREFIX, and this process is replaced by it (exec).
+//! library first, any existing value after it), MADFS_CLUSTER (absolute),
+//! MADFS_PREFIX, and with the options MADFS_CACHE_TTL and MADFS_STATS, and
+//! this process is replaced by it (exec).
 
 use madfs_rpc::ClusterConfig;
 use std::ffi::{OsStr, OsString};
@@ -86,24 +87,56 @@ pub fn ld_preload(lib: &Path, existing: Option<&OsStr>) -> OsString {
     out
 }
 
-pub fn run(cluster: Option<&Path>, prefix: &str, cmd: &[OsString]) -> Result<ExitCode, String> {
+/// What `madfs run` passes on to the library besides the cluster.
+pub struct RunOptions {
+    pub prefix: String,
+    /// MADFS_CACHE_TTL for the program (else whatever the environment has).
+    pub cache_ttl: Option<std::time::Duration>,
+    /// MADFS_STATS=1: every process reports its requests at exit.
+    pub stats: bool,
+}
+
+pub fn run(
+    cluster: Option<&Path>,
+    opts: &RunOptions,
+    cmd: &[OsString],
+) -> Result<ExitCode, String> {
     let Some((program, args)) = cmd.split_first() else {
         return Err("run: no command given (madfs run [--prefix DIR] -- CMD ARGS...)".into());
     };
-    let prefix = normalize_prefix(prefix)?;
+    let prefix = normalize_prefix(&opts.prefix)?;
     let lib = find_library()?;
     let cluster_file = absolute(&ClusterConfig::locate(cluster))?;
     // Fail here, clearly, rather than on the program's first MadFS call.
     let cfg = ClusterConfig::load(&cluster_file).map_err(|e| format!("run: {e}"))?;
     cfg.load_key().map_err(|e| format!("run: {e}"))?;
     let preload = ld_preload(&lib, std::env::var_os("LD_PRELOAD").as_deref());
-    let err = std::process::Command::new(program)
+    let mut command = std::process::Command::new(program);
+    command
         .args(args)
         .env("LD_PRELOAD", preload)
         .env("MADFS_CLUSTER", &cluster_file)
         .env("MADFS_PREFIX", &prefix)
-        .env_remove("MADFS_CWD")
-        .exec();
+        .env_remove("MADFS_CWD");
+    if let Some(ttl) = opts.cache_ttl {
+        command.env(
+            madfs_client::CacheConfig::TTL_ENV,
+            ttl.as_secs_f64().to_string(),
+        );
+    } else if let Some(v) = std::env::var_os(madfs_client::CacheConfig::TTL_ENV) {
+        // Checked here, so a typo fails now and not in the program.
+        madfs_client::parse_ttl(&v.to_string_lossy()).map_err(|e| {
+            format!(
+                "run: {}='{}': {e}",
+                madfs_client::CacheConfig::TTL_ENV,
+                v.to_string_lossy()
+            )
+        })?;
+    }
+    if opts.stats {
+        command.env("MADFS_STATS", "1");
+    }
+    let err = command.exec();
     let code = if err.kind() == std::io::ErrorKind::NotFound {
         127
     } else {

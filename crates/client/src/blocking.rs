@@ -128,6 +128,10 @@ impl BlockingClient {
         self.client.server_count()
     }
 
+    pub fn request_counts(&self) -> crate::RequestCounts {
+        self.client.request_counts()
+    }
+
     fn wrap(&self, file: File) -> BlockingFile {
         BlockingFile {
             rt: self.rt.clone(),
@@ -154,6 +158,7 @@ impl BlockingClient {
         // Inode level.
         fn lookup(&self, parent: InodeId, name: &FileName) -> Result<Attr>;
         fn getattr(&self, ino: InodeId) -> Result<Attr>;
+        fn fstat(&self, ino: InodeId) -> Result<Attr>;
         fn setattr(&self, ino: InodeId, changes: SetAttrs) -> Result<Attr>;
         fn setattr_known_size(&self, ino: InodeId, changes: SetAttrs, known_size: u64) -> Result<Attr>;
         fn access(&self, ino: InodeId, mask: u8) -> Result<Attr>;

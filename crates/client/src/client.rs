@@ -4,10 +4,13 @@
 //! these one to one; the path-level API (path.rs) and open files (file.rs)
 //! are built on them.
 
+use crate::cache::{CacheConfig, CacheStats, MetaCache};
 use crate::chunk::{clamp_read, fill_piece, split_range};
+use crate::counts::{Counters, RequestCounts};
 use crate::dir::{merge_pages, DirCursor, Page};
 use crate::error::{ClientError, Result};
 use crate::join::{join_bounded, try_join_bounded, IN_FLIGHT_PER_CALL};
+use crate::open_files::OpenFiles;
 use crate::writebehind::{self, Budget};
 use madfs_proto::auth::{ClusterKey, Role};
 use madfs_proto::message::{DirEntry, Entry, FsStats, SetAttrs};
@@ -36,6 +39,15 @@ pub struct Client {
     timeouts: Timeouts,
     /// Bytes of write-behind data in flight over all files of this client.
     write_budget: Budget,
+    /// Names and attributes seen within the TTL (cache.rs); shared by
+    /// clones, also those with other credentials (entries do not depend
+    /// on who asked: permissions are checked against them each time).
+    pub(crate) cache: Arc<MetaCache>,
+    /// Requests sent, by operation (counts.rs).
+    counts: Arc<Counters>,
+    /// Files open through this client, for the sizes their writes give
+    /// before they publish them (open_files.rs).
+    pub(crate) open_files: Arc<OpenFiles>,
 }
 
 /// The end of a write of `len` bytes at `offset`, or FileTooBig if it goes
@@ -78,11 +90,15 @@ impl Client {
     /// ./madfs-data/cluster.toml) and its key. No server is contacted yet:
     /// connections open on first use, so an unreachable server shows up as an
     /// error of the first operation that needs it.
+    /// The metadata cache's TTL comes from `$MADFS_CACHE_TTL` (seconds; 0
+    /// turns it off), else 1 s.
     pub fn connect(cluster_file: Option<&Path>) -> Result<Client> {
         let path = ClusterConfig::locate(cluster_file);
         let cfg = ClusterConfig::load(&path)?;
         let key = cfg.load_key()?;
-        Client::from_config(&cfg, key)
+        let cache =
+            CacheConfig::from_env().map_err(|e| ClientError::new(ErrorCode::InvalidArgument, e))?;
+        Ok(Client::from_config(&cfg, key)?.with_cache(cache))
     }
 
     pub fn from_config(cfg: &ClusterConfig, key: ClusterKey) -> Result<Client> {
@@ -101,7 +117,35 @@ impl Client {
             chunk_size: cfg.chunk_size,
             timeouts,
             write_budget: Budget::new(writebehind::BUDGET_BYTES),
+            cache: Arc::new(MetaCache::new(CacheConfig::default())),
+            counts: Arc::new(Counters::new()),
+            open_files: Arc::new(OpenFiles::default()),
         })
+    }
+
+    /// This client (sharing its connections and counters) with a new,
+    /// empty metadata cache configured by `cfg` (`CacheConfig::off()` for
+    /// callers with a cache of their own, such as the FUSE mount, whose
+    /// kernel caches names and attributes).
+    pub fn with_cache(&self, cfg: CacheConfig) -> Client {
+        Client {
+            cache: Arc::new(MetaCache::new(cfg)),
+            ..self.clone()
+        }
+    }
+
+    pub fn cache_config(&self) -> CacheConfig {
+        self.cache.config()
+    }
+
+    /// How the metadata cache has answered so far.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
+    }
+
+    /// Requests sent so far by this client and its clones, by operation.
+    pub fn request_counts(&self) -> RequestCounts {
+        self.counts.snapshot()
     }
 
     /// A client sharing this one's connections but acting as `creds` (the
@@ -136,6 +180,7 @@ impl Client {
     }
 
     async fn call_data(&self, server: ServerId, op: Op, data: &[u8]) -> Result<Response> {
+        self.counts.record(op.opcode());
         let req = Request {
             creds: (*self.creds).clone(),
             op,
@@ -170,22 +215,63 @@ impl Client {
         dentry_server(parent, name, self.server_count())
     }
 
+    /// Find `name` in `parent` (always asks its server; the answer, found
+    /// or not, goes into the metadata cache).
     pub async fn lookup(&self, parent: InodeId, name: &FileName) -> Result<Attr> {
+        let since = self.cache.epoch();
         let op = Op::Lookup {
             parent,
             name: name.clone(),
         };
-        match self.call(self.dentry_server(parent, name), op).await? {
-            Reply::Entry(e) => self.entry_attr(e).await,
-            other => Err(ClientError::unexpected("lookup", &other)),
+        let r = match self.call(self.dentry_server(parent, name), op).await {
+            Ok(Reply::Entry(e)) => self.entry_attr(e).await,
+            Ok(other) => Err(ClientError::unexpected("lookup", &other)),
+            Err(e) => Err(e),
+        };
+        match &r {
+            Ok(a) => self.cache.learned_entry(since, parent, name, Some(a)),
+            Err(e) if e.code == ErrorCode::NotFound => {
+                self.cache.learned_entry(since, parent, name, None)
+            }
+            Err(_) => {}
+        }
+        r
+    }
+
+    /// An inode's attributes from its owner (always asks; the answer goes
+    /// into the metadata cache).
+    pub async fn getattr(&self, ino: InodeId) -> Result<Attr> {
+        let since = self.cache.epoch();
+        match self.call(ino.owner(), Op::GetAttr { ino }).await? {
+            Reply::Attr(a) => {
+                self.cache.learned_attr(since, &a);
+                Ok(a)
+            }
+            other => Err(ClientError::unexpected("getattr", &other)),
         }
     }
 
-    pub async fn getattr(&self, ino: InodeId) -> Result<Attr> {
-        match self.call(ino.owner(), Op::GetAttr { ino }).await? {
-            Reply::Attr(a) => Ok(a),
-            other => Err(ClientError::unexpected("getattr", &other)),
+    /// The attributes of an inode as this client sees them: the owner's,
+    /// with the size grown by this client's writes not yet published
+    /// (fstat, and the path-level stat, of a file this process writes).
+    pub async fn fstat(&self, ino: InodeId) -> Result<Attr> {
+        // Looked at before and after: a write in flight at the first look
+        // may have landed (and left the table) before the owner answered.
+        let before = self.open_files.unpublished_size(ino);
+        let a = self.getattr(ino).await?;
+        let mut a = self.with_open_writes(a);
+        a.size = a.size.max(before.unwrap_or(0));
+        Ok(a)
+    }
+
+    /// `attr` with the size grown by this client's unpublished writes.
+    pub(crate) fn with_open_writes(&self, mut attr: Attr) -> Attr {
+        if attr.kind == FileKind::File {
+            if let Some(size) = self.open_files.unpublished_size(attr.ino) {
+                attr.size = attr.size.max(size);
+            }
         }
+        attr
     }
 
     /// Change attributes. Shrinking a file that has chunks beyond chunk 0
@@ -207,6 +293,7 @@ impl Client {
         changes: SetAttrs,
         known_size: u64,
     ) -> Result<Attr> {
+        let known_size = known_size.max(self.open_files.unpublished_size(ino).unwrap_or(0));
         if let Some(new_size) = changes.size {
             if new_size > limits::FILE_SIZE_MAX_BYTES {
                 return Err(ClientError::new(
@@ -229,8 +316,23 @@ impl Client {
                 self.truncate_chunks(ino, new_size).await?;
             }
         }
-        let reply = self.call(ino.owner(), Op::SetAttr { ino, changes }).await?;
-        self.attr_reply("setattr", ino, reply).await
+        let new_size = changes.size;
+        let r = match self.call(ino.owner(), Op::SetAttr { ino, changes }).await {
+            Ok(reply) => self.attr_reply("setattr", ino, reply).await,
+            Err(e) => Err(e),
+        };
+        match &r {
+            Ok(a) => {
+                self.cache.changed_attr(a);
+                if let Some(size) = new_size {
+                    // Every handle of this client now knows the new size:
+                    // none may publish its older, larger one at close.
+                    self.open_files.truncated(ino, size);
+                }
+            }
+            Err(_) => self.cache.forget_attr(ino),
+        }
+        r
     }
 
     /// Drop chunk data at and beyond `size` on every server.
@@ -246,8 +348,11 @@ impl Client {
 
     /// Check `mask` (ACCESS_* bits) for this client's credentials.
     pub async fn access(&self, ino: InodeId, mask: u8) -> Result<Attr> {
+        let since = self.cache.epoch();
         let reply = self.call(ino.owner(), Op::Access { ino, mask }).await?;
-        self.attr_reply("access", ino, reply).await
+        let a = self.attr_reply("access", ino, reply).await?;
+        self.cache.learned_attr(since, &a);
+        Ok(a)
     }
 
     async fn create_entry(
@@ -282,13 +387,21 @@ impl Client {
             exclusive,
             symlink_target,
         };
-        let resp = self
-            .call_data(self.dentry_server(parent, name), op, data)
-            .await?;
-        match resp.reply {
-            Reply::Created { entry, created } => Ok((self.entry_attr(entry).await?, created)),
-            other => Err(ClientError::unexpected("create", &other)),
+        let r = async {
+            let resp = self
+                .call_data(self.dentry_server(parent, name), op, data)
+                .await?;
+            match resp.reply {
+                Reply::Created { entry, created } => Ok((self.entry_attr(entry).await?, created)),
+                other => Err(ClientError::unexpected("create", &other)),
+            }
         }
+        .await;
+        match &r {
+            Ok((attr, _)) => self.cache.made(parent, name, attr),
+            Err(_) => self.cache.forget_entry(parent, name),
+        }
+        r
     }
 
     /// Create a new regular file (it must not exist) holding `data`, and
@@ -386,8 +499,24 @@ impl Client {
             name: name.clone(),
             dir,
         };
-        self.call(self.dentry_server(parent, name), op).await?;
-        Ok(())
+        match self.call(self.dentry_server(parent, name), op).await {
+            Ok(reply) => {
+                let ino = match reply {
+                    Reply::Removed { ino, .. } => Some(ino),
+                    _ => None,
+                };
+                self.cache.removed(parent, name, ino);
+                Ok(())
+            }
+            Err(e) => {
+                if e.code == ErrorCode::NotFound {
+                    self.cache.removed(parent, name, None);
+                } else {
+                    self.cache.forget_entry(parent, name);
+                }
+                Err(e)
+            }
+        }
     }
 
     pub async fn unlink(&self, parent: InodeId, name: &FileName) -> Result<()> {
@@ -414,9 +543,25 @@ impl Client {
             dst_name: dst_name.clone(),
             flags,
         };
-        self.call(self.dentry_server(src_parent, src_name), op)
-            .await?;
-        Ok(())
+        // The inodes involved change too (ctime; a replaced target loses a
+        // link): forget what is known of them.
+        let moved = [
+            self.cache.entry(src_parent, src_name),
+            self.cache.entry(dst_parent, dst_name),
+        ];
+        let r = self
+            .call(self.dentry_server(src_parent, src_name), op)
+            .await;
+        for (ino, _) in moved.into_iter().flatten().flatten() {
+            self.cache.forget_attr(ino);
+        }
+        self.cache.forget_entry(dst_parent, dst_name);
+        if r.is_ok() && flags & madfs_proto::message::RENAME_EXCHANGE == 0 {
+            self.cache.removed(src_parent, src_name, None);
+        } else {
+            self.cache.forget_entry(src_parent, src_name);
+        }
+        r.map(|_| ())
     }
 
     pub async fn link(
@@ -430,18 +575,33 @@ impl Client {
             parent: new_parent,
             name: new_name.clone(),
         };
-        match self
-            .call(self.dentry_server(new_parent, new_name), op)
-            .await?
-        {
-            Reply::Entry(e) => self.entry_attr(e).await,
-            other => Err(ClientError::unexpected("link", &other)),
+        let r = async {
+            match self
+                .call(self.dentry_server(new_parent, new_name), op)
+                .await?
+            {
+                Reply::Entry(e) => self.entry_attr(e).await,
+                other => Err(ClientError::unexpected("link", &other)),
+            }
         }
+        .await;
+        match &r {
+            Ok(a) => self.cache.made(new_parent, new_name, a),
+            Err(_) => {
+                self.cache.forget_entry(new_parent, new_name);
+                self.cache.forget_attr(ino);
+            }
+        }
+        r
     }
 
     pub async fn readlink(&self, ino: InodeId) -> Result<Vec<u8>> {
+        let since = self.cache.epoch();
         match self.call(ino.owner(), Op::ReadLink { ino }).await? {
-            Reply::Target(t) => Ok(t),
+            Reply::Target(t) => {
+                self.cache.learned_target(since, ino, &t);
+                Ok(t)
+            }
             other => Err(ClientError::unexpected("readlink", &other)),
         }
     }
@@ -591,6 +751,9 @@ impl Client {
     /// to other chunks leave the size to `update_size` (see `WriteOutcome`).
     pub async fn write(&self, ino: InodeId, offset: u64, data: &[u8]) -> Result<WriteOutcome> {
         write_end(offset, data.len())?;
+        // Size and mtime change: a cached stat must not hide that (before
+        // and after, so that a getattr racing with the write is not kept).
+        self.cache.forget_attr(ino);
         let pieces = split_range(offset, data.len() as u64, self.chunk_size);
         let servers = self.server_count();
         let placed: Vec<_> = pieces
@@ -607,7 +770,9 @@ impl Client {
             self.call_data(server, op, &data[p.buf_range()]).await
         });
         let calls: Vec<_> = calls.collect();
-        try_join_bounded(calls, IN_FLIGHT_PER_CALL).await?;
+        let sent = try_join_bounded(calls, IN_FLIGHT_PER_CALL).await;
+        self.cache.forget_attr(ino);
+        sent?;
         let written: BTreeSet<ServerId> = placed.iter().map(|&(_, s)| s).collect();
         Ok(WriteOutcome {
             servers_written: written.into_iter().collect(),
@@ -617,10 +782,18 @@ impl Client {
 
     /// Grow the size to at least `size` and set mtime, on the owner.
     pub async fn update_size(&self, ino: InodeId, size: u64, mtime: Timestamp) -> Result<Attr> {
-        let reply = self
+        let r = match self
             .call(ino.owner(), Op::UpdateSize { ino, size, mtime })
-            .await?;
-        self.attr_reply("update_size", ino, reply).await
+            .await
+        {
+            Ok(reply) => self.attr_reply("update_size", ino, reply).await,
+            Err(e) => Err(e),
+        };
+        match &r {
+            Ok(a) => self.cache.changed_attr(a),
+            Err(_) => self.cache.forget_attr(ino),
+        }
+        r
     }
 
     /// Make everything these servers acknowledged durable.

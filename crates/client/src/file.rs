@@ -12,6 +12,7 @@ use madfs_proto::ErrorCode;
 use madfs_types::{Attr, FileKind, InodeId, ServerId, Timestamp};
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 /// How to open a file, like `std::fs::OpenOptions` (builder by value).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,14 +156,18 @@ impl OpenOptions {
     }
 }
 
-struct FileState {
+pub(crate) struct FileState {
     /// The largest size this handle knows of: the size at open, raised by
     /// writes and by fresh attributes.
-    size_hint: u64,
+    pub(crate) size_hint: u64,
     /// Servers that acknowledged writes not yet fsynced.
     dirty: BTreeSet<ServerId>,
     /// Writes beyond chunk 0 happened since the last UpdateSize.
-    needs_size_update: bool,
+    pub(crate) needs_size_update: bool,
+    /// When the size was last learned from the owner (at open, or by a
+    /// read past it): within the metadata cache's TTL a read past it is
+    /// answered as end of file without asking again.
+    size_checked: Instant,
 }
 
 /// An open file. Methods take `&self` (state is behind a lock), so one handle
@@ -263,17 +268,26 @@ impl File {
     /// A handle on an inode whose access check the caller has done (or does
     /// not need); no request is sent.
     pub fn new(client: &Client, attr: Attr, opts: &OpenOptions) -> File {
+        let state = Arc::new(Mutex::new(FileState {
+            size_hint: attr.size,
+            dirty: BTreeSet::new(),
+            needs_size_update: false,
+            size_checked: Instant::now(),
+        }));
+        let behind = (opts.write_behind && opts.writes()).then(|| Arc::new(WriteBehind::new()));
+        if opts.writes() {
+            // Only writers can know a size their owner does not.
+            client
+                .open_files
+                .register(attr.ino, &state, behind.as_ref());
+        }
         File {
             client: client.clone(),
             read: opts.reads(),
             write: opts.writes(),
             append: opts.append,
-            state: Arc::new(Mutex::new(FileState {
-                size_hint: attr.size,
-                dirty: BTreeSet::new(),
-                needs_size_update: false,
-            })),
-            behind: (opts.write_behind && opts.writes()).then(|| Arc::new(WriteBehind::new())),
+            state,
+            behind,
             ahead: (opts.read_ahead && !opts.writes()).then(|| Mutex::new(ReadAhead::default())),
             attr,
             append_lock: tokio::sync::Mutex::new(()),
@@ -390,7 +404,9 @@ impl File {
     /// Read up to `len` bytes at `offset`; shorter only at the end of file.
     /// A read reaching past the size this handle knows asks the owner for
     /// the current size first, so data appended by others (and closed) is
-    /// seen, as with `tail -f`.
+    /// seen, as with `tail -f`; unless that size was learned within the
+    /// metadata cache's TTL (as NFS trusts its attribute cache), so that
+    /// reading a small file to its end costs no extra request.
     pub async fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
         if !self.read {
             return Err(ClientError::new(
@@ -423,10 +439,12 @@ impl File {
             }
         }
         let mut size = self.size();
-        if offset.saturating_add(len as u64) > size {
+        let ttl = self.client.cache_config().ttl;
+        if offset.saturating_add(len as u64) > size && self.state().size_checked.elapsed() >= ttl {
             let fresh = self.client.getattr(self.attr.ino).await?;
             let mut st = self.state();
             st.size_hint = st.size_hint.max(fresh.size);
+            st.size_checked = Instant::now();
             size = st.size_hint;
         }
         let data = self.client.read(self.attr.ino, offset, len, size).await?;
@@ -625,22 +643,21 @@ impl std::fmt::Debug for File {
 impl Drop for File {
     /// A handle dropped without `close` inside a runtime still publishes
     /// its size, in the background and best effort: nobody is left to
-    /// report an error to.
+    /// report an error to. It leaves the client's table of open files once
+    /// nothing of it is left to publish.
     fn drop(&mut self) {
+        let ino = self.attr.ino;
         // With write-behind, writes may still be in flight: the size is
         // known only once they land.
-        if self.behind.is_none() && !lock_state(&self.state).needs_size_update {
-            return;
-        }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        let publish = self.behind.is_some() || lock_state(&self.state).needs_size_update;
+        let rt = tokio::runtime::Handle::try_current();
+        let (true, Ok(rt)) = (publish, rt) else {
+            if self.write {
+                self.client.open_files.release(ino, &self.state);
+            }
             return;
         };
-        let (client, ino, state, wb) = (
-            self.client.clone(),
-            self.attr.ino,
-            self.state.clone(),
-            self.behind.clone(),
-        );
+        let (client, state, wb) = (self.client.clone(), self.state.clone(), self.behind.clone());
         rt.spawn(async move {
             if let Some(wb) = wb {
                 wb.drain().await;
@@ -652,6 +669,7 @@ impl Drop for File {
             if update {
                 let _ = client.update_size(ino, size, Timestamp::now()).await;
             }
+            client.open_files.release(ino, &state);
         });
     }
 }

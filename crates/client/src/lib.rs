@@ -19,19 +19,24 @@
 //! `read_dir`, `hard_link`, ...).
 
 mod blocking;
+mod cache;
 mod chunk;
 mod client;
+mod counts;
 mod dir;
 mod error;
 mod file;
 mod find;
 mod join;
+mod open_files;
 mod path;
 pub mod writebehind;
 
 pub use blocking::{BlockingClient, BlockingFile};
+pub use cache::{parse_ttl, CacheConfig, CacheStats};
 pub use chunk::{split_range, Piece};
 pub use client::{Client, WriteOutcome};
+pub use counts::RequestCounts;
 pub use dir::DirCursor;
 pub use error::{ClientError, Result};
 pub use file::{File, OpenOptions};
@@ -46,7 +51,7 @@ pub use madfs_proto::message::{
     DirEntry, FsStats, SetAttrs, ACCESS_EXEC, ACCESS_READ, ACCESS_WRITE, RENAME_EXCHANGE,
     RENAME_NOREPLACE,
 };
-pub use madfs_proto::ErrorCode;
+pub use madfs_proto::{ErrorCode, Opcode};
 pub use madfs_rpc::pool::Timeouts;
 pub use madfs_rpc::ClusterConfig;
 pub use madfs_types::{

@@ -10,7 +10,7 @@ use crate::client::Client;
 use crate::error::{ClientError, Result};
 use crate::file::{File, OpenOptions};
 use crate::join::try_join_bounded;
-use madfs_proto::message::{DirEntry, SetAttrs};
+use madfs_proto::message::{DirEntry, SetAttrs, ACCESS_EXEC};
 use madfs_proto::ErrorCode;
 use madfs_types::{limits, Attr, FileKind, FileName, InodeId, TimeSet};
 use std::collections::VecDeque;
@@ -249,6 +249,16 @@ impl Walk {
     }
 }
 
+/// Refuse `mask` (ACCESS_* bits) to a caller the attributes do not allow,
+/// as the owner's Access operation would.
+fn check_access(client: &Client, attr: &Attr, mask: u8) -> Result<()> {
+    if mask == 0 || attr.allows(client.credentials(), mask) {
+        Ok(())
+    } else {
+        Err(ClientError::new(ErrorCode::AccessDenied, ""))
+    }
+}
+
 /// A removal racing with another one is not an error.
 fn ignore_gone(r: Result<()>) -> Result<()> {
     match r {
@@ -263,13 +273,16 @@ impl Client {
     /// Walk `components` from where `walk` stands, following symlinks in
     /// every component but the last, and in the last if `follow_last` or
     /// `must_be_dir` (a trailing slash follows, as in the kernel). On success
-    /// the top of the stack is the result.
+    /// the top of the stack is the result. Names come from the metadata
+    /// cache where it has them, except the last one with `fresh_last`
+    /// (open's close-to-open revalidation).
     async fn walk(
         &self,
         walk: &mut Walk,
         components: Vec<PathComponent>,
         follow_last: bool,
         must_be_dir: bool,
+        fresh_last: bool,
     ) -> Result<()> {
         let mut queue: VecDeque<PathComponent> = components.into();
         let mut must_be_dir = must_be_dir;
@@ -288,14 +301,15 @@ impl Client {
                     }
                 }
                 PathComponent::Name(name) => {
-                    let attr = self.lookup(walk.top().ino, &name).await?;
+                    let dir = walk.top().clone();
+                    let attr = self.step(&dir, &name, last && fresh_last).await?;
                     let follow = !last || follow_last || must_be_dir;
                     if attr.kind == FileKind::Symlink && follow {
                         walk.links += 1;
                         if walk.links > SYMLINK_FOLLOW_MAX {
                             return Err(ClientError::new(ErrorCode::Loop, "too many symlinks"));
                         }
-                        let target = self.readlink(attr.ino).await?;
+                        let target = self.link_target(attr.ino).await?;
                         let parsed = ParsedPath::parse(&target)?;
                         if parsed.absolute {
                             walk.stack.truncate(1);
@@ -318,23 +332,76 @@ impl Client {
         Ok(())
     }
 
+    /// What `name` in directory `dir` is: from the metadata cache unless
+    /// `fresh` (then, or on a miss, one lookup). A cached answer is only
+    /// given to a caller who may search `dir`, checked against its
+    /// attributes as the server would check them.
+    async fn step(&self, dir: &Node, name: &FileName, fresh: bool) -> Result<Attr> {
+        if !fresh {
+            if let Some(hit) = self.cache.entry(dir.ino, name) {
+                let dir_attr = self.node_attr(dir).await?;
+                if !dir_attr.allows(self.credentials(), ACCESS_EXEC) {
+                    return Err(ClientError::new(ErrorCode::AccessDenied, ""));
+                }
+                match hit {
+                    None => return Err(ClientError::new(ErrorCode::NotFound, "")),
+                    Some((ino, _)) => {
+                        if let Some(a) = self.cache.attr(ino) {
+                            return Ok(a);
+                        }
+                    }
+                }
+            }
+        }
+        self.lookup(dir.ino, name).await
+    }
+
+    /// A symlink's target, from the metadata cache if it has it.
+    async fn link_target(&self, ino: InodeId) -> Result<Vec<u8>> {
+        match self.cache.target(ino) {
+            Some(t) => Ok(t),
+            None => self.readlink(ino).await,
+        }
+    }
+
+    /// A node's attributes: those it was found with, else cached ones,
+    /// else the owner's (the root, which no lookup returns).
     async fn node_attr(&self, node: &Node) -> Result<Attr> {
         match &node.attr {
             Some(a) => Ok(a.clone()),
-            None => self.getattr(node.ino).await,
+            None => match self.cache.attr(node.ino) {
+                Some(a) => Ok(a),
+                None => self.getattr(node.ino).await,
+            },
         }
     }
 
     async fn resolve_parsed(&self, parsed: &ParsedPath, follow_last: bool) -> Result<Attr> {
+        self.resolve_walk(parsed, follow_last, false).await
+    }
+
+    /// With `fresh_last`, the last name is looked up even if cached, and
+    /// the root's attributes are fetched (open: close-to-open).
+    async fn resolve_walk(
+        &self,
+        parsed: &ParsedPath,
+        follow_last: bool,
+        fresh_last: bool,
+    ) -> Result<Attr> {
         let mut walk = Walk::at_root();
         self.walk(
             &mut walk,
             parsed.components.clone(),
             follow_last,
             parsed.must_be_dir,
+            fresh_last,
         )
         .await?;
-        self.node_attr(walk.top()).await
+        match (&walk.top().attr, fresh_last) {
+            (Some(a), _) => Ok(self.with_open_writes(a.clone())),
+            (None, true) => self.getattr(walk.top().ino).await,
+            (None, false) => self.node_attr(walk.top()).await,
+        }
     }
 
     /// The directory holding the path's last name, and that name; the
@@ -363,7 +430,8 @@ impl Client {
             .split_last()
             .ok_or_else(|| ClientError::new(no_name, "path does not end in a name"))?;
         let mut walk = Walk::at_root();
-        self.walk(&mut walk, dir.components, true, true).await?;
+        self.walk(&mut walk, dir.components, true, true, false)
+            .await?;
         let ancestors = walk.stack.iter().map(|n| n.ino).collect();
         Ok((walk.top().ino, name, parsed.must_be_dir, ancestors))
     }
@@ -424,10 +492,11 @@ impl Client {
         let path = path.fs_path_bytes();
         async {
             let attr = self.resolve_bytes(path, true).await?;
-            self.access(attr.ino, mask).await
+            check_access(self, &attr, mask)?;
+            Ok(attr)
         }
         .await
-        .map_err(|e| e.context(format!("cannot access '{}'", show(path))))
+        .map_err(|e: ClientError| e.context(format!("cannot access '{}'", show(path))))
     }
 
     /// Open (and with `opts.create`, create) a file by path.
@@ -441,8 +510,11 @@ impl Client {
     async fn open_inner(&self, path: &[u8], opts: &OpenOptions) -> Result<File> {
         let parsed = ParsedPath::parse(path)?;
         if !opts.create {
-            let attr = self.resolve_parsed(&parsed, true).await?;
-            let attr = self.access(attr.ino, opts.access_mask()).await?;
+            // One lookup of the last name (close-to-open); the access check
+            // is made here against the attributes it returned, as the
+            // owner's Access would make it.
+            let attr = self.resolve_walk(&parsed, true, true).await?;
+            check_access(self, &attr, opts.access_mask())?;
             return self.open_checked(attr, opts, false).await;
         }
         // open("x/", O_CREAT), "/" or "x/..": an existing directory or
@@ -451,7 +523,8 @@ impl Client {
             return Err(ClientError::new(ErrorCode::IsDir, ""));
         };
         let mut walk = Walk::at_root();
-        self.walk(&mut walk, dir.components, true, true).await?;
+        self.walk(&mut walk, dir.components, true, true, false)
+            .await?;
         match self
             .create(walk.top().ino, &name, opts.perm, opts.exclusive)
             .await?
@@ -459,16 +532,23 @@ impl Client {
             // A new file: its creator may write it whatever its mode.
             (attr, true) => self.open_checked(attr, opts, true).await,
             (attr, false) if attr.kind != FileKind::Symlink => {
-                let attr = self.access(attr.ino, opts.access_mask()).await?;
+                check_access(self, &attr, opts.access_mask())?;
                 self.open_checked(attr, opts, false).await
             }
             // An existing symlink: open what it leads to, resolving from the
             // parent already found. A dangling one is not created through
             // (Linux would create its target): it reads as not found.
             (_, false) => {
-                self.walk(&mut walk, vec![PathComponent::Name(name)], true, false)
-                    .await?;
-                let attr = self.access(walk.top().ino, opts.access_mask()).await?;
+                self.walk(
+                    &mut walk,
+                    vec![PathComponent::Name(name)],
+                    true,
+                    false,
+                    true,
+                )
+                .await?;
+                let attr = self.node_attr(walk.top()).await?;
+                check_access(self, &attr, opts.access_mask())?;
                 self.open_checked(attr, opts, false).await
             }
         }
@@ -498,11 +578,14 @@ impl Client {
         let mut walk = Walk::at_root();
         for comp in parsed.components {
             let PathComponent::Name(name) = &comp else {
-                self.walk(&mut walk, vec![comp], true, true).await?;
+                self.walk(&mut walk, vec![comp], true, true, false).await?;
                 continue;
             };
             let (saved, links) = (walk.stack.clone(), walk.links);
-            match self.walk(&mut walk, vec![comp.clone()], true, true).await {
+            match self
+                .walk(&mut walk, vec![comp.clone()], true, true, false)
+                .await
+            {
                 Ok(()) => continue,
                 Err(e) if e.code == ErrorCode::NotFound => {}
                 Err(e) => return Err(e),
@@ -516,7 +599,7 @@ impl Client {
                 Ok(attr) => walk.stack.push(Node::from_attr(attr)),
                 // Made by someone else meanwhile: use theirs.
                 Err(e) if e.code == ErrorCode::Exists => {
-                    self.walk(&mut walk, vec![comp], true, true).await?
+                    self.walk(&mut walk, vec![comp], true, true, true).await?
                 }
                 Err(e) => return Err(e),
             }
@@ -648,6 +731,8 @@ impl Client {
             // The lexical check above misses symlinks on the way to the
             // target: compare the directories actually walked through.
             let src = self.lookup(src_dir, &src_name).await?;
+            // (Fresh: the server checks it again, but a stale kind here
+            // would let a directory move below itself.)
             if src.kind == FileKind::Dir && ancestors.contains(&src.ino) {
                 return Err(ClientError::new(
                     ErrorCode::InvalidArgument,

@@ -426,14 +426,25 @@ fn striped_write_read_and_size_publication() {
         ErrorCode::BadFileHandle
     );
 
-    // A write beyond chunk 0 publishes its size only at close (or fsync).
+    // A write beyond chunk 0 publishes its size only at close (or fsync):
+    // another client sees it then; this one sees it at once (POSIX: a
+    // stat after a write shows the new size).
+    let other = blocking(&c);
     let w = fs
         .open("/a/b/c/g", OpenOptions::new().write(true).create(true))
         .unwrap();
     w.write_at(2 * CS + 10, b"tail").unwrap();
     assert!(w.file().needs_size_update());
-    assert_eq!(fs.stat("/a/b/c/g").unwrap().size, 0);
+    assert_eq!(other.stat("/a/b/c/g").unwrap().size, 0);
+    assert_eq!(fs.stat("/a/b/c/g").unwrap().size, 2 * CS + 14);
+    assert_eq!(fs.fstat(w.ino()).unwrap().size, 2 * CS + 14);
     w.close().unwrap();
+    // (The other client cached the old size: it sees the new one once its
+    // cache entry is refreshed, here by an open's revalidation.)
+    let r = other
+        .open("/a/b/c/g", OpenOptions::new().read(true))
+        .unwrap();
+    assert_eq!(r.size(), 2 * CS + 14);
     assert_eq!(fs.stat("/a/b/c/g").unwrap().size, 2 * CS + 14);
     // The hole reads as zeros.
     let all = fs.read_file("/a/b/c/g").unwrap();

@@ -79,8 +79,12 @@ pub fn run(cfg: &MountConfig) -> Result<(), String> {
     let cluster_path = ClusterConfig::locate(cfg.cluster_file.as_deref());
     let cluster = ClusterConfig::load(&cluster_path).map_err(|e| e.to_string())?;
     let key = cluster.load_key().map_err(|e| e.to_string())?;
+    // The kernel caches names and attributes for the mount (entry and
+    // attribute TTLs): the client's own metadata cache would only add a
+    // second layer of staleness, so it is off.
     let client = Client::from_config_with_timeouts(&cluster, key, cfg.timeouts)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?
+        .with_cache(madfs_client::CacheConfig::off());
     let mountpoint = absolute(&cfg.mountpoint)
         .map_err(|e| format!("mount point {}: {e}", cfg.mountpoint.display()))?;
     if is_madfs_mount(&mountpoint) {

@@ -19,6 +19,9 @@ pub struct Config {
     pub tail: Vec<u8>,
     /// $MADFS_CLUSTER, if set (else the client's default lookup).
     pub cluster: Option<PathBuf>,
+    /// $MADFS_STATS set (and not "0"): at exit, print the requests this
+    /// process sent and how its metadata cache answered (`madfs run --stats`).
+    pub stats: bool,
 }
 
 pub fn get() -> &'static Config {
@@ -31,6 +34,7 @@ fn load() -> Config {
         .map(std::os::unix::ffi::OsStringExt::into_vec)
         .unwrap_or_else(|| DEFAULT_PREFIX.as_bytes().to_vec());
     let cluster = std::env::var_os("MADFS_CLUSTER").map(PathBuf::from);
+    let stats = std::env::var_os("MADFS_STATS").is_some_and(|v| !v.is_empty() && v != "0");
     let parts: Vec<Vec<u8>> = raw
         .split(|&b| b == b'/')
         .filter(|p| !p.is_empty() && *p != b".")
@@ -55,6 +59,7 @@ fn load() -> Config {
         prefix,
         parts,
         cluster,
+        stats,
     }
 }
 

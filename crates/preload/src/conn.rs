@@ -65,8 +65,7 @@ fn connect() -> R<Conn> {
         crate::shim::warn_once("connect", format_args!("cannot use the MadFS cluster: {e}"));
         Errno(e.errno())
     })?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(WORKERS)
+    let rt = tokio::runtime::Builder::new_current_thread()
         .max_blocking_threads(4)
         .thread_name("madfs-preload")
         .enable_all()
@@ -83,6 +82,22 @@ fn connect() -> R<Conn> {
             Errno(libc::EIO)
         })?;
     Ok(Conn { rt, client })
+}
+
+/// One line on stderr with the requests this process sent, by operation,
+/// and how the metadata cache answered; nothing if it never used MadFS.
+pub fn report_stats() {
+    let Some(c) = *CONN.lock().unwrap_or_else(|e| e.into_inner()) else {
+        return;
+    };
+    let counts = c.client.request_counts();
+    let cache = c.client.cache_stats();
+    crate::shim::log(format_args!(
+        "stats: {} requests: {counts}; metadata cache: {} hits, {} misses",
+        counts.total(),
+        cache.hits,
+        cache.misses,
+    ));
 }
 
 /// Our threads take no signals: the program's handlers run on its own threads.

@@ -240,10 +240,11 @@ pub fn pwrite(fd: i32, desc: &Desc, data: &[u8], off: i64) -> R<usize> {
     Ok(data.len())
 }
 
-/// The current size: the owner's, or larger if our writes say so.
+/// The current size: the owner's, or larger if this process's writes
+/// (through any descriptor) say so.
 pub fn current_size(desc: &Desc) -> R<u64> {
     let c = conn::get()?;
-    let a = c.block_on(c.client.getattr(desc.ino))?;
+    let a = c.block_on(c.client.fstat(desc.ino))?;
     let mine = desc.file_if_open().map(|f| f.size()).unwrap_or(0);
     Ok(a.size.max(mine))
 }
@@ -291,7 +292,7 @@ pub fn fstat(fd: i32, desc: &Desc) -> R<Attr> {
         desc.sync_offset(fd)?;
     }
     let c = conn::get()?;
-    let mut a = c.block_on(c.client.getattr(desc.ino))?;
+    let mut a = c.block_on(c.client.fstat(desc.ino))?;
     if let Some(f) = desc.file_if_open() {
         a.size = a.size.max(f.size());
     }

@@ -19,9 +19,9 @@ pub const RENAME_NOREPLACE: u32 = 1;
 pub const RENAME_EXCHANGE: u32 = 2;
 
 /// Access bits for `Op::Access` (same values as access(2)).
-pub const ACCESS_READ: u8 = 4;
-pub const ACCESS_WRITE: u8 = 2;
-pub const ACCESS_EXEC: u8 = 1;
+pub const ACCESS_READ: u8 = madfs_types::access::READ;
+pub const ACCESS_WRITE: u8 = madfs_types::access::WRITE;
+pub const ACCESS_EXEC: u8 = madfs_types::access::EXEC;
 
 /// Operation numbers on the wire. Never renumber; add at the end of a group.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]

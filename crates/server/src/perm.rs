@@ -15,19 +15,9 @@ pub struct Owner {
 }
 
 /// May `creds` access an object with `owner` for every bit of `mask`?
+/// (The rule itself is shared with clients: `madfs_types::access_allowed`.)
 pub fn allowed(owner: &Owner, creds: &Credentials, mask: u8) -> bool {
-    if creds.uid == 0 {
-        // Root passes everything except executing a file with no x bit.
-        return mask & ACCESS_EXEC == 0 || owner.kind == FileKind::Dir || owner.perm & 0o111 != 0;
-    }
-    let bits = if creds.uid == owner.uid {
-        (owner.perm >> 6) & 7
-    } else if creds.in_group(owner.gid) {
-        (owner.perm >> 3) & 7
-    } else {
-        owner.perm & 7
-    };
-    (bits as u8) & mask == mask
+    madfs_types::access_allowed(owner.kind, owner.perm, owner.uid, owner.gid, creds, mask)
 }
 
 pub fn check(owner: &Owner, creds: &Credentials, mask: u8) -> Result<(), WireError> {

@@ -174,6 +174,47 @@ impl Attr {
     }
 }
 
+/// Access bits, with the values access(2) uses (R_OK, W_OK, X_OK).
+pub mod access {
+    pub const READ: u8 = 4;
+    pub const WRITE: u8 = 2;
+    pub const EXEC: u8 = 1;
+}
+
+/// May `creds` access an object of `kind`, with permission bits `perm`,
+/// owned by `uid`/`gid`, for every bit of `mask` (`access::*`)? POSIX mode
+/// rules: one class decides (owner, else group, else other); root passes
+/// everything except executing a file with no x bit at all. The servers
+/// decide with this, and a client checking against attributes it cached
+/// decides the same way.
+pub fn access_allowed(
+    kind: FileKind,
+    perm: u32,
+    uid: u32,
+    gid: u32,
+    creds: &Credentials,
+    mask: u8,
+) -> bool {
+    if creds.uid == 0 {
+        return mask & access::EXEC == 0 || kind == FileKind::Dir || perm & 0o111 != 0;
+    }
+    let bits = if creds.uid == uid {
+        (perm >> 6) & 7
+    } else if creds.in_group(gid) {
+        (perm >> 3) & 7
+    } else {
+        perm & 7
+    };
+    (bits as u8) & mask == mask
+}
+
+impl Attr {
+    /// `access_allowed` for this inode.
+    pub fn allows(&self, creds: &Credentials, mask: u8) -> bool {
+        access_allowed(self.kind, self.perm, self.uid, self.gid, creds, mask)
+    }
+}
+
 /// Who is asking: the credentials a client presents with every request
 /// (AUTH_SYS style). The server checks mode bits against them.
 #[derive(Clone, PartialEq, Eq, Debug)]

@@ -1,0 +1,126 @@
+//! Files open through one client (and its clones), by inode: what their
+//! writes make a file's size before they publish it. Writes beyond chunk 0
+//! reach only their chunk servers until close or fsync sends the size to
+//! the owner, and write-behind writes may still be travelling; POSIX wants a
+//! stat after a write to show the new size all the same, so path and
+//! descriptor stats add what this client's handles know (`Client::fstat`,
+//! the path-level `stat`). A truncate through one handle, or by path, tells
+//! every handle of the inode, so none publishes its older, larger size at
+//! close (sizes are merged as a maximum on the owner).
+
+use crate::file::FileState;
+use crate::writebehind::WriteBehind;
+use madfs_types::InodeId;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+/// Registrations between two sweeps of entries whose files are gone.
+const SWEEP_EVERY: u64 = 1024;
+
+struct Handle {
+    state: Weak<Mutex<FileState>>,
+    behind: Option<Weak<WriteBehind>>,
+}
+
+impl Handle {
+    fn alive(&self) -> bool {
+        self.state.strong_count() > 0
+    }
+}
+
+#[derive(Default)]
+struct Table {
+    by_ino: HashMap<InodeId, Vec<Handle>>,
+    registrations: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct OpenFiles {
+    table: Mutex<Table>,
+}
+
+fn lock_state(state: &Mutex<FileState>) -> MutexGuard<'_, FileState> {
+    state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl OpenFiles {
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        // Plain map updates: consistent even if a holder panicked.
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn register(
+        &self,
+        ino: InodeId,
+        state: &Arc<Mutex<FileState>>,
+        behind: Option<&Arc<WriteBehind>>,
+    ) {
+        let mut t = self.lock();
+        t.registrations += 1;
+        if t.registrations % SWEEP_EVERY == 0 {
+            t.by_ino.retain(|_, hs| {
+                hs.retain(Handle::alive);
+                !hs.is_empty()
+            });
+        }
+        t.by_ino.entry(ino).or_default().push(Handle {
+            state: Arc::downgrade(state),
+            behind: behind.map(Arc::downgrade),
+        });
+    }
+
+    /// The file of `ino` with this state is done (dropped, and what it had
+    /// to publish published): forget it, and any handles already gone.
+    pub(crate) fn release(&self, ino: InodeId, state: &Arc<Mutex<FileState>>) {
+        let mut t = self.lock();
+        if let Some(hs) = t.by_ino.get_mut(&ino) {
+            hs.retain(|h| h.alive() && !std::ptr::eq(h.state.as_ptr(), Arc::as_ptr(state)));
+            if hs.is_empty() {
+                t.by_ino.remove(&ino);
+            }
+        }
+    }
+
+    fn live(&self, ino: InodeId) -> Vec<(Arc<Mutex<FileState>>, Option<Arc<WriteBehind>>)> {
+        let t = self.lock();
+        t.by_ino
+            .get(&ino)
+            .map(|hs| {
+                hs.iter()
+                    .filter_map(|h| {
+                        let state = h.state.upgrade()?;
+                        Some((state, h.behind.as_ref().and_then(Weak::upgrade)))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The size this client's handles of `ino` give it beyond what they
+    /// published: writes in flight, and writes past chunk 0 not yet sent
+    /// to the owner. None when no handle has such writes.
+    pub(crate) fn unpublished_size(&self, ino: InodeId) -> Option<u64> {
+        self.live(ino)
+            .iter()
+            .map(|(state, behind)| {
+                let st = lock_state(state);
+                let unpublished = if st.needs_size_update {
+                    st.size_hint
+                } else {
+                    0
+                };
+                unpublished.max(behind.as_ref().map_or(0, |wb| wb.in_flight_end()))
+            })
+            .filter(|&size| size > 0)
+            .max()
+    }
+
+    /// `ino` was truncated (or extended) to `size` on its owner.
+    pub(crate) fn truncated(&self, ino: InodeId, size: u64) {
+        for (state, _) in self.live(ino) {
+            let mut st = lock_state(&state);
+            st.size_hint = size;
+            st.needs_size_update = false;
+        }
+    }
+}
