@@ -311,3 +311,53 @@ fn random_operations_always_see_their_own_changes() {
         }
     }
 }
+
+/// The bytes a small file's open brings along (`Op::Open`) are the file's:
+/// holes and a truncated-up tail read as zeros, files whose first chunk
+/// left the inode or whose inode lives on another server are read the
+/// ordinary way, and a write by this client through another handle is
+/// never hidden by them.
+#[test]
+fn bytes_brought_by_open_are_the_files() {
+    let tc = TestCluster::start(4);
+    let c = client_with_ttl(&tc, FOREVER);
+    let read_all = |p: &str| {
+        let f = c.open(p, OpenOptions::new().read(true)).unwrap();
+        f.read_at(0, 1 << 20).unwrap()
+    };
+    c.write_file("/small", b"hello").unwrap();
+    assert_eq!(read_all("/small"), b"hello");
+    // Extended by a truncate: the tail is zeros.
+    c.truncate("/small", 9).unwrap();
+    assert_eq!(read_all("/small"), b"hello\0\0\0\0");
+    // Empty.
+    c.write_file("/empty", b"").unwrap();
+    assert!(read_all("/empty").is_empty());
+    // Chunk 0 moved to a chunk file (it outgrew the inline limit once),
+    // then cut back small: read from the chunk file.
+    c.write_file("/moved", &vec![5u8; 100_000]).unwrap();
+    c.truncate("/moved", 10).unwrap();
+    assert_eq!(read_all("/moved"), vec![5u8; 10]);
+    // Hard links from every directory server: some names live on servers
+    // that do not own the inode.
+    c.mkdir("/links", 0o755).unwrap();
+    for i in 0..12 {
+        c.hard_link("/small", format!("/links/l{i}")).unwrap();
+        assert_eq!(read_all(&format!("/links/l{i}")), b"hello\0\0\0\0");
+    }
+    // A reader opened before this client writes through another handle:
+    // the write is seen, not the bytes that came with the open.
+    let reader = c.open("/small", OpenOptions::new().read(true)).unwrap();
+    let writer = c.open("/small", OpenOptions::new().write(true)).unwrap();
+    writer.write_at(0, b"J").unwrap();
+    assert_eq!(reader.read_at(0, 100).unwrap(), b"Jello\0\0\0\0");
+    writer.close().unwrap();
+    // Another client's change after the open is seen at the next open
+    // (close-to-open).
+    let other = client_with_ttl(&tc, Duration::ZERO);
+    let before = c.open("/small", OpenOptions::new().read(true)).unwrap();
+    other.write_file("/small", b"other").unwrap();
+    let after = c.open("/small", OpenOptions::new().read(true)).unwrap();
+    assert_eq!(after.read_at(0, 100).unwrap(), b"other");
+    assert_eq!(before.ino(), after.ino());
+}

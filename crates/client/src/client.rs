@@ -48,7 +48,14 @@ pub struct Client {
     /// Files open through this client, for the sizes their writes give
     /// before they publish them (open_files.rs).
     pub(crate) open_files: Arc<OpenFiles>,
+    /// Bytes held by read-only handles whose open brought the file along
+    /// (`open_at`); past `PRELOAD_BUDGET_BYTES` opens stop asking for them.
+    pub(crate) preload_bytes: Arc<std::sync::atomic::AtomicU64>,
 }
+
+/// Bytes of small files that open handles of one client may hold (see
+/// `Client::open_at`): 64 MiB, a thousand 64 KiB files open at once.
+pub(crate) const PRELOAD_BUDGET_BYTES: u64 = 64 << 20;
 
 /// The end of a write of `len` bytes at `offset`, or FileTooBig if it goes
 /// past the largest file size.
@@ -120,6 +127,7 @@ impl Client {
             cache: Arc::new(MetaCache::new(CacheConfig::default())),
             counts: Arc::new(Counters::new()),
             open_files: Arc::new(OpenFiles::default()),
+            preload_bytes: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         })
     }
 
@@ -230,6 +238,50 @@ impl Client {
         };
         match &r {
             Ok(a) => self.cache.learned_entry(since, parent, name, Some(a)),
+            Err(e) if e.code == ErrorCode::NotFound => {
+                self.cache.learned_entry(since, parent, name, None)
+            }
+            Err(_) => {}
+        }
+        r
+    }
+
+    /// `lookup` for an open to read: with the file's bytes when it is a
+    /// regular file of at most `data_max` bytes kept inline with its inode
+    /// on the name's server (an mdtest-hard file: open and read in one
+    /// request). `Some(bytes)` holds exactly the file's size in bytes.
+    pub async fn open_at(
+        &self,
+        parent: InodeId,
+        name: &FileName,
+        data_max: u32,
+    ) -> Result<(Attr, Option<Vec<u8>>)> {
+        let since = self.cache.epoch();
+        let op = Op::Open {
+            parent,
+            name: name.clone(),
+            data_max,
+        };
+        let r = match self
+            .call_data(self.dentry_server(parent, name), op, &[])
+            .await
+        {
+            Ok(Response {
+                reply: Reply::Entry(e),
+                data,
+            }) => {
+                let inline = e.attr.as_ref().is_some_and(|a| {
+                    a.kind == FileKind::File && a.size > 0 && data.len() as u64 == a.size
+                });
+                self.entry_attr(e)
+                    .await
+                    .map(|a| (a, inline.then_some(data)))
+            }
+            Ok(other) => Err(ClientError::unexpected("open", &other.reply)),
+            Err(e) => Err(e),
+        };
+        match &r {
+            Ok((a, _)) => self.cache.learned_entry(since, parent, name, Some(a)),
             Err(e) if e.code == ErrorCode::NotFound => {
                 self.cache.learned_entry(since, parent, name, None)
             }

@@ -187,6 +187,44 @@ pub struct File {
     /// Reads sent ahead, with `OpenOptions::read_ahead` on a read-only
     /// handle.
     ahead: Option<Mutex<ReadAhead>>,
+    /// The whole file, when its open brought it along (a small file opened
+    /// to read: see `Client::open_at`). Served while this client changes
+    /// nothing (the cache's epoch): what another handle of this process
+    /// writes is never hidden by it.
+    preloaded: Mutex<Option<Preloaded>>,
+}
+
+/// Bytes that came with an open, counted against the client's budget
+/// until dropped.
+pub(crate) struct Preloaded {
+    pub(crate) epoch: crate::cache::Epoch,
+    pub(crate) data: Vec<u8>,
+    budget: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Preloaded {
+    /// Take `data` into the budget's account.
+    pub(crate) fn new(
+        epoch: crate::cache::Epoch,
+        data: Vec<u8>,
+        budget: &Arc<std::sync::atomic::AtomicU64>,
+    ) -> Preloaded {
+        budget.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        Preloaded {
+            epoch,
+            data,
+            budget: budget.clone(),
+        }
+    }
+}
+
+impl Drop for Preloaded {
+    fn drop(&mut self) {
+        let before = self
+            .budget
+            .fetch_sub(self.data.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        assert!(before >= self.data.len() as u64, "preload budget underflow");
+    }
 }
 
 /// One read sent ahead: its range and the task doing it.
@@ -291,7 +329,39 @@ impl File {
             ahead: (opts.read_ahead && !opts.writes()).then(|| Mutex::new(ReadAhead::default())),
             attr,
             append_lock: tokio::sync::Mutex::new(()),
+            preloaded: Mutex::new(None),
         }
+    }
+
+    /// Keep the bytes that came with this (read-only) handle's open.
+    pub(crate) fn set_preloaded(&self, p: Preloaded) {
+        if !self.write {
+            *self.preloaded.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+        }
+    }
+
+    /// A read answered from the bytes that came with the open, if they
+    /// are still good for it: this client changed nothing since, and the
+    /// read ends within them or their size is recent enough to call the
+    /// rest end of file (as `read_at` would). Otherwise they are dropped.
+    fn read_preloaded(&self, offset: u64, len: usize) -> Option<Vec<u8>> {
+        let mut slot = self.preloaded.lock().unwrap_or_else(|e| e.into_inner());
+        let p = slot.as_ref()?;
+        let size = p.data.len() as u64;
+        let end = offset.saturating_add(len as u64);
+        let usable = self.client.cache.epoch() == p.epoch
+            && (end <= size
+                || self.state().size_checked.elapsed() < self.client.cache_config().ttl);
+        if !usable {
+            *slot = None;
+            return None;
+        }
+        let data = p.data[offset.min(size) as usize..end.min(size) as usize].to_vec();
+        if end >= size {
+            // Read to its end: a sequential reader is done with it.
+            *slot = None;
+        }
+        Some(data)
     }
 
     /// The read of exactly `(offset, len)` if it was sent ahead (any other
@@ -424,6 +494,9 @@ impl File {
         // write, fsync or close to report).
         if let Some(wb) = &self.behind {
             wb.drain().await;
+        }
+        if let Some(data) = self.read_preloaded(offset, len) {
+            return Ok(data);
         }
         let (hit, stride) = self.take_prefetch(offset, len);
         if let Some(p) = hit {

@@ -510,6 +510,9 @@ impl Client {
     async fn open_inner(&self, path: &[u8], opts: &OpenOptions) -> Result<File> {
         let parsed = ParsedPath::parse(path)?;
         if !opts.create {
+            if let Some(file) = self.open_to_read(&parsed, opts).await? {
+                return Ok(file);
+            }
             // One lookup of the last name (close-to-open); the access check
             // is made here against the attributes it returned, as the
             // owner's Access would make it.
@@ -552,6 +555,46 @@ impl Client {
                 self.open_checked(attr, opts, false).await
             }
         }
+    }
+
+    /// Open a file only to read with one `Open` request for its last name,
+    /// which brings a small file's bytes along. None when the path does not
+    /// suit (it ends in a symlink, or names a directory explicitly): the
+    /// caller resolves it the general way.
+    async fn open_to_read(&self, parsed: &ParsedPath, opts: &OpenOptions) -> Result<Option<File>> {
+        if opts.writes() || opts.truncate || parsed.must_be_dir {
+            return Ok(None);
+        }
+        let Some((dir, name)) = parsed.split_last() else {
+            return Ok(None);
+        };
+        let mut walk = Walk::at_root();
+        self.walk(&mut walk, dir.components, true, true, false)
+            .await?;
+        let budget_left = self
+            .preload_bytes
+            .load(std::sync::atomic::Ordering::Relaxed)
+            < crate::client::PRELOAD_BUDGET_BYTES;
+        let data_max = if budget_left && self.cache_config().enabled() {
+            limits::INLINE_DATA_MAX_BYTES as u32
+        } else {
+            0
+        };
+        let epoch = self.cache.epoch();
+        let (attr, data) = self.open_at(walk.top().ino, &name, data_max).await?;
+        if attr.kind == FileKind::Symlink {
+            return Ok(None);
+        }
+        check_access(self, &attr, opts.access_mask())?;
+        let file = self.open_checked(attr, opts, false).await?;
+        if let Some(data) = data {
+            file.set_preloaded(crate::file::Preloaded::new(
+                epoch,
+                data,
+                &self.preload_bytes,
+            ));
+        }
+        Ok(Some(file))
     }
 
     pub async fn mkdir(&self, path: impl AsFsPath, perm: u32) -> Result<Attr> {

@@ -48,6 +48,7 @@ pub enum Opcode {
     TruncateChunks = 24,
     StatFs = 25,
     Find = 26,
+    Open = 27,
     // Between servers only (a client connection may not send these).
     Seal = 40,
     AdjustLinks = 41,
@@ -80,6 +81,7 @@ impl Opcode {
             24 => TruncateChunks,
             25 => StatFs,
             26 => Find,
+            27 => Open,
             40 => Seal,
             41 => AdjustLinks,
             42 => RenameInstall,
@@ -140,6 +142,17 @@ pub enum Op {
     Lookup {
         parent: InodeId,
         name: FileName,
+    },
+    /// A lookup for open(2) of a file to read: `Lookup`, plus, when the
+    /// dentry server owns the inode and it is a regular file of at most
+    /// `data_max` bytes (capped at the inline limit) kept inline, all its
+    /// bytes as bulk data, so that opening and reading a small file is one
+    /// request. The reply is `Reply::Entry`; its data section holds exactly
+    /// the file's size in bytes when they came along, nothing otherwise.
+    Open {
+        parent: InodeId,
+        name: FileName,
+        data_max: u32,
     },
     /// Sent to the inode's owner.
     GetAttr {
@@ -349,6 +362,7 @@ impl Op {
     pub fn opcode(&self) -> Opcode {
         match self {
             Op::Lookup { .. } => Opcode::Lookup,
+            Op::Open { .. } => Opcode::Open,
             Op::GetAttr { .. } => Opcode::GetAttr,
             Op::SetAttr { .. } => Opcode::SetAttr,
             Op::Create { .. } => Opcode::Create,
@@ -374,9 +388,14 @@ impl Op {
         }
     }
 
-    /// Whether a frame with this opcode may carry bulk data.
+    /// Whether a request with this opcode may carry bulk data.
     pub fn carries_data(opcode: Opcode) -> bool {
         opcode == Opcode::Write || opcode == Opcode::Create
+    }
+
+    /// Whether a reply to this opcode may carry bulk data.
+    pub fn replies_with_data(opcode: Opcode) -> bool {
+        opcode == Opcode::Read || opcode == Opcode::Open
     }
 }
 
@@ -388,6 +407,15 @@ impl Request {
             Op::Lookup { parent, name } => {
                 e.ino(*parent);
                 e.name(name);
+            }
+            Op::Open {
+                parent,
+                name,
+                data_max,
+            } => {
+                e.ino(*parent);
+                e.name(name);
+                e.u32(*data_max);
             }
             Op::GetAttr { ino } | Op::ReadLink { ino } | Op::PurgeChunks { ino } => e.ino(*ino),
             Op::InvalidateDir { dir } => e.ino(*dir),
@@ -549,6 +577,11 @@ impl Request {
             Opcode::Lookup => Op::Lookup {
                 parent: d.ino()?,
                 name: d.name()?,
+            },
+            Opcode::Open => Op::Open {
+                parent: d.ino()?,
+                name: d.name()?,
+                data_max: d.u32()?,
             },
             Opcode::GetAttr => Op::GetAttr { ino: d.ino()? },
             Opcode::ReadLink => Op::ReadLink { ino: d.ino()? },
@@ -916,6 +949,11 @@ mod tests {
             Op::Lookup {
                 parent: InodeId::ROOT,
                 name: name("a"),
+            },
+            Op::Open {
+                parent: InodeId::ROOT,
+                name: name("a"),
+                data_max: 65536,
             },
             Op::GetAttr { ino },
             Op::SetAttr {

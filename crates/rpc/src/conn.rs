@@ -350,8 +350,12 @@ async fn read_loop(r: OwnedReadHalf, s: Arc<Shared>) {
     // Buffered: a header and its body usually arrive in one read call.
     let mut r = tokio::io::BufReader::with_capacity(READ_BUFFER_BYTES, r);
     let err = loop {
-        // Responses carry data only for reads; the opcode says which.
-        let frame = match read_frame(&mut r, |h| h.opcode == Opcode::Read as u16).await {
+        // Responses carry data only for reads and opens; the opcode says which.
+        let frame = match read_frame(&mut r, |h| {
+            Opcode::from_u16(h.opcode).is_some_and(Op::replies_with_data)
+        })
+        .await
+        {
             Ok(Some(f)) => f,
             Ok(None) => break RpcError::Io(format!("server {} closed the connection", s.server)),
             Err(e) => break e,

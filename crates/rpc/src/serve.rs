@@ -167,6 +167,9 @@ async fn connection<H: Handler>(
         let bulk = h.data_len as usize
             + match req.op {
                 Op::Read { len, .. } => len as usize,
+                Op::Open { data_max, .. } => {
+                    (data_max as u64).min(madfs_types::limits::INLINE_DATA_MAX_BYTES) as usize
+                }
                 _ => 0,
             };
         let bytes_permit = budget.reserve(bulk).await?;

@@ -614,6 +614,11 @@ impl Server {
         let ok = |r: Reply| Ok((r, Vec::new()));
         match req.op {
             Op::Lookup { parent, name } => ok(self.lookup(c, parent, &name).await?),
+            Op::Open {
+                parent,
+                name,
+                data_max,
+            } => self.open_lookup(c, parent, &name, data_max).await,
             Op::GetAttr { ino } => ok(Reply::Attr(self.must_inode(ino)?.attr)),
             Op::SetAttr { ino, changes } => ok(Reply::Attr(self.setattr(c, ino, changes).await?)),
             Op::Create {
@@ -765,6 +770,48 @@ impl Server {
             None
         };
         Ok(Reply::Entry(Entry { ino, kind, attr }))
+    }
+
+    /// `lookup`, with the bytes of a small inline file along (see
+    /// `Op::Open`): exactly its size in bytes, or none.
+    async fn open_lookup(
+        &self,
+        c: &Credentials,
+        parent: InodeId,
+        name: &FileName,
+        data_max: u32,
+    ) -> OpResult {
+        let reply = self.lookup(c, parent, name).await?;
+        let Reply::Entry(Entry {
+            attr: Some(attr), ..
+        }) = &reply
+        else {
+            return Ok((reply, Vec::new()));
+        };
+        let limit = (data_max as u64)
+            .min(limits::INLINE_DATA_MAX_BYTES)
+            .min(self.chunk_size);
+        if attr.kind != FileKind::File || attr.size == 0 || attr.size > limit {
+            return Ok((reply, Vec::new()));
+        }
+        let ino = attr.ino;
+        let mut data = self
+            .kv
+            .get(&keys::inline_data(ino))
+            .map_err(kv_err)?
+            .unwrap_or_default();
+        // The attributes and the bytes must describe one version of the
+        // file. A write to chunk 0 changes both (size or mtime, and the
+        // bytes) in one batch, and a later read sees every batch an earlier
+        // one saw: if the record read after the bytes still matches the
+        // one the lookup read before them, no write came between.
+        match self.load_inode(ino)? {
+            Some(now) if !now.chunk0_in_file && now.attr == *attr => {}
+            _ => return Ok((reply, Vec::new())),
+        }
+        // Bytes past the stored ones (a truncate that extended) are zeros.
+        data.resize(attr.size as usize, 0);
+        Ok((reply, data))
     }
 
     #[allow(clippy::too_many_arguments)]

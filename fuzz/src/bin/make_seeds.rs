@@ -78,6 +78,17 @@ fn main() {
             ),
         ),
         (
+            "request-open",
+            request(
+                Op::Open {
+                    parent: InodeId::ROOT,
+                    name: name("a"),
+                    data_max: 65536,
+                },
+                &[],
+            ),
+        ),
+        (
             "request-setattr",
             request(
                 Op::SetAttr {
