@@ -607,12 +607,11 @@ impl Client {
         for (ino, _) in moved.into_iter().flatten().flatten() {
             self.cache.forget_attr(ino);
         }
+        // Both names are forgotten rather than set: the source name may
+        // still exist afterwards (renaming one hard link onto another of
+        // the same inode does nothing, as POSIX says; RENAME_EXCHANGE).
         self.cache.forget_entry(dst_parent, dst_name);
-        if r.is_ok() && flags & madfs_proto::message::RENAME_EXCHANGE == 0 {
-            self.cache.removed(src_parent, src_name, None);
-        } else {
-            self.cache.forget_entry(src_parent, src_name);
-        }
+        self.cache.forget_entry(src_parent, src_name);
         r.map(|_| ())
     }
 
