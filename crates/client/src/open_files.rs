@@ -28,6 +28,10 @@ impl Handle {
     }
 }
 
+/// A handle still open: its state, and its writes in flight if it has
+/// write-behind.
+type LiveHandle = (Arc<Mutex<FileState>>, Option<Arc<WriteBehind>>);
+
 #[derive(Default)]
 struct Table {
     by_ino: HashMap<InodeId, Vec<Handle>>,
@@ -57,7 +61,7 @@ impl OpenFiles {
     ) {
         let mut t = self.lock();
         t.registrations += 1;
-        if t.registrations % SWEEP_EVERY == 0 {
+        if t.registrations.is_multiple_of(SWEEP_EVERY) {
             t.by_ino.retain(|_, hs| {
                 hs.retain(Handle::alive);
                 !hs.is_empty()
@@ -81,7 +85,7 @@ impl OpenFiles {
         }
     }
 
-    fn live(&self, ino: InodeId) -> Vec<(Arc<Mutex<FileState>>, Option<Arc<WriteBehind>>)> {
+    fn live(&self, ino: InodeId) -> Vec<LiveHandle> {
         let t = self.lock();
         t.by_ino
             .get(&ino)

@@ -44,9 +44,6 @@ impl Conn {
 /// Leaked on purpose (see the module comment): `&'static` for free.
 pub static CONN: Mutex<Option<&'static Conn>> = Mutex::new(None);
 
-/// Threads of the runtime: it only waits on sockets.
-const WORKERS: usize = 2;
-
 pub fn get() -> R<&'static Conn> {
     let mut slot = CONN.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(c) = *slot {
@@ -65,6 +62,13 @@ fn connect() -> R<Conn> {
         crate::shim::warn_once("connect", format_args!("cannot use the MadFS cluster: {e}"));
         Errno(e.errno())
     })?;
+    // A runtime without worker threads: the program's thread that makes a
+    // call drives the sockets itself while it waits, so a reply wakes that
+    // thread directly instead of a worker that then wakes it (one
+    // cross-core wakeup less per request, about a fifth of a stat's cost on
+    // a VM). Threads calling at once take turns driving; the others wait
+    // for their own replies meanwhile. Nothing runs between calls, which
+    // the library never needs: it keeps no write-behind and no read-ahead.
     let rt = tokio::runtime::Builder::new_current_thread()
         .max_blocking_threads(4)
         .thread_name("madfs-preload")
