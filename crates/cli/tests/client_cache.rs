@@ -361,3 +361,27 @@ fn bytes_brought_by_open_are_the_files() {
     assert_eq!(after.read_at(0, 100).unwrap(), b"other");
     assert_eq!(before.ino(), after.ino());
 }
+
+/// A handle open to read and write whose open brought the file's bytes:
+/// its own writes (and truncates) are read back, not the bytes of the open.
+#[test]
+fn a_read_write_handle_reads_its_own_writes() {
+    let tc = TestCluster::start(2);
+    let c = client_with_ttl(&tc, FOREVER);
+    c.write_file("/rw", b"0123456789").unwrap();
+    let f = c
+        .open("/rw", OpenOptions::new().read(true).write(true))
+        .unwrap();
+    f.write_at(2, b"ab").unwrap();
+    assert_eq!(f.read_at(0, 100).unwrap(), b"01ab456789");
+    let f = c
+        .open("/rw", OpenOptions::new().read(true).write(true))
+        .unwrap();
+    f.set_len(3).unwrap();
+    assert_eq!(f.read_at(0, 100).unwrap(), b"01a");
+    let f = c
+        .open("/rw", OpenOptions::new().read(true).append(true))
+        .unwrap();
+    f.write_at(0, b"Z").unwrap();
+    assert_eq!(f.read_at(0, 100).unwrap(), b"01aZ");
+}

@@ -189,8 +189,8 @@ pub struct File {
     ahead: Option<Mutex<ReadAhead>>,
     /// The whole file, when its open brought it along (a small file opened
     /// to read: see `Client::open_at`). Served while this client changes
-    /// nothing (the cache's epoch): what another handle of this process
-    /// writes is never hidden by it.
+    /// nothing (the cache's epoch): what this or another handle of this
+    /// process writes is never hidden by it.
     preloaded: Mutex<Option<Preloaded>>,
 }
 
@@ -333,11 +333,11 @@ impl File {
         }
     }
 
-    /// Keep the bytes that came with this (read-only) handle's open.
+    /// Keep the bytes that came with this handle's open. (A write through
+    /// it, as any change by this client, makes them stale: see
+    /// `read_preloaded`.)
     pub(crate) fn set_preloaded(&self, p: Preloaded) {
-        if !self.write {
-            *self.preloaded.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
-        }
+        *self.preloaded.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
     }
 
     /// A read answered from the bytes that came with the open, if they

@@ -557,12 +557,13 @@ impl Client {
         }
     }
 
-    /// Open a file only to read with one `Open` request for its last name,
-    /// which brings a small file's bytes along. None when the path does not
-    /// suit (it ends in a symlink, or names a directory explicitly): the
-    /// caller resolves it the general way.
+    /// Open an existing file (not to truncate it) with one `Open` request
+    /// for its last name, which brings a small file's bytes along for its
+    /// reads. None when the path does not suit (it ends in a symlink, or
+    /// names a directory explicitly): the caller resolves it the general
+    /// way. (mdtest opens the files it reads O_RDWR.)
     async fn open_to_read(&self, parsed: &ParsedPath, opts: &OpenOptions) -> Result<Option<File>> {
-        if opts.writes() || opts.truncate || parsed.must_be_dir {
+        if !opts.reads() || opts.truncate || parsed.must_be_dir {
             return Ok(None);
         }
         let Some((dir, name)) = parsed.split_last() else {

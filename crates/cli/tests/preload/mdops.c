@@ -3,7 +3,9 @@
  *   mdops create N DIR        open(O_CREAT|O_WRONLY) and close N empty files
  *   mdops write N DIR SIZE    the same, writing SIZE bytes before the close
  *   mdops stat N DIR          stat each file (expects SIZE 0 unless given)
- *   mdops read N DIR SIZE     open, read SIZE bytes (checked), close
+ *   mdops read N DIR SIZE     open, read SIZE bytes (checked), close; opened
+ *                             O_RDWR, as IOR's POSIX backend opens what mdtest
+ *                             reads (it maps mdtest's O_RDONLY to O_RDWR)
  *   mdops unlink N DIR
  * Files are DIR/f0 .. DIR/f<N-1>. DIR is stat()ed once first, so its own
  * lookups are paid before the loop (as mdtest's earlier phases pay them).
@@ -57,7 +59,7 @@ int main(int argc, char **argv) {
                 return 1;
             }
         } else if (!strcmp(op, "read")) {
-            int fd = open(p, O_RDONLY);
+            int fd = open(p, O_RDWR);
             if (fd < 0)
                 return fail("open", p);
             ssize_t r = read(fd, got, size + 1);
