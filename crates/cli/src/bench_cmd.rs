@@ -175,8 +175,9 @@ impl RunMount {
 
 impl Drop for RunMount {
     fn drop(&mut self) {
-        // The last handle (the signal thread keeps one until the process
-        // ends) does not matter: remove() runs once either way.
+        // Every handle removes the mount when dropped; remove() acts once,
+        // so the first drop does it and the handle the signal thread keeps
+        // until the process ends changes nothing.
         self.remove();
     }
 }
