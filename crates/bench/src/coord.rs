@@ -122,11 +122,15 @@ pub fn run(cfg: &Config, label: &str, spawn: &dyn Fn() -> Command) -> Result<Run
     if cfg.transfer == 0 || !cfg.transfer.is_multiple_of(8) {
         return Err("the transfer size must be a positive multiple of 8".into());
     }
-    let engine = cfg.target.connect()?;
+    // The parent's engine (setup, cleanup) sees the ranks' paths through
+    // `setup_path`: a user-facing client's prefix or mount is the
+    // library's `/`.
+    let engine = cfg.target.setup_engine()?;
     if cfg.workdir.is_empty() {
         let name = format!("io500.{}.{}", std::process::id(), now_s() as u64);
         cfg.workdir = match &cfg.target {
             Target::Madfs { .. } => format!("/{name}"),
+            Target::Client { root, .. } => format!("{}/{name}", root.display()),
             Target::Local { dir } => {
                 let dir = std::fs::canonicalize(dir)
                     .map_err(|e| format!("target {}: {e}", dir.display()))?;
@@ -135,7 +139,7 @@ pub fn run(cfg: &Config, label: &str, spawn: &dyn Fn() -> Command) -> Result<Run
         };
     }
     let layout = Layout {
-        workdir: cfg.workdir.clone(),
+        workdir: cfg.target.setup_path(&cfg.workdir),
     };
     for d in [
         layout.ior_easy_dir(),
@@ -266,6 +270,11 @@ fn run_phases(cfg: &Config, label: &str, spawn: &dyn Fn() -> Command) -> Result<
     let mut run = RunResult {
         label: label.to_string(),
         target: cfg.target.describe(),
+        client: cfg.target.client().to_string(),
+        find_via: match cfg.target {
+            Target::Local { .. } => "walk through std::fs".into(),
+            _ => "server-side find".into(),
+        },
         ranks: cfg.ranks,
         stonewall_s: cfg.stonewall_s,
         scale: cfg.scale.clone(),

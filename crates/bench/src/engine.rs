@@ -1,8 +1,10 @@
 //! What the phases run on: an [`Engine`] is a file system seen through a
 //! handful of operations. [`MadfsEngine`] goes through the MadFS client
 //! library; [`LocalEngine`] through `std::fs` on a directory (the kernel's
-//! file system: the baseline).
+//! file system: the baseline); [`ClientEngine`] is `LocalEngine` on MadFS
+//! seen through `madfs run` or the FUSE mount, with the server-side find.
 
+use crate::ClientKind;
 use madfs_client::{
     BlockingClient, BlockingFile, FileKind, FileName, FindQuery, InodeId, OpenOptions, SizeCmp,
     SizeTest, Timestamp,
@@ -272,6 +274,78 @@ impl Engine for MadfsEngine {
     }
 }
 
+// ---------------------------------------------------------------- clients
+
+/// `path` (below `root`, which is MadFS's `/`) as a MadFS path; unchanged
+/// if it is not below `root`.
+pub fn fs_path(root: &Path, path: &str) -> String {
+    match Path::new(path).strip_prefix(root) {
+        Ok(rel) => format!("/{}", rel.display()),
+        Err(_) => path.to_string(),
+    }
+}
+
+/// MadFS through a user-facing client: every operation is the local
+/// engine's (`std::fs`, which the interception library or the FUSE mount
+/// serves), but find is the server-side find, as `madfs find --io500` runs
+/// it for IO500.
+pub struct ClientEngine {
+    kind: ClientKind,
+    root: PathBuf,
+    local: LocalEngine,
+    madfs: MadfsEngine,
+}
+
+impl ClientEngine {
+    pub fn connect(kind: ClientKind, root: &Path, cluster: &Path) -> Result<ClientEngine> {
+        Ok(ClientEngine {
+            kind,
+            root: root.to_path_buf(),
+            local: LocalEngine,
+            madfs: MadfsEngine::connect(Some(cluster))?,
+        })
+    }
+}
+
+impl Engine for ClientEngine {
+    fn name(&self) -> &'static str {
+        match self.kind {
+            ClientKind::Run => "madfs-run",
+            ClientKind::Mount => "madfs-mount",
+        }
+    }
+    fn mkdir_all(&self, path: &str) -> Result<()> {
+        self.local.mkdir_all(path)
+    }
+    fn dir(&self, path: &str) -> Result<DirRef> {
+        self.local.dir(path)
+    }
+    fn create(&self, dir: &DirRef, name: &str, data: &[u8]) -> Result<()> {
+        self.local.create(dir, name, data)
+    }
+    fn stat(&self, dir: &DirRef, name: &str) -> Result<u64> {
+        self.local.stat(dir, name)
+    }
+    fn read(&self, dir: &DirRef, name: &str, len: usize) -> Result<Vec<u8>> {
+        self.local.read(dir, name, len)
+    }
+    fn unlink(&self, dir: &DirRef, name: &str) -> Result<()> {
+        self.local.unlink(dir, name)
+    }
+    fn open(&self, path: &str, write: bool) -> Result<Box<dyn BenchFile>> {
+        self.local.open(path, write)
+    }
+    fn mtime(&self, path: &str) -> Result<(i64, u32)> {
+        self.local.mtime(path)
+    }
+    fn find(&self, root: &str, spec: &FindSpec) -> Result<FindCount> {
+        self.madfs.find(&fs_path(&self.root, root), spec)
+    }
+    fn remove_all(&self, path: &str) -> Result<()> {
+        self.local.remove_all(path)
+    }
+}
+
 // ---------------------------------------------------------------- local
 
 /// A directory of the local (kernel) file system.
@@ -407,6 +481,15 @@ impl Engine for LocalEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_paths_map_to_madfs_paths() {
+        let root = Path::new("/madfs");
+        assert_eq!(fs_path(root, "/madfs/io500.1/x"), "/io500.1/x");
+        assert_eq!(fs_path(root, "/madfs"), "/");
+        assert_eq!(fs_path(root, "/madfsx/y"), "/madfsx/y");
+        assert_eq!(fs_path(Path::new("/tmp/m"), "/tmp/m/a"), "/a");
+    }
 
     #[test]
     fn glob() {

@@ -3,7 +3,9 @@
 //! stonewall) and in file counts, run by separate rank processes against
 //! MadFS or, as a baseline, against a local directory.
 //!
-//! - [`engine`]: the operations the phases need, over MadFS or `std::fs`;
+//! - [`engine`]: the operations the phases need, over MadFS's client
+//!   library or `std::fs` (a local directory, or MadFS through `madfs run`
+//!   or the FUSE mount);
 //! - [`rank`]: what one rank process does, driven over stdin/stdout;
 //! - [`coord`]: the parent: spawns the ranks, sets up, runs the phases
 //!   behind a barrier, times them, checks counts;
@@ -30,27 +32,93 @@ pub const FIND_NAME: &str = "*01*";
 /// Where the benchmark runs.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub enum Target {
-    /// A MadFS cluster (cluster file; None: $MADFS_CLUSTER, else the default).
+    /// A MadFS cluster through the client library (cluster file; None:
+    /// $MADFS_CLUSTER, else the default).
     Madfs { cluster: Option<PathBuf> },
     /// A directory of the local file system, through the kernel.
     Local { dir: PathBuf },
+    /// A MadFS cluster through one of its user-facing clients: the ranks
+    /// use `std::fs` on paths under `root`, which is MadFS's `/` (the
+    /// `madfs run` prefix, the ranks having the interception library
+    /// preloaded; or a FUSE mount point). Setup, cleanup and the find phase
+    /// (the server-side find) use the cluster directly.
+    Client {
+        client: ClientKind,
+        root: PathBuf,
+        cluster: PathBuf,
+    },
+}
+
+/// The user-facing clients a run can go through.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientKind {
+    /// `madfs run`: the interception library (LD_PRELOAD).
+    Run,
+    /// `madfs mount`: the FUSE mount.
+    Mount,
+}
+
+impl ClientKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ClientKind::Run => "run",
+            ClientKind::Mount => "mount",
+        }
+    }
 }
 
 impl Target {
     pub fn describe(&self) -> String {
         match self {
-            Target::Madfs { .. } => "madfs".into(),
+            Target::Madfs { .. } | Target::Client { .. } => "madfs".into(),
             Target::Local { dir } => format!("local:{}", dir.display()),
         }
     }
 
+    /// How the ranks reach the target: "library" (MadFS's client library),
+    /// "run", "mount", or "kernel" (a local directory).
+    pub fn client(&self) -> &'static str {
+        match self {
+            Target::Madfs { .. } => "library",
+            Target::Client { client, .. } => client.name(),
+            Target::Local { .. } => "kernel",
+        }
+    }
+
+    /// The engine of a rank.
     pub fn connect(&self) -> engine::Result<Box<dyn engine::Engine>> {
         Ok(match self {
             Target::Madfs { cluster } => {
                 Box::new(engine::MadfsEngine::connect(cluster.as_deref())?)
             }
             Target::Local { .. } => Box::new(engine::LocalEngine),
+            Target::Client {
+                client,
+                root,
+                cluster,
+            } => Box::new(engine::ClientEngine::connect(*client, root, cluster)?),
         })
+    }
+
+    /// The engine of the parent, which makes the run directory and removes
+    /// it (not timed): the library for a user-facing client, whose paths
+    /// the parent process may not see (it is not preloaded).
+    pub fn setup_engine(&self) -> engine::Result<Box<dyn engine::Engine>> {
+        match self {
+            Target::Client { cluster, .. } => {
+                Ok(Box::new(engine::MadfsEngine::connect(Some(cluster))?))
+            }
+            other => other.connect(),
+        }
+    }
+
+    /// A path of the ranks' namespace in the setup engine's.
+    pub fn setup_path(&self, path: &str) -> String {
+        match self {
+            Target::Client { root, .. } => engine::fs_path(root, path),
+            _ => path.to_string(),
+        }
     }
 }
 

@@ -57,6 +57,14 @@ pub struct RunResult {
     /// What the chart and the comparison call this run.
     pub label: String,
     pub target: String,
+    /// How the ranks reached the target: library, run, mount, kernel
+    /// (empty in files written before it was recorded).
+    #[serde(default)]
+    pub client: String,
+    /// How the find phase ran: "server-side find" (every MadFS client) or
+    /// "walk through std::fs" (a local directory).
+    #[serde(default)]
+    pub find_via: String,
     pub ranks: usize,
     pub stonewall_s: f64,
     pub scale: String,
@@ -135,11 +143,14 @@ pub fn result_line(p: &PhaseResult) -> String {
 /// Every line of a run's summary: the `[RESULT]`s and the `[SCORE ]`.
 pub fn summary(r: &RunResult) -> String {
     let mut out = format!(
-        "# {}: target {}, {} ranks, stonewall {} s, scale {}\n",
-        r.label, r.target, r.ranks, r.stonewall_s, r.scale
+        "# {}: target {}, client {}, {} ranks, stonewall {} s, scale {}; find: {}\n",
+        r.label, r.target, r.client, r.ranks, r.stonewall_s, r.scale, r.find_via
     );
     for p in &r.phases {
         out.push_str(&result_line(p));
+        if p.matched.is_some() && !r.find_via.is_empty() {
+            out.push_str(&format!(" [{}]", r.find_via));
+        }
         out.push('\n');
     }
     out.push_str(&format!(
@@ -224,6 +235,8 @@ pub(crate) mod tests {
         let mut r = RunResult {
             label: label.into(),
             target: "madfs".into(),
+            client: "library".into(),
+            find_via: "server-side find".into(),
             ranks: 2,
             stonewall_s: 1.0,
             scale: "tiny".into(),
@@ -288,6 +301,12 @@ pub(crate) mod tests {
         let text = to_json(&rep);
         assert_eq!(from_json(&text).unwrap(), rep);
         assert!(from_json("{\"nope\": 1}").is_err());
+        // Files written before the client was recorded still read.
+        let old = text
+            .replace("\"client\": \"library\",", "")
+            .replace("\"find_via\": \"server-side find\",", "");
+        assert!(!old.contains("client"), "{old}");
+        assert_eq!(from_json(&old).unwrap().runs[0].client, "");
         let table = compare(&rep.runs[0], &rep.runs[1]);
         assert!(table.contains("2.00x"), "{table}");
         assert!(summary(&rep.runs[0]).contains("[RESULT]"));

@@ -1,9 +1,11 @@
 //! File commands over the client library, no mount needed: ls, stat, mkdir,
 //! put, get, cat, rm, mv, ln. Errors print like coreutils: the command, the
-//! path, and what went wrong.
+//! path, and what went wrong; times print as ls(1) and stat(1) print them,
+//! in the local time zone.
 
 use crate::Command;
-use madfs_client::{Attr, Client, ClientError, FileKind, OpenOptions};
+use chrono::{Local, TimeZone};
+use madfs_client::{Attr, Client, ClientError, FileKind, OpenOptions, Timestamp};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::ExitCode;
@@ -189,7 +191,39 @@ async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
     })
 }
 
+/// Where `put LOCAL REMOTE` writes: REMOTE, or REMOTE/<LOCAL's name> when
+/// REMOTE is a directory (or a symlink to one), as cp(1) does.
+async fn put_target(c: &Client, local: &Path, remote: &str) -> Result<String, String> {
+    match c.stat(remote).await {
+        Ok(a) if a.kind == FileKind::Dir => {
+            let name = if local == Path::new("-") {
+                None
+            } else {
+                local.file_name()
+            };
+            let name = name.ok_or_else(|| {
+                format!(
+                    "put: '{remote}' is a directory; name the file to write in it \
+                     (put {} {}/NAME)",
+                    local.display(),
+                    remote.trim_end_matches('/')
+                )
+            })?;
+            let name = name.to_str().ok_or_else(|| {
+                format!(
+                    "put: the name of '{}' is not UTF-8; name the file to write in '{remote}'",
+                    local.display()
+                )
+            })?;
+            Ok(format!("{}/{name}", remote.trim_end_matches('/')))
+        }
+        _ => Ok(remote.to_string()),
+    }
+}
+
 async fn put(c: &Client, local: &Path, remote: &str) -> Result<(), String> {
+    let target = put_target(c, local, remote).await?;
+    let remote = target.as_str();
     let mut input: Box<dyn Read> = if local == Path::new("-") {
         Box::new(std::io::stdin().lock())
     } else {
@@ -308,14 +342,44 @@ async fn print_entry(c: &Client, full: &str, name: &str, a: &Attr, long: bool) {
         String::new()
     };
     println!(
-        "{} {:>3} {:>6} {:>6} {:>12} {:>11} {name}{link}",
+        "{} {:>3} {:>6} {:>6} {:>12} {} {name}{link}",
         mode_string(a),
         a.nlink,
         a.uid,
         a.gid,
         a.size,
-        a.mtime.secs
+        ls_time(&Local, a.mtime, chrono::Utc::now().timestamp())
     );
+}
+
+/// Half of an average Gregorian year, in seconds: what GNU ls calls
+/// "recent".
+const SIX_MONTHS_S: i64 = 31_556_952 / 2;
+
+/// ls -l's time column in `tz`, as GNU ls prints it in the C locale:
+/// `Nov 23 20:50` for the last six months, `Nov 23  2025` for older times
+/// and times in the future (`now` in seconds since the epoch).
+fn ls_time<Tz: TimeZone>(tz: &Tz, t: Timestamp, now: i64) -> String
+where
+    Tz::Offset: std::fmt::Display,
+{
+    let Some(dt) = tz.timestamp_opt(t.secs, t.nanos).single() else {
+        return format!("{:>12}", t.secs); // out of chrono's range
+    };
+    let recent = t.secs > now - SIX_MONTHS_S && t.secs <= now;
+    let fmt = if recent { "%b %e %H:%M" } else { "%b %e  %Y" };
+    dt.format(fmt).to_string()
+}
+
+/// A time as stat(1) prints it: `2026-11-23 20:50:07.123456789 +0000`.
+fn stat_time<Tz: TimeZone>(tz: &Tz, t: Timestamp) -> String
+where
+    Tz::Offset: std::fmt::Display,
+{
+    match tz.timestamp_opt(t.secs, t.nanos).single() {
+        Some(dt) => dt.format("%Y-%m-%d %H:%M:%S.%f %z").to_string(),
+        None => format!("{}.{:09}", t.secs, t.nanos),
+    }
 }
 
 fn print_stat(path: &str, a: &Attr) {
@@ -334,8 +398,47 @@ fn print_stat(path: &str, a: &Attr) {
         a.uid,
         a.gid
     );
-    println!("Access: {}.{:09}", a.atime.secs, a.atime.nanos);
-    println!("Modify: {}.{:09}", a.mtime.secs, a.mtime.nanos);
-    println!("Change: {}.{:09}", a.ctime.secs, a.ctime.nanos);
-    println!(" Birth: {}.{:09}", a.btime.secs, a.btime.nanos);
+    println!("Access: {}", stat_time(&Local, a.atime));
+    println!("Modify: {}", stat_time(&Local, a.mtime));
+    println!("Change: {}", stat_time(&Local, a.ctime));
+    println!(" Birth: {}", stat_time(&Local, a.btime));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::FixedOffset;
+
+    fn ts(secs: i64, nanos: u32) -> Timestamp {
+        Timestamp { secs, nanos }
+    }
+
+    #[test]
+    fn times_print_as_ls_and_stat_print_them() {
+        let utc = chrono::Utc;
+        // 2026-11-23 20:50:07.123456789 UTC
+        let t = ts(1_795_467_007, 123_456_789);
+        let now = t.secs + 3600;
+        assert_eq!(ls_time(&utc, t, now), "Nov 23 20:50");
+        // Single-digit days are padded with a space, as ls does.
+        assert_eq!(ls_time(&utc, ts(1_794_000_000, 0), now), "Nov  6 21:20");
+        // Older than six months, or in the future: the year instead.
+        let old = ts(t.secs - SIX_MONTHS_S - 1, 0);
+        assert_eq!(ls_time(&utc, old, now), "May 25  2026");
+        assert_eq!(ls_time(&utc, t, t.secs - 60), "Nov 23  2026");
+        assert_eq!(stat_time(&utc, t), "2026-11-23 20:50:07.123456789 +0000");
+        assert_eq!(
+            stat_time(&utc, ts(0, 5)),
+            "1970-01-01 00:00:00.000000005 +0000"
+        );
+        // Another zone: the local time and its offset.
+        let cet = FixedOffset::east_opt(3600).unwrap();
+        assert_eq!(stat_time(&cet, t), "2026-11-23 21:50:07.123456789 +0100");
+        assert_eq!(ls_time(&cet, t, now), "Nov 23 21:50");
+        // Out of range: the raw seconds rather than a panic.
+        assert_eq!(
+            stat_time(&utc, ts(i64::MAX, 0)),
+            format!("{}.000000000", i64::MAX)
+        );
+    }
 }

@@ -1,10 +1,14 @@
 //! `madfs find` and `madfs du`: the servers scan their own shards in
 //! parallel (Op::Find); no per-entry round trips. Options follow GNU find's
-//! single-dash syntax for the supported subset.
+//! single-dash syntax for the supported subset. `madfs find --io500` is
+//! IO500's external find: paths as programs see them (locate.rs) and a last
+//! line `MATCHED <matches>/<entries scanned>`.
 
-use madfs_client::{parse_size, parse_type, Client, FindQuery};
+use crate::locate::{self, Located, Via};
+use madfs_client::{parse_size, parse_type, Client, FindQuery, Timestamp};
 use std::io::Write;
-use std::path::Path;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// A parsed `find` command line: starting points and the query.
@@ -14,6 +18,8 @@ pub struct FindArgs {
     pub query: FindQuery,
     /// `-newer FILE`: the MadFS path whose mtime is the reference.
     pub newer: Option<String>,
+    /// `-print` was given (`--io500` prints paths only then).
+    pub print: bool,
 }
 
 /// Parse `PATH... [-name GLOB] [-newer FILE] [-size N[c|w|b|k|M|G]]
@@ -31,6 +37,7 @@ pub fn parse_find_args(args: &[String]) -> Result<FindArgs, String> {
     }
     let mut query = FindQuery::default();
     let mut newer = None;
+    let mut print = false;
     while i < args.len() {
         let opt = args[i].as_str();
         let mut value = || -> Result<&str, String> {
@@ -40,7 +47,7 @@ pub fn parse_find_args(args: &[String]) -> Result<FindArgs, String> {
                 .ok_or_else(|| format!("missing argument to `{opt}'"))
         };
         match opt {
-            "-print" => {}
+            "-print" => print = true,
             "-name" => query.name = Some(value()?.as_bytes().to_vec()),
             "-newer" => newer = Some(value()?.to_string()),
             "-size" => query.size = Some(parse_size(value()?)?),
@@ -65,6 +72,7 @@ pub fn parse_find_args(args: &[String]) -> Result<FindArgs, String> {
         roots,
         query,
         newer,
+        print,
     })
 }
 
@@ -76,10 +84,18 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
         .map_err(|e| e.to_string())
 }
 
-const FIND_USAGE: &str = "Usage: madfs find [PATH...] [-name GLOB] [-newer FILE] \
+const FIND_USAGE: &str = "Usage: madfs find [--io500] [PATH...] [-name GLOB] [-newer FILE] \
 [-size [+-]N[c|w|b|k|M|G]] [-type f|d|l] [-uid N] [-print]
 Tests are ANDed and follow GNU find's rules; FILE is a MadFS path; symlinks
-are not followed. Every server scans its own shard in parallel.";
+are not followed. Every server scans its own shard in parallel.
+
+--io500: IO500's external find (in io500's ini: `[find]` `external-script =
+/path/to/madfs`, `external-extra-args = find --io500`). A PATH may be under
+the `madfs run` prefix ($MADFS_PREFIX, default /madfs), inside a MadFS FUSE
+mount (its cluster is the mount daemon's), or a MadFS path; -newer FILE may
+also be a local file. Prints only `MATCHED <matches>/<entries scanned>` (the
+paths first, as given, with -print); entries scanned counts every entry of
+the cluster.";
 
 pub fn find(cluster: Option<&Path>, args: &[String]) -> Result<ExitCode, String> {
     if args
@@ -88,6 +104,9 @@ pub fn find(cluster: Option<&Path>, args: &[String]) -> Result<ExitCode, String>
     {
         println!("{FIND_USAGE}");
         return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(rest) = args.strip_prefix(&["--io500".to_string()]) {
+        return io500_find(cluster, rest);
     }
     let mut parsed = parse_find_args(args).map_err(|e| format!("find: {e}"))?;
     let client = Client::connect(cluster).map_err(|e| e.to_string())?;
@@ -131,6 +150,134 @@ pub fn find(cluster: Option<&Path>, args: &[String]) -> Result<ExitCode, String>
             ExitCode::SUCCESS
         })
     })
+}
+
+/// `madfs find --io500`: see FIND_USAGE.
+fn io500_find(cluster: Option<&Path>, args: &[String]) -> Result<ExitCode, String> {
+    let mut parsed = parse_find_args(args).map_err(|e| format!("find: {e}"))?;
+    let prefix = locate::prefix();
+    let roots = parsed
+        .roots
+        .iter()
+        .map(|r| locate::locate(r, &prefix))
+        .collect::<Result<Vec<Located>, String>>()
+        .map_err(|e| format!("find: {e}"))?;
+    runtime()?.block_on(async {
+        // Paths in a mount use the mount's cluster; the others (and all of
+        // them, when none is in a mount) --cluster / $MADFS_CLUSTER, which
+        // `madfs run` sets.
+        let mut chosen: Option<(PathBuf, Client)> = None;
+        for r in &roots {
+            if let Via::Mount(mnt) = &r.via {
+                let (file, c) = locate::mount_client(mnt, Path::new(&r.given), &r.fs_path, cluster)
+                    .await
+                    .map_err(|e| format!("find: {e}"))?;
+                match &chosen {
+                    Some((f, _)) if *f != file => {
+                        return Err(format!(
+                            "find: '{}' is in the cluster of {}, an earlier path in that of {}",
+                            r.given,
+                            file.display(),
+                            f.display()
+                        ))
+                    }
+                    Some(_) => {}
+                    None => chosen = Some((file, c)),
+                }
+            }
+        }
+        let client = match chosen {
+            Some((_, c)) => c,
+            None => Client::connect(cluster).map_err(|e| e.to_string())?,
+        };
+        if let Some(reference) = &parsed.newer {
+            parsed.query.newer = Some(newer_reference(&client, reference, &prefix).await?);
+        }
+        let (mut matched, mut scanned, mut failed) = (0u64, 0u64, false);
+        let stdout = std::io::stdout();
+        let mut out = std::io::BufWriter::with_capacity(1 << 16, stdout.lock());
+        let werr = |e: std::io::Error| format!("find: write error: {e}");
+        for r in &roots {
+            let res = if parsed.print {
+                client
+                    .find_detailed(r.fs_path.as_str(), &parsed.query)
+                    .await
+            } else {
+                client.find_count(r.fs_path.as_str(), &parsed.query).await
+            };
+            match res {
+                Ok(res) => {
+                    matched += res.found.len() as u64;
+                    scanned += res.scanned;
+                    if parsed.print {
+                        for f in &res.found {
+                            out.write_all(&as_given(r, &f.path))
+                                .and_then(|_| out.write_all(b"\n"))
+                                .map_err(werr)?;
+                        }
+                    }
+                    for d in &res.denied {
+                        failed = true;
+                        eprintln!(
+                            "madfs find: '{}': Permission denied",
+                            String::from_utf8_lossy(&as_given(r, d))
+                        );
+                    }
+                }
+                Err(e) => {
+                    failed = true;
+                    eprintln!("madfs find: '{}': {}", r.given, e.code.describe());
+                }
+            }
+        }
+        writeln!(out, "MATCHED {matched}/{scanned}").map_err(werr)?;
+        out.flush().map_err(werr)?;
+        Ok(if failed {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        })
+    })
+}
+
+/// A path the find reported (starting with the root's MadFS path) with the
+/// root as the user gave it.
+fn as_given(root: &Located, path: &[u8]) -> Vec<u8> {
+    let trim = |s: &str| s.trim_end_matches('/').as_bytes().to_vec();
+    let fs = trim(&root.fs_path);
+    match path.strip_prefix(&fs[..]) {
+        Some(rest) if rest.is_empty() || rest.starts_with(b"/") => {
+            let mut p = trim(&root.given);
+            p.extend_from_slice(rest);
+            p
+        }
+        _ => path.to_vec(),
+    }
+}
+
+/// The mtime of -newer's FILE: through MadFS when it is under the prefix,
+/// through the kernel when the kernel has it (a local file, IO500's
+/// timestamp file, or one in a mount), else as a MadFS path. Like GNU find
+/// without -H/-L, a symlink's own time.
+async fn newer_reference(client: &Client, file: &str, prefix: &str) -> Result<Timestamp, String> {
+    let from_madfs = |path: String| async move {
+        client
+            .lstat(path.as_str())
+            .await
+            .map(|a| a.mtime)
+            .map_err(|e| format!("find: '{file}': {}", e.code.describe()))
+    };
+    if let Some(fs_path) = locate::under_prefix(file, prefix) {
+        return from_madfs(fs_path).await;
+    }
+    match std::fs::symlink_metadata(file) {
+        Ok(m) => Ok(Timestamp {
+            secs: m.mtime(),
+            nanos: m.mtime_nsec() as u32,
+        }),
+        Err(_) if file.starts_with('/') => from_madfs(file.to_string()).await,
+        Err(e) => Err(format!("find: '{file}': {e}")),
+    }
 }
 
 pub fn du(cluster: Option<&Path>, paths: &[String], inodes: bool) -> Result<ExitCode, String> {

@@ -6,6 +6,7 @@ mod bench_cmd;
 mod cluster_cmd;
 mod files;
 mod find_cmd;
+mod locate;
 mod mount_cmd;
 mod run_cmd;
 

@@ -3,8 +3,12 @@
 //! phase reports a positive value, verification finds no error, find
 //! matches what mdtest-hard wrote, the files left with --keep hold exactly
 //! the pattern each rank wrote at each offset, and `bench plot` draws both.
+//! Then the same through the user-facing clients (`--client run`, `--client
+//! mount`), and the mount the run made is gone afterwards.
 
 mod common;
+#[path = "preload/helpers.rs"]
+mod helpers;
 
 use common::{TestCluster, MADFS};
 use madfs_bench::report::{from_json, RunResult};
@@ -210,6 +214,103 @@ fn tiny_io500_on_madfs_and_on_a_local_directory() {
     assert!(text.contains("madfs-2r") && text.contains("local-2r"));
 }
 
+/// The run directories at MadFS's root.
+fn run_dirs(bc: &madfs_client::BlockingClient) -> Vec<String> {
+    let mut v: Vec<String> = bc
+        .read_dir("/")
+        .unwrap()
+        .iter()
+        .map(|e| format!("/{}", e.name.to_string_lossy()))
+        .collect();
+    v.sort();
+    v
+}
+
+/// The mounts of `madfs bench` (temporary directories named so).
+fn bench_mounts() -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("madfs-bench-mnt-"))
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn tiny_io500_through_madfs_run_and_the_mount() {
+    let tc = TestCluster::start(2);
+    helpers::preload_lib();
+    let tmp = tempfile::tempdir().unwrap();
+    let bc = madfs_client::BlockingClient::connect(Some(tc.cluster_file())).unwrap();
+    let read = |p: &str, off: u64, len: usize| {
+        let f = bc
+            .open(p, madfs_client::OpenOptions::new().read(true))
+            .unwrap();
+        let mut out = Vec::new();
+        while out.len() < len {
+            let got = f.read_at(off + out.len() as u64, len - out.len()).unwrap();
+            if got.is_empty() {
+                break;
+            }
+            out.extend_from_slice(&got);
+        }
+        out
+    };
+    let mounts_before = bench_mounts();
+    let mut finds = Vec::new();
+    for client in ["run", "mount"] {
+        let before = run_dirs(&bc);
+        let json = tmp.path().join(format!("{client}.json"));
+        let mut args = tiny_args(&json);
+        args.extend(["--client".into(), client.into()]);
+        let stdout = check_ok(&tc.madfs(&args));
+        let run = check_run(&stdout, &json);
+        assert_eq!(run.target, "madfs");
+        assert_eq!(run.client, client);
+        assert_eq!(run.label, format!("madfs-{client}-2r"));
+        assert_eq!(run.find_via, "server-side find");
+        assert!(
+            stdout.contains(&format!("client {client}")) && stdout.contains("server-side find"),
+            "{stdout}"
+        );
+        // What the ranks wrote through the client is in the cluster.
+        let new: Vec<String> = run_dirs(&bc)
+            .into_iter()
+            .filter(|d| !before.contains(d))
+            .collect();
+        assert_eq!(new.len(), 1, "one run directory: {new:?}");
+        check_ior_files(&run, &read, &new[0]);
+        assert!(bc
+            .read_dir(format!("{}/mdtest-hard", new[0]))
+            .unwrap()
+            .is_empty());
+        finds.push(run.phase("find").unwrap().matched);
+    }
+    assert_eq!(finds[0], finds[1], "same counts, same find matches");
+    // The mount made for the run is gone, and so is its directory.
+    assert_eq!(bench_mounts(), mounts_before);
+    assert!(
+        !std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .flatten()
+            .any(|e| e
+                .file_name()
+                .to_string_lossy()
+                .starts_with("madfs-bench-mnt-")
+                && !mounts_before
+                    .iter()
+                    .any(|m| m.contains(&*e.file_name().to_string_lossy()))),
+        "a temporary mount point was left behind"
+    );
+    // --mount must name a MadFS mount of this cluster.
+    let out = tc.madfs(["bench", "io500", "--client", "mount", "--mount", "/tmp"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not the root of a MadFS mount"),
+        "{out:?}"
+    );
+}
+
 #[test]
 fn bad_arguments_are_refused() {
     let tmp = tempfile::tempdir().unwrap();
@@ -218,6 +319,9 @@ fn bad_arguments_are_refused() {
         vec!["bench", "io500", "--verify", "most"],
         vec!["bench", "io500", "--ranks", "0", "--target", "/tmp"],
         vec!["bench", "io500", "--transfer", "1001", "--target", "/tmp"],
+        vec!["bench", "io500", "--client", "run", "--target", "/tmp"],
+        vec!["bench", "io500", "--client", "fuse"],
+        vec!["bench", "io500", "--mount", "/tmp"],
     ] {
         let out = Command::new(MADFS)
             .args(&args)

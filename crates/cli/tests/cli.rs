@@ -165,6 +165,35 @@ fn up_status_file_commands_down() {
     assert!(st.contains(&format!("Size: {}", content.len())), "{st}");
     assert!(st.contains("Links: 1"), "{st}");
     assert!(ok(&cluster, &["stat", "/a"]).contains("directory"));
+    // Times as ls and stat print them: `Nov 23 20:50` (a recent file) and
+    // `2026-11-23 20:50:07.123456789 +0000`.
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    let months = "Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec";
+    assert!(months.split(' ').any(|m| m == cols[5]), "{line}");
+    assert!(
+        cols[6].parse::<u32>().is_ok_and(|d| (1..=31).contains(&d)),
+        "{line}"
+    );
+    assert!(is_shape(cols[7], "00:00"), "{line}");
+    for field in ["Access: ", "Modify: ", "Change: ", " Birth: "] {
+        let t = st
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix(field))
+            .unwrap();
+        assert!(is_shape(t, "0000-00-00 00:00:00.000000000 +0000"), "{st}");
+    }
+    // put into a directory writes the file under its own name there, as cp.
+    ok(&cluster, &["put", local.to_str().unwrap(), "/private"]);
+    ok(&cluster, &["put", local.to_str().unwrap(), "/private/"]);
+    assert_eq!(ok(&cluster, &["ls", "/private"]), "hello.txt\n");
+    assert!(run(&cluster, &["cat", "/private/hello.txt"]).stdout == content);
+    let out = run(&cluster, &["put", "-", "/private"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("'/private' is a directory"),
+        "{out:?}"
+    );
 
     // mv: rename, and move into a directory
     ok(&cluster, &["mv", "/hello.txt", "/greeting.txt"]);
@@ -240,4 +269,15 @@ fn up_status_file_commands_down() {
         vec!["private", "stdin.txt"]
     );
     // `_down` stops it.
+}
+
+/// Whether `s` has the shape of `pattern`: a digit where it has '0', the
+/// same character elsewhere (a time zone's sign may be + or -).
+fn is_shape(s: &str, pattern: &str) -> bool {
+    s.len() == pattern.len()
+        && s.chars().zip(pattern.chars()).all(|(c, p)| match p {
+            '0' => c.is_ascii_digit(),
+            '+' => c == '+' || c == '-',
+            p => c == p,
+        })
 }
