@@ -385,3 +385,35 @@ fn a_read_write_handle_reads_its_own_writes() {
     f.write_at(0, b"Z").unwrap();
     assert_eq!(f.read_at(0, 100).unwrap(), b"01aZ");
 }
+
+/// Writes that went behind (as `madfs run` writes) are seen by every other
+/// handle and by stat in the same client at once, and a truncate by path
+/// is not undone by them.
+#[test]
+fn writes_behind_are_seen_by_every_handle_of_the_client() {
+    let tc = TestCluster::start(3);
+    let c = client_with_ttl(&tc, FOREVER);
+    c.write_file("/wb", b"").unwrap();
+    let reader = c.open("/wb", OpenOptions::new().read(true)).unwrap();
+    let w = c
+        .open("/wb", OpenOptions::new().write(true).write_behind(true))
+        .unwrap();
+    let far = 2 * c.chunk_size() + 7;
+    for i in 0..20u64 {
+        w.write_at(i * 1000, &[i as u8 + 1; 1000]).unwrap();
+    }
+    w.write_at(far, b"end").unwrap();
+    // Another handle reads what went behind, and stat sees the size.
+    assert_eq!(c.stat("/wb").unwrap().size, far + 3);
+    assert_eq!(reader.read_at(5000, 10).unwrap(), vec![6u8; 10]);
+    assert_eq!(reader.read_at(far, 100).unwrap(), b"end");
+    // A truncate by path waits for the writes still in flight.
+    for i in 0..20u64 {
+        w.write_at(i * 1000, &[9u8; 1000]).unwrap();
+    }
+    c.truncate("/wb", 10).unwrap();
+    assert_eq!(c.stat("/wb").unwrap().size, 10);
+    w.close().unwrap();
+    let other = client_with_ttl(&tc, Duration::ZERO);
+    assert_eq!(other.read_file("/wb").unwrap(), vec![9u8; 10]);
+}

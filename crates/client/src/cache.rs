@@ -354,10 +354,12 @@ impl MetaCache {
     /// This client changed something: make every lookup under way forget
     /// what it saw, then apply `f` to the entries.
     fn change(&self, f: impl FnOnce(&mut Inner, &CacheConfig, Instant)) {
+        // The epoch moves even with the cache off: bytes that came with an
+        // open and reads sent ahead are checked against it too.
+        self.epoch.fetch_add(1, Ordering::AcqRel);
         if !self.cfg.enabled() {
             return;
         }
-        self.epoch.fetch_add(1, Ordering::AcqRel);
         let now = Instant::now();
         let mut inner = self.lock();
         f(&mut inner, &self.cfg, now);

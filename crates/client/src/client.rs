@@ -345,6 +345,11 @@ impl Client {
         changes: SetAttrs,
         known_size: u64,
     ) -> Result<Attr> {
+        if changes.size.is_some() {
+            // A write of another handle landing after the truncate would
+            // bring data back.
+            self.open_files.drain_writes(ino).await;
+        }
         let known_size = known_size.max(self.open_files.unpublished_size(ino).unwrap_or(0));
         if let Some(new_size) = changes.size {
             if new_size > limits::FILE_SIZE_MAX_BYTES {

@@ -156,6 +156,12 @@ impl OpenOptions {
     }
 }
 
+impl FileState {
+    pub(crate) fn dirty_servers(&self) -> Vec<ServerId> {
+        self.dirty.iter().copied().collect()
+    }
+}
+
 pub(crate) struct FileState {
     /// The largest size this handle knows of: the size at open, raised by
     /// writes and by fresh attributes.
@@ -165,9 +171,11 @@ pub(crate) struct FileState {
     /// Writes beyond chunk 0 happened since the last UpdateSize.
     pub(crate) needs_size_update: bool,
     /// When the size was last learned from the owner (at open, or by a
-    /// read past it): within the metadata cache's TTL a read past it is
-    /// answered as end of file without asking again.
+    /// read past it), and the client's epoch then: within the metadata
+    /// cache's TTL, and while this client changed nothing, a read past it
+    /// is answered as end of file without asking again.
     size_checked: Instant,
+    size_epoch: crate::cache::Epoch,
 }
 
 /// An open file. Methods take `&self` (state is behind a lock), so one handle
@@ -227,11 +235,13 @@ impl Drop for Preloaded {
     }
 }
 
-/// One read sent ahead: its range and the task doing it.
+/// One read sent ahead: its range, the task doing it, and the client's
+/// epoch when it was sent (a change by this client since makes it stale).
 struct Prefetch {
     offset: u64,
     len: usize,
     task: tokio::task::JoinHandle<Result<Vec<u8>>>,
+    epoch: crate::cache::Epoch,
 }
 
 /// The reads a sequential or strided reader will want next, oldest first.
@@ -311,6 +321,7 @@ impl File {
             dirty: BTreeSet::new(),
             needs_size_update: false,
             size_checked: Instant::now(),
+            size_epoch: client.cache.epoch(),
         }));
         let behind = (opts.write_behind && opts.writes()).then(|| Arc::new(WriteBehind::new()));
         if opts.writes() {
@@ -340,6 +351,15 @@ impl File {
         *self.preloaded.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
     }
 
+    /// Whether the size this handle knows may be taken as the end of file:
+    /// learned within the metadata cache's TTL, and this client changed
+    /// nothing since (its own writes through other handles must be seen).
+    fn size_is_recent(&self) -> bool {
+        let st = self.state();
+        st.size_epoch == self.client.cache.epoch()
+            && st.size_checked.elapsed() < self.client.cache_config().ttl
+    }
+
     /// A read answered from the bytes that came with the open, if they
     /// are still good for it: this client changed nothing since, and the
     /// read ends within them or their size is recent enough to call the
@@ -349,9 +369,7 @@ impl File {
         let p = slot.as_ref()?;
         let size = p.data.len() as u64;
         let end = offset.saturating_add(len as u64);
-        let usable = self.client.cache.epoch() == p.epoch
-            && (end <= size
-                || self.state().size_checked.elapsed() < self.client.cache_config().ttl);
+        let usable = self.client.cache.epoch() == p.epoch && (end <= size || self.size_is_recent());
         if !usable {
             *slot = None;
             return None;
@@ -378,8 +396,11 @@ impl File {
             _ => len as u64,
         };
         ra.last = Some(offset);
+        let epoch = self.client.cache.epoch();
         let hit = match ra.queue.front() {
-            Some(p) if p.offset == offset && p.len == len => ra.queue.pop_front(),
+            Some(p) if p.offset == offset && p.len == len && p.epoch == epoch => {
+                ra.queue.pop_front()
+            }
             Some(_) => {
                 ra.clear();
                 None
@@ -410,6 +431,7 @@ impl File {
                 offset: at,
                 len,
                 task,
+                epoch: self.client.cache.epoch(),
             });
             next = next.saturating_add(stride);
         }
@@ -490,11 +512,13 @@ impl File {
                 "cannot read a directory",
             ));
         }
-        // Wait for this handle's writes (their failure is for the next
-        // write, fsync or close to report).
+        // Wait for this handle's writes, and those of other handles of the
+        // file in this client (their failure is for the next write, fsync or
+        // close of their handle to report).
         if let Some(wb) = &self.behind {
             wb.drain().await;
         }
+        self.client.open_files.drain_writes(self.attr.ino).await;
         if let Some(data) = self.read_preloaded(offset, len) {
             return Ok(data);
         }
@@ -512,12 +536,15 @@ impl File {
             }
         }
         let mut size = self.size();
-        let ttl = self.client.cache_config().ttl;
-        if offset.saturating_add(len as u64) > size && self.state().size_checked.elapsed() >= ttl {
-            let fresh = self.client.getattr(self.attr.ino).await?;
+        if offset.saturating_add(len as u64) > size && !self.size_is_recent() {
+            let epoch = self.client.cache.epoch();
+            // With what other handles of this client wrote and not yet
+            // published (a read after a write in one process sees it).
+            let fresh = self.client.fstat(self.attr.ino).await?;
             let mut st = self.state();
             st.size_hint = st.size_hint.max(fresh.size);
             st.size_checked = Instant::now();
+            st.size_epoch = epoch;
             size = st.size_hint;
         }
         let data = self.client.read(self.attr.ino, offset, len, size).await?;
@@ -617,9 +644,15 @@ impl File {
     /// before the size that exposes it.
     pub async fn fsync(&self) -> Result<()> {
         self.drain().await?;
+        // fsync(2) is about the file: what other handles of this client
+        // wrote must be durable too.
+        self.client.open_files.drain_writes(self.attr.ino).await;
+        let others = self.client.open_files.dirty_servers(self.attr.ino);
         let (dirty, size, update) = {
             let st = self.state();
-            (st.dirty.clone(), st.size_hint, st.needs_size_update)
+            let mut dirty = st.dirty.clone();
+            dirty.extend(others);
+            (dirty, st.size_hint, st.needs_size_update)
         };
         let owner = self.attr.ino.owner();
         if update {

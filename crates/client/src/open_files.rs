@@ -119,6 +119,31 @@ impl OpenFiles {
             .max()
     }
 
+    /// Wait until no handle of `ino` has writes in flight (write-behind):
+    /// a read, truncate or fsync through any handle must see them, as POSIX
+    /// asks of a read after a write in one process.
+    pub(crate) async fn drain_writes(&self, ino: InodeId) {
+        for (_, behind) in self.live(ino) {
+            if let Some(wb) = behind {
+                wb.drain().await;
+            }
+        }
+    }
+
+    /// The servers holding unsynced writes of any handle of `ino`: an
+    /// fsync through one descriptor makes the file's data durable, whoever
+    /// wrote it (fsync(2) is about the file, not the descriptor).
+    pub(crate) fn dirty_servers(&self, ino: InodeId) -> Vec<madfs_types::ServerId> {
+        let mut all: Vec<madfs_types::ServerId> = self
+            .live(ino)
+            .iter()
+            .flat_map(|(state, _)| lock_state(state).dirty_servers())
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
+
     /// `ino` was truncated (or extended) to `size` on its owner.
     pub(crate) fn truncated(&self, ino: InodeId, size: u64) {
         for (state, _) in self.live(ino) {

@@ -576,7 +576,7 @@ impl Client {
             .preload_bytes
             .load(std::sync::atomic::Ordering::Relaxed)
             < crate::client::PRELOAD_BUDGET_BYTES;
-        let data_max = if budget_left && self.cache_config().enabled() {
+        let data_max = if budget_left {
             limits::INLINE_DATA_MAX_BYTES as u32
         } else {
             0

@@ -73,7 +73,9 @@ impl FakeServer {
         let not_found = || err(ErrorCode::NotFound, "");
         let empty = Ok((Reply::Empty, vec![]));
         match req.op {
-            Op::Lookup { parent, name } => {
+            // Open: a lookup that never brings the file's bytes (allowed:
+            // the client then reads them).
+            Op::Lookup { parent, name } | Op::Open { parent, name, .. } => {
                 self.route(dentry_server(parent, &name, n))?;
                 let &(kind, ino) = fs.dentries.get(&(parent, name)).ok_or_else(not_found)?;
                 let attr = self.attr_if_owned(fs, ino);

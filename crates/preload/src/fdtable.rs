@@ -213,7 +213,7 @@ impl Desc {
     /// for close(2) to report.
     pub fn publish(&self) -> R<()> {
         if let Some(f) = self.file_if_open() {
-            if f.needs_size_update() {
+            if f.needs_size_update() || f.writes_behind() {
                 let c = conn::get()?;
                 c.block_on(f.close())?;
             }
@@ -448,7 +448,7 @@ impl Drop for Desc {
             .unwrap_or_else(|e| e.into_inner())
             .take()
         {
-            if f.needs_size_update() && !crate::config::foreign_child() {
+            if (f.needs_size_update() || f.writes_behind()) && !crate::config::foreign_child() {
                 if let Ok(c) = conn::get() {
                     let _ = c.block_on(f.close());
                 }
@@ -463,8 +463,9 @@ fn writable(flags: i32) -> bool {
 }
 
 fn opts_of(flags: i32) -> OpenOptions {
-    // Only the access mode matters: appends are positioned by ops.rs.
-    OpenOptions::from_flags(flags & libc::O_ACCMODE, 0)
+    // Only the access mode and O_DSYNC matter: appends are positioned by
+    // ops.rs.
+    crate::ops::open_options(flags & (libc::O_ACCMODE | libc::O_DSYNC), 0)
 }
 
 /// A read-only descriptor of a memfd of ours, for SEEK_DATA and reading
