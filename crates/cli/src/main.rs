@@ -6,6 +6,7 @@ mod bench_cmd;
 mod cluster_cmd;
 mod files;
 mod find_cmd;
+mod fsx_cmd;
 mod mount_cmd;
 mod run_cmd;
 
@@ -114,6 +115,9 @@ enum Command {
         #[command(subcommand)]
         cmd: bench_cmd::BenchCommand,
     },
+    /// Exercise files in DIR with random operations checked against a
+    /// model (as xfstests' fsx); any directory, not only MadFS.
+    Fsx(fsx_cmd::FsxArgs),
     /// Unmount a MadFS mount.
     Umount {
         dir: PathBuf,
@@ -224,6 +228,7 @@ fn main() -> ExitCode {
         Command::Find { args } => find_cmd::find(cli.cluster.as_deref(), &args),
         Command::Du { paths, inodes } => find_cmd::du(cli.cluster.as_deref(), &paths, inodes),
         Command::Run { prefix, cmd } => run_cmd::run(cli.cluster.as_deref(), &prefix, &cmd),
+        Command::Fsx(args) => fsx_cmd::run(args),
         other => files::run(cli.cluster.as_deref(), other),
     };
     match result {
