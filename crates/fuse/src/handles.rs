@@ -141,6 +141,11 @@ impl FileTable {
             .max()
     }
 
+    /// Whether any handle of `ino` is open.
+    pub fn is_open(&self, ino: u64) -> bool {
+        self.lock().by_ino.contains_key(&ino)
+    }
+
     /// Every open handle of `ino`.
     pub fn of_ino(&self, ino: u64) -> Vec<Arc<OpenFile>> {
         let t = self.lock();
