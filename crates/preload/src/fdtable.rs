@@ -647,6 +647,44 @@ pub fn all() -> Vec<(i32, Arc<Desc>)> {
         .collect()
 }
 
+/// The largest size writes through descriptions of `ino` in this process
+/// gave it that its owner may not know yet (past chunk 0, published only at
+/// close or fsync); 0 if none. Within a process POSIX wants fstat, lseek
+/// and reads through one descriptor to see what another wrote.
+pub fn unpublished_size(ino: InodeId) -> u64 {
+    all()
+        .iter()
+        .filter(|(_, d)| d.ino == ino)
+        .filter_map(|(_, d)| d.file_if_open())
+        .filter(|f| f.needs_size_update())
+        .map(|f| f.size())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Whether any description in this process holds writes whose size is not
+/// yet published.
+pub fn has_unpublished() -> bool {
+    all()
+        .iter()
+        .filter_map(|(_, d)| d.file_if_open())
+        .any(|f| f.needs_size_update())
+}
+
+/// `ino` was truncated to `size` by this process: every description of it
+/// takes that as its size and drops its pending size update, which its
+/// close would otherwise merge back (the owner keeps the larger size).
+pub fn truncated(ino: InodeId, size: u64) {
+    for (_, d) in all() {
+        if d.ino == ino {
+            d.size_hint.store(size, Ordering::Relaxed);
+            if let Some(f) = d.file_if_open() {
+                f.truncated(size);
+            }
+        }
+    }
+}
+
 /// In a forked child, with the table's write lock held by the fork handler:
 /// replace every description by a fresh copy (dup'd numbers keep sharing
 /// one), leaking the parent's.

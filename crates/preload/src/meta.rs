@@ -3,6 +3,7 @@
 
 use crate::config;
 use crate::conn;
+use crate::fdtable;
 use crate::ops::not_in_vfork_child;
 use crate::shim::{unsupported, Errno, R};
 use madfs_client::{
@@ -103,7 +104,12 @@ pub fn fill_statvfs(sv: &mut libc::statvfs64, s: &FsStats) {
 pub fn stat(path: &[u8], follow: bool) -> R<Attr> {
     not_in_vfork_child()?;
     let c = conn::get()?;
-    Ok(c.block_on(c.client.resolve(path, follow))?)
+    let mut a = c.block_on(c.client.resolve(path, follow))?;
+    // Writes of this process not yet published count, as through fstat.
+    if a.kind == FileKind::File {
+        a.size = a.size.max(fdtable::unpublished_size(a.ino));
+    }
+    Ok(a)
 }
 
 pub fn statfs() -> R<FsStats> {
@@ -240,7 +246,30 @@ pub fn truncate(path: &[u8], len: i64) -> R<()> {
         return Err(Errno(libc::EINVAL));
     }
     let c = conn::get()?;
-    c.block_on(c.client.truncate(path, len as u64))?;
+    let len = len as u64;
+    // A descriptor of this process may hold writes past chunk 0 whose size
+    // the owner does not know yet: their chunks must be cut too, so the
+    // truncate goes by inode with that size (as ftruncate does). Only then
+    // is the path resolved twice; a failure is left to the truncate below.
+    let target = if fdtable::has_unpublished() {
+        c.block_on(c.client.stat(path)).ok()
+    } else {
+        None
+    };
+    if let Some(target) = target {
+        let known = fdtable::unpublished_size(target.ino);
+        if known > 0 && target.kind == FileKind::File {
+            let changes = SetAttrs {
+                size: Some(len),
+                ..SetAttrs::default()
+            };
+            c.block_on(c.client.setattr_known_size(target.ino, changes, known))?;
+            fdtable::truncated(target.ino, len);
+            return Ok(());
+        }
+    }
+    let a = c.block_on(c.client.truncate(path, len))?;
+    fdtable::truncated(a.ino, len);
     Ok(())
 }
 

@@ -161,6 +161,9 @@ fn read_at(desc: &Desc, buf: &mut [u8], off: u64) -> R<usize> {
         return Ok(0);
     }
     let (c, f) = desc.file()?;
+    // Not cut short at the owner's size where another descriptor of this
+    // process wrote past it.
+    f.know_size(fdtable::unpublished_size(desc.ino));
     let data = c.block_on(f.read_at(off, buf.len()))?;
     buf[..data.len()].copy_from_slice(&data);
     Ok(data.len())
@@ -240,12 +243,13 @@ pub fn pwrite(fd: i32, desc: &Desc, data: &[u8], off: i64) -> R<usize> {
     Ok(data.len())
 }
 
-/// The current size: the owner's, or larger if our writes say so.
+/// The current size: the owner's, or larger if writes of this process
+/// (through this or another descriptor) say so.
 pub fn current_size(desc: &Desc) -> R<u64> {
     let c = conn::get()?;
     let a = c.block_on(c.client.getattr(desc.ino))?;
     let mine = desc.file_if_open().map(|f| f.size()).unwrap_or(0);
-    Ok(a.size.max(mine))
+    Ok(a.size.max(mine).max(fdtable::unpublished_size(desc.ino)))
 }
 
 pub fn lseek(fd: i32, desc: &Desc, off: i64, whence: i32) -> R<i64> {
@@ -295,6 +299,7 @@ pub fn fstat(fd: i32, desc: &Desc) -> R<Attr> {
     if let Some(f) = desc.file_if_open() {
         a.size = a.size.max(f.size());
     }
+    a.size = a.size.max(fdtable::unpublished_size(desc.ino));
     Ok(a)
 }
 
@@ -306,9 +311,11 @@ pub fn ftruncate(fd: i32, desc: &Desc, len: i64) -> R<()> {
     let _io = desc.lock_io();
     desc.sync_offset(fd)?;
     let (c, f) = desc.file()?;
+    // Chunks other descriptors of this process wrote past what the owner
+    // knows must go too; then every descriptor of the file learns its size.
+    f.know_size(fdtable::unpublished_size(desc.ino));
     c.block_on(f.set_len(len as u64))?;
-    desc.size_hint
-        .store(len as u64, std::sync::atomic::Ordering::Relaxed);
+    fdtable::truncated(desc.ino, len as u64);
     Ok(())
 }
 
