@@ -318,6 +318,7 @@ impl Exerciser {
                 }
                 f.fds[h.index()] = Some(Fd::open(&f.path, false)?);
             }
+            Op::DropCache { h } => self.files[fi].fd(h)?.drop_cache()?,
             Op::Fsync { h } => self.files[fi].fd(h)?.fsync()?,
         }
         Ok(())
@@ -359,19 +360,17 @@ impl Exerciser {
             ));
         }
         if let Some((at, _want, got)) = m.first_bad {
-            let writes_here = || {
-                self.recent
-                    .iter()
-                    .rev()
-                    .filter(move |e| e.file == fi)
-                    .filter(move |e| e.op.written().is_some_and(|(s, e)| s <= at && at < e))
-            };
-            if let Some(e) = writes_here().next() {
-                s.push_str(&format!("; expected byte written by #{}", e.index));
+            match self.last_writer(fi, at) {
+                Some(e) => s.push_str(&format!("; expected byte written by #{}", e.index)),
+                None => s.push_str("; expected 0 (a hole, or cut by a truncate)"),
             }
             if got == 0 {
                 s.push_str("; the byte read is 0: a hole, or the write was lost");
-            } else if let Some(e) = writes_here().find(|e| pattern_byte(e.index, at) == got) {
+            } else if let Some(e) = self.recent.iter().rev().find(|e| {
+                e.file == fi
+                    && e.op.written().is_some_and(|(s, e)| s <= at && at < e)
+                    && pattern_byte(e.index, at) == got
+            }) {
                 s.push_str(&format!(
                     "; the byte read was written by #{} ({}), since overwritten or cut",
                     e.index, e.op
@@ -381,6 +380,21 @@ impl Exerciser {
             }
         }
         s
+    }
+
+    /// The recent operation whose byte the model holds at `at` of file
+    /// `fi`: the last write over it, unless a later operation left the
+    /// file no longer than `at` (the byte was cut; it reads 0 now).
+    fn last_writer(&self, fi: usize, at: u64) -> Option<&Entry> {
+        for e in self.recent.iter().rev().filter(|e| e.file == fi) {
+            if e.op.written().is_some_and(|(s, e)| s <= at && at < e) {
+                return Some(e);
+            }
+            if e.size_after <= at {
+                return None;
+            }
+        }
+        None
     }
 
     fn failure(&mut self, op: u64, fi: Option<usize>, message: String) -> Box<Failure> {

@@ -2,7 +2,8 @@
 //! stream of random operations on a few files (writes anywhere, extending
 //! writes that leave holes, truncates up and down through a descriptor or
 //! by path, reads, shared mmap reads and writes, close and reopen, a second
-//! descriptor on the same file, fsync), each checked against an in-memory
+//! descriptor on the same file, dropping the kernel's cached pages so that
+//! reads reach the file system, fsync), each checked against an in-memory
 //! model of what the file must hold: after every operation fstat on both
 //! descriptors, lseek(SEEK_END) and stat by path must give the model's
 //! size, every read must return the model's bytes, and every `check_every`

@@ -84,6 +84,13 @@ pub enum Op {
     Reopen {
         h: Handle,
     },
+    /// posix_fadvise(DONTNEED) of the whole file: the kernel drops its
+    /// cached pages, so the next reads come from the file system itself
+    /// (a FUSE mount's cached pages hold the newest bytes whatever its
+    /// servers did, and would hide writes they applied out of order).
+    DropCache {
+        h: Handle,
+    },
     Fsync {
         h: Handle,
     },
@@ -101,6 +108,7 @@ impl Op {
             Op::Truncate { .. } => "truncate",
             Op::TruncatePath { .. } => "truncate-path",
             Op::Reopen { .. } => "reopen",
+            Op::DropCache { .. } => "dropcache",
             Op::Fsync { .. } => "fsync",
         }
     }
@@ -122,7 +130,11 @@ impl Op {
                 size.max(offset + len)
             }
             Op::Truncate { size: s, .. } | Op::TruncatePath { size: s } => s,
-            Op::Read { .. } | Op::MapRead { .. } | Op::Reopen { .. } | Op::Fsync { .. } => size,
+            Op::Read { .. }
+            | Op::MapRead { .. }
+            | Op::Reopen { .. }
+            | Op::DropCache { .. }
+            | Op::Fsync { .. } => size,
         }
     }
 }
@@ -141,7 +153,9 @@ impl fmt::Display for Op {
             ),
             Op::Truncate { h, size } => write!(f, "{name:<13} {h} to 0x{size:x}"),
             Op::TruncatePath { size } => write!(f, "{name:<13} to 0x{size:x}"),
-            Op::Reopen { h } | Op::Fsync { h } => write!(f, "{name:<13} {h}"),
+            Op::Reopen { h } | Op::DropCache { h } | Op::Fsync { h } => {
+                write!(f, "{name:<13} {h}")
+            }
         }
     }
 }
@@ -159,10 +173,11 @@ enum Kind {
     Truncate,
     TruncatePath,
     Reopen,
+    DropCache,
     Fsync,
 }
 
-const WEIGHTS: [(Kind, u32); 9] = [
+const WEIGHTS: [(Kind, u32); 10] = [
     (Kind::Write, 20),
     (Kind::Extend, 10),
     (Kind::Read, 18),
@@ -171,6 +186,7 @@ const WEIGHTS: [(Kind, u32); 9] = [
     (Kind::Truncate, 8),
     (Kind::TruncatePath, 4),
     (Kind::Reopen, 3),
+    (Kind::DropCache, 4),
     (Kind::Fsync, 3),
 ];
 
@@ -278,6 +294,7 @@ pub fn draw(rng: &mut impl Rng, cfg: &Config, size: u64) -> Op {
             size: truncate_size(rng, size, max_len, max_op),
         },
         Kind::Reopen => Op::Reopen { h },
+        Kind::DropCache => Op::DropCache { h },
         Kind::Fsync => Op::Fsync { h },
     }
 }

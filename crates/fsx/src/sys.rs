@@ -185,6 +185,20 @@ impl Fd {
         Ok(())
     }
 
+    /// posix_fadvise(POSIX_FADV_DONTNEED) over the whole file.
+    pub fn drop_cache(&self) -> SysResult<()> {
+        // SAFETY: our descriptor. posix_fadvise returns the error number.
+        let e = unsafe { libc::posix_fadvise(self.fd, 0, 0, libc::POSIX_FADV_DONTNEED) };
+        if e != 0 {
+            return Err(format!(
+                "posix_fadvise(DONTNEED) {}: {}",
+                self.path.display(),
+                io::Error::from_raw_os_error(e)
+            ));
+        }
+        Ok(())
+    }
+
     /// fsync(2).
     pub fn fsync(&self) -> SysResult<()> {
         // SAFETY: our descriptor.
