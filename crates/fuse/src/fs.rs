@@ -228,17 +228,21 @@ impl Inner {
             return Err(e.into());
         }
         let len = data.len();
+        let end = offset.saturating_add(len as u64);
+        // After any overlapping write through another handle of the inode.
+        let range = self.files.claim_write(f.ino, offset, end).await;
         match f.mode {
             WriteMode::Behind => {
-                let end = offset.saturating_add(len as u64);
                 let ticket = f.wb.admit(self.client.write_budget(), offset, end).await;
                 tokio::spawn(async move {
                     let r = f.file.write_at(offset, &data).await.map(|_| ());
                     f.wb.finish(ticket, r);
+                    drop(range);
                 });
             }
             WriteMode::Durable => {
                 f.file.write_at(offset, &data).await?;
+                drop(range);
                 f.file.fsync().await?;
             }
         }
