@@ -67,6 +67,8 @@ pub struct Exerciser {
     done: u64,
     recent: VecDeque<Entry>,
     log: Option<std::io::BufWriter<std::fs::File>>,
+    /// The first error writing the log.
+    log_error: Option<String>,
     counts: BTreeMap<&'static str, u64>,
     started: Instant,
 }
@@ -129,6 +131,7 @@ impl Exerciser {
             done: 0,
             recent: VecDeque::new(),
             log,
+            log_error: None,
             counts: BTreeMap::new(),
             started: Instant::now(),
         };
@@ -166,8 +169,11 @@ impl Exerciser {
             op: op.clone(),
         };
         if let Some(log) = &mut self.log {
-            // A log that cannot be written is reported at the end.
-            let _ = writeln!(log, "{entry}");
+            // A log that cannot be written fails the run at its end (the
+            // operations themselves are still worth checking).
+            if let Err(e) = writeln!(log, "{entry}") {
+                self.log_error.get_or_insert(e.to_string());
+            }
         }
         if self.recent.len() == RECENT_MAX {
             self.recent.pop_front();
@@ -222,9 +228,12 @@ impl Exerciser {
         }
         if let Some(log) = &mut self.log {
             if let Err(e) = log.flush() {
-                let path = self.cfg.log.clone().unwrap_or_default();
-                return Err(self.failure(at, None, format!("log {}: {e}", path.display())));
+                self.log_error.get_or_insert(e.to_string());
             }
+        }
+        if let Some(e) = self.log_error.take() {
+            let path = self.cfg.log.clone().unwrap_or_default();
+            return Err(self.failure(at, None, format!("log {}: {e}", path.display())));
         }
         for fi in 0..self.files.len() {
             sys::unlink(&self.files[fi].path).map_err(|m| self.failure(at, Some(fi), m))?;

@@ -176,6 +176,10 @@ pub struct Failure {
 
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.op == 0 && self.file.is_none() {
+            // Settings or directory: nothing was exercised, nothing to replay.
+            return writeln!(f, "fsx: cannot start: {}", self.message);
+        }
         write!(f, "fsx: FAILED at op #{} (seed {})", self.op, self.seed)?;
         if let Some(p) = &self.file {
             write!(f, " on {}", p.display())?;
