@@ -5,7 +5,7 @@
 //! (the exerciser's own sanity: a kernel file system must pass it).
 //!
 //! Before the fix of issue 12 the mount failed every run of these seeds
-//! (30 of 30, by op 473 at the latest): a getattr answered with the size
+//! (30 of 30, by op 268 at the latest): a getattr answered with the size
 //! the servers had before a write-behind write landed (seed 1 at op #34,
 //! "size error: expected 0x14c3f, fstat(fd1) 0x3a0"), and a truncate left
 //! other handles' older sizes to come back. Test clusters use 1 MiB chunks,
