@@ -180,6 +180,7 @@ async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
         | Command::Find { .. }
         | Command::Du { .. }
         | Command::Run { .. }
+        | Command::Fsx(_)
         | Command::Bench { .. } => {
             unreachable!("handled in main")
         }

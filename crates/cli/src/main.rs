@@ -7,6 +7,7 @@ mod cluster_cmd;
 mod files;
 mod find_cmd;
 mod locate;
+mod fsx_cmd;
 mod mount_cmd;
 mod run_cmd;
 
@@ -130,6 +131,9 @@ enum Command {
         #[command(subcommand)]
         cmd: bench_cmd::BenchCommand,
     },
+    /// Exercise files in DIR with random operations checked against a
+    /// model (as xfstests' fsx); any directory, not only MadFS.
+    Fsx(fsx_cmd::FsxArgs),
     /// Unmount a MadFS mount.
     Umount {
         dir: PathBuf,
@@ -253,6 +257,7 @@ fn main() -> ExitCode {
             },
             &cmd,
         ),
+        Command::Fsx(args) => fsx_cmd::run(args),
         other => files::run(cli.cluster.as_deref(), other),
     };
     match result {

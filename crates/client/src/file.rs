@@ -488,6 +488,27 @@ impl File {
         self.state().needs_size_update
     }
 
+    /// The file was truncated to `size` through another handle of this
+    /// client, or by path, after this handle's writes landed: that is its
+    /// size now, and the owner holds it, so nothing of this handle's is
+    /// left to publish (its close would otherwise merge its older, larger
+    /// size back, as sizes merge as a maximum). What it wrote below `size`
+    /// stays; its servers still need the next fsync.
+    pub fn truncated(&self, size: u64) {
+        let mut st = self.state();
+        st.size_hint = size;
+        st.needs_size_update = false;
+    }
+
+    /// Writes through other handles of this client reached `size`, which
+    /// the owner may not know yet (beyond chunk 0, not yet published):
+    /// reads through this handle must not stop short of it, and a truncate
+    /// through it must drop their chunks too.
+    pub fn know_size(&self, size: u64) {
+        let mut st = self.state();
+        st.size_hint = st.size_hint.max(size);
+    }
+
     /// Servers holding writes of this handle not yet fsynced.
     pub fn dirty_servers(&self) -> Vec<ServerId> {
         self.state().dirty.iter().copied().collect()

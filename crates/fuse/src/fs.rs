@@ -148,26 +148,54 @@ impl Inner {
     }
 
     /// Attributes as this mount should show them: a file open here for
-    /// writing may be longer than its owner knows until close.
-    fn attr_out(&self, mut a: Attr) -> FileAttr {
+    /// writing may be longer than its owner knows until close. `before` is
+    /// `known_size` sampled before the servers were asked for `a`: a write
+    /// that was in flight then may have landed, and left the handle table,
+    /// after the servers answered without it. The kernel took that write as
+    /// done when it was answered, so a size without it would take the file
+    /// back to its earlier length (and the kernel would cut its own size,
+    /// and its cached pages, to match).
+    fn attr_out(&self, mut a: Attr, before: Option<u64>) -> FileAttr {
         if a.kind == FileKind::File {
-            if let Some(size) = self.files.known_size(a.ino.0) {
+            if let Some(size) = before.max(self.files.known_size(a.ino.0)) {
                 a.size = a.size.max(size);
             }
         }
         file_attr(&a)
     }
 
-    fn reply_entry(&self, reply: ReplyEntry, r: R<Attr>) {
+    /// The attributes of `ino` asked of its owner now, with this mount's
+    /// writes overlaid (what getattr answers).
+    async fn fresh_attr(&self, c: &Client, ino: InodeId) -> R<FileAttr> {
+        let before = self.files.known_size(ino.0);
+        let a = c.getattr(ino).await?;
+        Ok(self.attr_out(a, before))
+    }
+
+    /// The attributes for an entry reply (lookup, link, ...), whose inode
+    /// was not known before the servers answered, so no size could be
+    /// sampled before: for a file open in this mount they are asked again
+    /// (`fresh_attr`), which costs a round trip only for open files.
+    async fn entry_attr(&self, c: &Client, a: Attr) -> FileAttr {
+        if a.kind == FileKind::File && self.files.is_open(a.ino.0) {
+            if let Ok(fresh) = self.fresh_attr(c, a.ino).await {
+                return fresh;
+            }
+            // The entry itself was found: answer with it as it came.
+        }
+        self.attr_out(a, None)
+    }
+
+    async fn reply_entry(&self, c: &Client, reply: ReplyEntry, r: R<Attr>) {
         match r {
-            Ok(a) => reply.entry(&self.ttl, &self.attr_out(a), Generation(0)),
+            Ok(a) => reply.entry(&self.ttl, &self.entry_attr(c, a).await, Generation(0)),
             Err(Fail(e)) => reply.error(e),
         }
     }
 
-    fn reply_attr(&self, reply: ReplyAttr, r: R<Attr>) {
+    fn reply_attr(&self, reply: ReplyAttr, r: R<FileAttr>) {
         match r {
-            Ok(a) => reply.attr(&self.ttl, &self.attr_out(a)),
+            Ok(a) => reply.attr(&self.ttl, &a),
             Err(Fail(e)) => reply.error(e),
         }
     }
@@ -200,17 +228,21 @@ impl Inner {
             return Err(e.into());
         }
         let len = data.len();
+        let end = offset.saturating_add(len as u64);
+        // After any overlapping write through another handle of the inode.
+        let range = self.files.claim_write(f.ino, offset, end).await;
         match f.mode {
             WriteMode::Behind => {
-                let end = offset.saturating_add(len as u64);
                 let ticket = f.wb.admit(self.client.write_budget(), offset, end).await;
                 tokio::spawn(async move {
                     let r = f.file.write_at(offset, &data).await.map(|_| ());
                     f.wb.finish(ticket, r);
+                    drop(range);
                 });
             }
             WriteMode::Durable => {
                 f.file.write_at(offset, &data).await?;
+                drop(range);
                 f.file.fsync().await?;
             }
         }
@@ -283,13 +315,21 @@ impl Inner {
                 .files
                 .get(fh.0)
                 .ok_or_else(|| ClientError::new(ErrorCode::BadFileHandle, "unknown handle"))?;
+            // Chunks written through other handles of this mount, past
+            // what the owner knows, must go too.
+            if let Some(known) = self.files.known_size(ino.0) {
+                f.file.know_size(known);
+            }
             last = Some(f.file.set_len(size).await?);
+            self.truncated(ino, size);
             changes.size = None;
-        } else if changes.size.is_some() {
+        } else if let Some(size) = changes.size {
             // truncate by name: chunks written through handles of this mount
             // but not yet published must go too.
             let known = self.files.known_size(ino.0).unwrap_or(0);
-            return c.setattr_known_size(ino, changes, known).await;
+            let a = c.setattr_known_size(ino, changes, known).await?;
+            self.truncated(ino, size);
+            return Ok(a);
         }
         let rest = changes.perm.is_some()
             || changes.uid.is_some()
@@ -308,10 +348,7 @@ impl Inner {
     /// handles appending in turn would overwrite each other.
     async fn open(&self, c: &Client, ino: InodeId, flags: i32) -> R<u64> {
         let opts = OpenOptions::from_flags(flags & !libc::O_APPEND, 0);
-        if opts.truncate {
-            self.drain_ino(ino.0).await;
-        }
-        let file = c.open_inode(ino, &opts).await?;
+        let file = self.open_inode(c, ino, &opts).await?;
         // Close-to-open for attributes too: the kernel may hold a size and
         // mtime cached from before another client's close (up to the TTL);
         // it would read up to the old size and show the old mtime. Drop
@@ -323,6 +360,43 @@ impl Inner {
             let _ = n.inval_inode(INodeNo(ino.0), -1, 0);
         }
         self.register(file, flags)
+    }
+
+    /// Open an existing inode; with O_TRUNC, the handles of this mount
+    /// already open on it learn the new size (see `truncated`), and chunks
+    /// they wrote past what the owner knows go too.
+    async fn open_inode(&self, c: &Client, ino: InodeId, opts: &OpenOptions) -> R<File> {
+        if !opts.truncate {
+            return Ok(c.open_inode(ino, opts).await?);
+        }
+        // A write landing after the truncate would bring data back.
+        self.drain_ino(ino.0).await;
+        let unpublished = self.files.known_size(ino.0).unwrap_or(0);
+        // Access is checked (and the owner's size cut) here first.
+        let file = c.open_inode(ino, opts).await?;
+        if unpublished > 0 {
+            let to_zero = SetAttrs {
+                size: Some(0),
+                ..SetAttrs::default()
+            };
+            c.setattr_known_size(ino, to_zero, unpublished).await?;
+        }
+        self.truncated(ino, 0);
+        Ok(file)
+    }
+
+    /// The inode was truncated to `size` in this mount: every handle of it
+    /// here takes that as its size and drops its pending size update.
+    /// Otherwise a handle that wrote past chunk 0 (its size not yet
+    /// published) would publish its older, larger size at close or fsync,
+    /// and the owner, merging sizes as a maximum, would grow the file
+    /// again, over zeros; getattr would show that size meanwhile. Writes
+    /// were drained before the truncate, and the kernel sends none during
+    /// it, so what those handles wrote below `size` is on the servers.
+    fn truncated(&self, ino: InodeId, size: u64) {
+        for f in self.files.of_ino(ino.0) {
+            f.file.truncated(size);
+        }
     }
 
     fn register(&self, file: File, flags: i32) -> R<u64> {
@@ -339,7 +413,7 @@ impl Inner {
         mode: u32,
         umask: u32,
         flags: i32,
-    ) -> R<(Attr, u64)> {
+    ) -> R<(FileAttr, u64)> {
         let name = convert::name(name)?;
         // The kernel has applied the umask already unless it was asked not
         // to (FUSE_DONT_MASK, never requested here); masking again is a no-op
@@ -356,9 +430,14 @@ impl Inner {
             if attr.kind != FileKind::File {
                 return Err(Fail(Errno::EEXIST));
             }
-            c.open_inode(attr.ino, &opts).await?
+            self.open_inode(c, attr.ino, &opts).await?
         };
-        let attr = file.attr();
+        let attr = if created {
+            self.attr_out(file.attr(), None)
+        } else {
+            // Other handles of this mount may be writing it.
+            self.entry_attr(c, file.attr()).await
+        };
         let fh = self.register(file, flags)?;
         Ok((attr, fh))
     }
@@ -455,11 +534,15 @@ impl Inner {
                 .take(READDIRPLUS_BATCH)
                 .cloned()
                 .collect();
+            let before: Vec<Option<u64>> = batch
+                .iter()
+                .map(|e| self.files.known_size(e.ino.0))
+                .collect();
             let attrs = getattr_all(c, &batch).await;
-            for (e, a) in batch.iter().zip(attrs) {
+            for ((e, a), before) in batch.iter().zip(attrs).zip(before) {
                 match a {
                     Ok(a) => {
-                        let fa = self.attr_out(a);
+                        let fa = self.attr_out(a, before);
                         if reply.add(
                             INodeNo(e.ino.0),
                             (i + 1) as u64,
@@ -637,7 +720,7 @@ impl Filesystem for MadFs {
                 Ok(c.lookup(ino(parent), &name).await?)
             }
             .await;
-            fs.reply_entry(reply, r)
+            fs.reply_entry(&c, reply, r).await
         });
     }
 
@@ -647,7 +730,7 @@ impl Filesystem for MadFs {
 
     fn getattr(&self, req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         self.spawn(req, move |fs, c| async move {
-            let r = c.getattr(ino(i)).await.map_err(Fail::from);
+            let r = fs.fresh_attr(&c, ino(i)).await;
             fs.reply_attr(reply, r)
         });
     }
@@ -679,8 +762,10 @@ impl Filesystem for MadFs {
             mtime: convert::time_set(mtime),
         };
         self.spawn(req, move |fs, c| async move {
+            // No size to sample before: writes to the inode were drained,
+            // and the kernel sends none during a setattr (inode lock).
             let r = fs.setattr(&c, ino(i), changes, fh).await;
-            fs.reply_attr(reply, r)
+            fs.reply_attr(reply, r.map(|a| fs.attr_out(a, None)))
         });
     }
 
@@ -719,7 +804,7 @@ impl Filesystem for MadFs {
                 Ok(c.create(ino(parent), &name, perm, true).await?.0)
             }
             .await;
-            fs.reply_entry(reply, r)
+            fs.reply_entry(&c, reply, r).await
         });
     }
 
@@ -740,7 +825,7 @@ impl Filesystem for MadFs {
                     .await?)
             }
             .await;
-            fs.reply_entry(reply, r)
+            fs.reply_entry(&c, reply, r).await
         });
     }
 
@@ -784,7 +869,7 @@ impl Filesystem for MadFs {
                 Ok(c.symlink_at(ino(parent), &name, &target).await?)
             }
             .await;
-            fs.reply_entry(reply, r)
+            fs.reply_entry(&c, reply, r).await
         });
     }
 
@@ -839,7 +924,7 @@ impl Filesystem for MadFs {
                 Ok(c.link(ino(i), ino(newparent), &name).await?)
             }
             .await;
-            fs.reply_entry(reply, r)
+            fs.reply_entry(&c, reply, r).await
         });
     }
 
@@ -868,8 +953,15 @@ impl Filesystem for MadFs {
         self.spawn(req, move |fs, _c| async move {
             let r = async {
                 let f = fs.file(fh)?;
-                // Reads see every write this mount has answered.
+                // Reads see every write this mount has answered, also
+                // those through other handles past what the owner knows
+                // (beyond chunk 0, not yet published): the read must not
+                // stop at the owner's size (a short read would make the
+                // kernel cut its size of the file there).
                 fs.drain_ino(f.ino).await;
+                if let Some(known) = fs.files.known_size(f.ino) {
+                    f.file.know_size(known);
+                }
                 Ok(f.file.read_at(offset, size as usize).await?)
             }
             .await;
@@ -1091,7 +1183,7 @@ impl Filesystem for MadFs {
             match fs.create(&c, ino(parent), &name, mode, umask, flags).await {
                 Ok((attr, fh)) => reply.created(
                     &fs.ttl,
-                    &fs.attr_out(attr),
+                    &attr,
                     Generation(0),
                     FileHandle(fh),
                     FopenFlags::empty(),
