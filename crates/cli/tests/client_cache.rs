@@ -12,7 +12,7 @@ mod common;
 
 use common::TestCluster;
 use madfs_client::{BlockingClient, CacheConfig, Credentials, ErrorCode, FileKind, OpenOptions};
-use rand::rngs::StdRng;
+use rand_chacha::ChaCha8Rng as StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
