@@ -1,5 +1,12 @@
-//! Hand-written `extern "C"` declarations for the small subset of RocksDB's
-//! C API (`/usr/include/rocksdb/c.h`, RocksDB 7.8) that `RocksStore` uses.
+//! RocksDB's C API (`/usr/include/rocksdb/c.h`, RocksDB 7.8): the small
+//! subset `RocksStore` uses, declared by hand, and loaded with dlopen the
+//! first time a store is opened.
+//!
+//! Why loaded, not linked: only `madfs server` opens a store, but every
+//! `madfs` process (each CLI command, `madfs run`'s launcher, the external
+//! find io500 starts for every find phase, the mount daemon) paid about
+//! 5 ms of CPU and 10 ms of wall time at start to bind RocksDB's C++ library
+//! when it was linked (docs/PERFORMANCE.md). Now only a server pays it, once.
 //!
 //! All handle types are opaque: Rust only ever holds pointers to them.
 //! Conventions of the C API relied upon by callers:
@@ -9,6 +16,7 @@
 //! - `*_create` functions never return NULL (they `new` and abort on OOM).
 
 use libc::{c_char, c_double, c_int, c_uchar, c_void, size_t};
+use std::sync::OnceLock;
 
 macro_rules! opaque {
     ($($name:ident),* $(,)?) => {
@@ -36,7 +44,85 @@ opaque!(
     rocksdb_filterpolicy_t,
 );
 
-extern "C" {
+/// The library's file name: the one this crate was built against (its
+/// soname, found by build.rs), then the unversioned development link.
+const LIBRARY_NAMES: &[&str] = &[env!("MADFS_ROCKSDB_SONAME"), "librocksdb.so"];
+
+/// Declare the C functions: a table of pointers filled by `load`, and a
+/// function of the same name and signature for each, calling through it.
+macro_rules! c_api {
+    ($( $(#[$doc:meta])* pub fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) $(-> $ret:ty)? ; )*) => {
+        #[allow(non_snake_case)]
+        struct Api {
+            $( $name: unsafe extern "C" fn($($ty),*) $(-> $ret)?, )*
+            /// Keeps the library mapped (it is never unloaded).
+            _library: libloading::Library,
+        }
+
+        fn resolve(library: libloading::Library) -> Result<Api, String> {
+            // SAFETY: each symbol is looked up by its C name and given the
+            // signature c.h declares for it; the pointers stay valid while
+            // `_library` is loaded, which is for the life of the process.
+            unsafe {
+                Ok(Api {
+                    $( $name: *library
+                        .get::<unsafe extern "C" fn($($ty),*) $(-> $ret)?>(
+                            concat!(stringify!($name), "\0").as_bytes(),
+                        )
+                        .map_err(|e| format!("{}: {e}", stringify!($name)))?, )*
+                    _library: library,
+                })
+            }
+        }
+
+        $(
+            $(#[$doc])*
+            /// # Safety
+            /// As the C function of the same name; a store must have been
+            /// opened (so the library is loaded).
+            pub unsafe fn $name($($arg: $ty),*) $(-> $ret)? {
+                // SAFETY: the caller's contract is the C function's.
+                unsafe { (api().$name)($($arg),*) }
+            }
+        )*
+    };
+}
+
+static API: OnceLock<Result<Api, String>> = OnceLock::new();
+
+/// Load RocksDB (once per process): Ok when every function was found.
+pub fn load() -> Result<(), String> {
+    API.get_or_init(|| {
+        let mut errors = Vec::new();
+        for name in LIBRARY_NAMES {
+            // SAFETY: loading RocksDB runs its C++ static constructors, which
+            // have no preconditions.
+            match unsafe { libloading::Library::new(name) } {
+                Ok(library) => return resolve(library),
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+        Err(format!(
+            "cannot load RocksDB ({}; install Debian's librocksdb-dev, or librocksdb7.8): {}",
+            LIBRARY_NAMES.join(" or "),
+            errors.join("; ")
+        ))
+    })
+    .as_ref()
+    .map(|_| ())
+    .map_err(Clone::clone)
+}
+
+fn api() -> &'static Api {
+    match API.get() {
+        Some(Ok(api)) => api,
+        // Every caller holds a store, and a store is opened only after
+        // `load` succeeded: reaching here is a bug, not an input error.
+        _ => panic!("RocksDB called before it was loaded"),
+    }
+}
+
+c_api! {
     // --- database ---------------------------------------------------------
     pub fn rocksdb_open(
         options: *const rocksdb_options_t,

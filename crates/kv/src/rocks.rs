@@ -161,6 +161,7 @@ impl RocksStore {
     pub fn open(path: &Path) -> Result<RocksStore> {
         let c_path = CString::new(path.as_os_str().as_bytes())
             .map_err(|_| KvError::Open(format!("path contains a NUL byte: {}", path.display())))?;
+        ffi::load().map_err(KvError::Open)?;
 
         // SAFETY: the *_create functions allocate fresh objects (never NULL;
         // they abort on OOM). They are stored in `store` immediately, whose
