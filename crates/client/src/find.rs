@@ -81,19 +81,11 @@ enum Place {
     Inside { rel: Vec<u8>, listable: bool },
 }
 
+/// Whether `creds` may access a directory with these (perm, uid, gid) for
+/// `mask`, by the servers' rule (root may read and search any directory).
 fn allowed(access: (u32, u32, u32), creds: &Credentials, mask: u8) -> bool {
     let (perm, uid, gid) = access;
-    if creds.uid == 0 {
-        return true; // directories: root may read and search any
-    }
-    let bits = if creds.uid == uid {
-        (perm >> 6) & 7
-    } else if creds.in_group(gid) {
-        (perm >> 3) & 7
-    } else {
-        perm & 7
-    };
-    (bits as u8) & mask == mask
+    madfs_types::access_allowed(madfs_types::FileKind::Dir, perm, uid, gid, creds, mask)
 }
 
 impl Client {
