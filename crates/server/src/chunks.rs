@@ -16,14 +16,12 @@
 //! (cachestat(2)). A file system that refuses O_DIRECT (EINVAL) turns it
 //! off for the store.
 //!
-//! Large aligned writes bypass the page cache (O_DIRECT, from a page-aligned
-//! copy): on this project's test VM the kernel's copy into the page cache
-//! costs about 1.45 CPU-s per GB, a user-space copy 0.04-0.1, and the disk
-//! takes direct 1 MiB writes at 1.4 GB/s where buffered ones reached 0.6
-//! (docs/PERFORMANCE.md). Smaller or unaligned writes (IOR-hard's 47,008
-//! bytes, small files) go through the page cache, which merges them. A
-//! file system that refuses O_DIRECT (EINVAL) turns it off for the store.
+//! The page-aligned copy a direct write makes is kept in the chunk cache
+//! (chunk_cache.rs), so reads of what was just written come from memory;
+//! every write, truncate and purge here goes through the cache's tickets,
+//! which keep it coherent with the files.
 
+use crate::chunk_cache::{CacheBytes, CacheStats, ChunkCache};
 use crate::writeback::EarlyWriteback;
 use madfs_types::{stable_hash, ChunkIndex, InodeId};
 use std::collections::HashSet;
@@ -64,6 +62,22 @@ fn page_bytes_mut(pages: &mut [AlignedPage]) -> &mut [u8] {
     }
 }
 
+/// Page-aligned bytes: the first `len` bytes of `pages`. What a direct
+/// write wrote or a direct read read, handed to the chunk cache as is.
+struct PageBuf {
+    pages: Vec<AlignedPage>,
+    len: usize,
+}
+
+impl CacheBytes for PageBuf {
+    fn bytes(&self) -> &[u8] {
+        &page_bytes(&self.pages)[..self.len]
+    }
+    fn footprint(&self) -> usize {
+        self.pages.capacity() * DIRECT_ALIGN
+    }
+}
+
 fn page_bytes(pages: &[AlignedPage]) -> &[u8] {
     // SAFETY: AlignedPage is repr(C) around a byte array whose size equals
     // its alignment, so the pages are contiguous bytes with no padding,
@@ -81,10 +95,19 @@ pub struct ChunkStore {
     /// Whether large aligned writes use O_DIRECT (off once the file system
     /// refused it).
     direct: AtomicBool,
+    /// Recently written (and read) extents of direct I/O.
+    cache: ChunkCache,
 }
 
 impl ChunkStore {
+    /// The store under `root`, without a chunk cache.
     pub fn open(root: PathBuf) -> io::Result<ChunkStore> {
+        Self::open_cached(root, 0)
+    }
+
+    /// The store under `root`, keeping up to `cache_bytes` of direct I/O
+    /// in memory (0: no cache).
+    pub fn open_cached(root: PathBuf, cache_bytes: usize) -> io::Result<ChunkStore> {
         fs::create_dir_all(&root)?;
         let bytes = du(&root)?;
         Ok(ChunkStore {
@@ -93,7 +116,12 @@ impl ChunkStore {
             bytes: AtomicU64::new(bytes),
             early_writeback: EarlyWriteback::new(),
             direct: AtomicBool::new(true),
+            cache: ChunkCache::new(cache_bytes),
         })
+    }
+
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
     }
 
     /// Whether large aligned writes and reads bypass the page cache (on
@@ -133,6 +161,9 @@ impl ChunkStore {
         offset: u64,
         len: usize,
     ) -> io::Result<Vec<u8>> {
+        if let Some(hit) = self.cache.read(ino, index, offset, len) {
+            return Ok(hit);
+        }
         let f = match File::open(self.chunk_path(ino, index)) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -154,8 +185,16 @@ impl ChunkStore {
             && self.direct.load(Ordering::Relaxed)
             && !fully_cached(&f, offset, n)
         {
+            // Registered before the disk is read: a change racing with
+            // the read keeps what it read out of the cache.
+            let fill = self.cache.begin_fill(ino, index, offset, n);
             match read_direct(&self.chunk_path(ino, index), &mut buf, offset) {
-                Ok(k) => done = k,
+                Ok((k, pages)) => {
+                    done = k;
+                    if let Some(t) = fill {
+                        t.finish(Some(Box::new(PageBuf { pages, len: k })));
+                    }
+                }
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                     self.direct.store(false, Ordering::Relaxed);
                     madfs_rpc::log_warn!(
@@ -185,6 +224,8 @@ impl ChunkStore {
         data: &[u8],
         chunk_size: u64,
     ) -> io::Result<()> {
+        // Registered before the file is touched; an early return drops it.
+        let ticket = self.cache.begin_write(ino, index, offset, data.len());
         let path = self.chunk_path(ino, index);
         let f = match OpenOptions::new()
             .write(true)
@@ -214,8 +255,11 @@ impl ChunkStore {
             && data.len() >= DIRECT_WRITE_MIN_BYTES
             && data.len().is_multiple_of(DIRECT_ALIGN)
             && offset.is_multiple_of(DIRECT_ALIGN as u64);
+        // The aligned copy a direct write needs; kept by the cache after.
+        let mut pages = None;
         let written = if direct {
-            match write_direct(&path, data, offset) {
+            let copy = aligned_copy(data);
+            match write_direct(&path, &copy, offset) {
                 Err(e)
                     if e.raw_os_error() == Some(libc::EINVAL) && before == f.metadata()?.len() =>
                 {
@@ -227,6 +271,10 @@ impl ChunkStore {
                         self.root.display()
                     );
                     f.write_all_at(data, offset)
+                }
+                Ok(()) => {
+                    pages = Some(copy);
+                    Ok(())
                 }
                 other => other,
             }
@@ -253,11 +301,19 @@ impl ChunkStore {
             start_writeback(&f);
         }
         self.mark_dirty(path);
+        // Data the page cache holds (buffered writes) is not kept twice.
+        ticket.finish(pages.map(|pages| {
+            Box::new(PageBuf {
+                pages,
+                len: data.len(),
+            }) as Box<dyn CacheBytes>
+        }));
         Ok(())
     }
 
     /// Drop this server's data of `ino` at and beyond byte `size` of the file.
     pub fn truncate(&self, ino: InodeId, size: u64, chunk_size: u64) -> io::Result<()> {
+        let _ticket = self.cache.begin_truncate(ino, size, chunk_size);
         let dir = self.inode_dir(ino);
         let entries = match fs::read_dir(&dir) {
             Ok(e) => e,
@@ -296,6 +352,7 @@ impl ChunkStore {
 
     /// Remove every chunk of `ino` held here.
     pub fn purge(&self, ino: InodeId) -> io::Result<()> {
+        let _ticket = self.cache.begin_purge(ino);
         let dir = self.inode_dir(ino);
         let freed = du(&dir).unwrap_or(0);
         match fs::remove_dir_all(&dir) {
@@ -331,6 +388,22 @@ impl ChunkStore {
         match first_err {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+}
+
+impl Drop for ChunkStore {
+    fn drop(&mut self) {
+        if self.cache.budget() > 0 {
+            let s = self.cache.stats();
+            madfs_rpc::log_info!(
+                "chunk cache: {} hits ({} MiB), {} misses, {} MiB inserted, {} MiB evicted",
+                s.hits,
+                s.hit_bytes >> 20,
+                s.misses,
+                s.inserted_bytes >> 20,
+                s.evicted_bytes >> 20
+            );
         }
     }
 }
@@ -376,12 +449,12 @@ fn sync_batch(paths: &[PathBuf]) -> Result<(), (io::Error, Vec<PathBuf>)> {
 /// Write `data` at `offset` of the file at `path` with O_DIRECT, from a
 /// page-aligned copy. The file's size and block map still need the fsync
 /// every write gets; its data does not wait in the page cache.
-fn write_direct(path: &Path, data: &[u8], offset: u64) -> io::Result<()> {
+fn write_direct(path: &Path, pages: &[AlignedPage], offset: u64) -> io::Result<()> {
     let f = OpenOptions::new()
         .write(true)
         .custom_flags(libc::O_DIRECT)
         .open(path)?;
-    f.write_all_at(page_bytes(&aligned_copy(data)), offset)
+    f.write_all_at(page_bytes(pages), offset)
 }
 
 /// Whether the page cache holds every page of `len` bytes at `offset` of
@@ -432,8 +505,8 @@ fn cached_pages(f: &File, offset: u64, len: usize) -> Option<u64> {
 
 /// Read into `buf` at `offset` (page-aligned) of the file at `path` with
 /// O_DIRECT, through a page-aligned buffer; how many bytes (fewer at the
-/// end of the file).
-fn read_direct(path: &Path, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+/// end of the file), and that buffer.
+fn read_direct(path: &Path, buf: &mut [u8], offset: u64) -> io::Result<(usize, Vec<AlignedPage>)> {
     use std::os::unix::fs::FileExt as _;
     let f = OpenOptions::new()
         .read(true)
@@ -450,7 +523,7 @@ fn read_direct(path: &Path, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     }
     let k = done.min(buf.len());
     buf[..k].copy_from_slice(&bytes[..k]);
-    Ok(k)
+    Ok((k, pages))
 }
 
 /// Ask the kernel to start writing `f`'s dirty pages without waiting

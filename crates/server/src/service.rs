@@ -160,7 +160,7 @@ impl Server {
             Counter::load(kv.as_ref(), keys::META_NEXT_INODE, 16).map_err(storage)?;
         let tx_counter = Counter::load(kv.as_ref(), keys::META_NEXT_TX, 1).map_err(storage)?;
         let chunks = Arc::new(
-            ChunkStore::open(data_dir.join("chunks"))
+            ChunkStore::open_cached(data_dir.join("chunks"), opts.cache_bytes)
                 .map_err(|e| ServerError::Storage(e.to_string()))?,
         );
         chunks.set_direct_io(opts.direct_io);
