@@ -766,7 +766,7 @@ impl Drop for InodeTicket<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A small deterministic generator (xorshift64*): a seed replays a run.
