@@ -31,14 +31,20 @@
 //! budget (`madfs server --cache-mib`). A write that pushes the count over
 //! it evicts whole chunks, least recently used first, under the same short
 //! lock; nothing waits for the disk, and freed buffers are dropped after
-//! the lock is released. The cache never holds the only copy of anything:
+//! the lock is released. Unlike the page cache, this memory cannot be
+//! reclaimed by the kernel, so the cache also leaves an eighth of the
+//! machine's memory available (memory.rs): past that it stops growing and
+//! gives memory back, on the next request or within a second (a thread
+//! watches). The cache never holds the only copy of anything:
 //! data is on disk (or in the page cache) before it is inserted, and fsync
 //! still syncs every chunk file.
 
+use crate::memory::MemInfo;
 use madfs_types::{ChunkIndex, InodeId};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 /// Bytes counted for each extent besides its buffer: its map slot and
 /// record (under 64 bytes each in a B-tree node).
@@ -144,14 +150,38 @@ pub struct CacheStats {
     pub charged: usize,
 }
 
+/// This machine's memory now (memory.rs; a stand-in in tests).
+pub type MemoryProbe = Arc<dyn Fn() -> Option<MemInfo> + Send + Sync>;
+
+/// The share of the machine's memory the cache leaves available: it stops
+/// growing when less would remain, and gives back what it holds beyond
+/// that (the kernel cannot reclaim it as it would the page cache).
+const MEMORY_RESERVE_DIVISOR: u64 = 8;
+/// How often a watched cache checks the machine's memory while no request
+/// does (an idle server under memory pressure gives memory back too).
+const TRIM_PERIOD: Duration = Duration::from_secs(1);
+
 pub struct ChunkCache {
+    shared: Arc<Shared>,
+}
+
+/// The cache's state and counters, shared with its memory watch.
+pub struct Shared {
     budget: usize,
     state: Mutex<State>,
+    memory: Option<MemoryProbe>,
     hits: AtomicU64,
     misses: AtomicU64,
     hit_bytes: AtomicU64,
     inserted_bytes: AtomicU64,
     evicted_bytes: AtomicU64,
+}
+
+impl std::ops::Deref for ChunkCache {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
 }
 
 /// Counting views of buffers in and out while the lock is held; buffers
@@ -381,20 +411,7 @@ impl State {
     }
 }
 
-impl ChunkCache {
-    /// A cache of at most `budget` bytes (0: off, every call a no-op).
-    pub fn new(budget: usize) -> ChunkCache {
-        ChunkCache {
-            budget,
-            state: Mutex::new(State::default()),
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
-            hit_bytes: AtomicU64::new(0),
-            inserted_bytes: AtomicU64::new(0),
-            evicted_bytes: AtomicU64::new(0),
-        }
-    }
-
+impl Shared {
     pub fn budget(&self) -> usize {
         self.budget
     }
@@ -416,6 +433,73 @@ impl ChunkCache {
             }
         };
         (!st.dead).then_some(st)
+    }
+
+    /// What the cache may hold now that it holds `charged` bytes: its
+    /// budget, less whatever would eat into the machine's reserve.
+    fn limit(&self, charged: usize) -> usize {
+        let Some(m) = self.memory.as_ref().and_then(|probe| probe()) else {
+            return self.budget;
+        };
+        let limit = m.limit_for(charged as u64, MEMORY_RESERVE_DIVISOR);
+        usize::try_from(limit).map_or(self.budget, |l| l.min(self.budget))
+    }
+
+    /// Give back what the machine's memory no longer allows.
+    pub fn trim(&self) {
+        let Some(mut st) = self.lock() else { return };
+        let limit = self.limit(st.charged);
+        let mut freed = Vec::new();
+        let evicted = st.evict_to(limit, &mut freed);
+        drop(st);
+        drop(freed);
+        self.evicted_bytes
+            .fetch_add(evicted as u64, Ordering::Relaxed);
+    }
+}
+
+impl ChunkCache {
+    /// A cache of at most `budget` bytes (0: off, every call a no-op),
+    /// whatever the machine's memory.
+    pub fn new(budget: usize) -> ChunkCache {
+        Self::build(budget, None)
+    }
+
+    /// A cache of at most `budget` bytes that also leaves an eighth of the
+    /// machine's memory available, as `memory` tells; with `watch`, a
+    /// thread checks that every `TRIM_PERIOD` while no request does.
+    pub fn with_memory(budget: usize, memory: MemoryProbe, watch: bool) -> ChunkCache {
+        let cache = Self::build(budget, Some(memory));
+        if watch && budget > 0 {
+            let shared = Arc::downgrade(&cache.shared);
+            let spawned = std::thread::Builder::new()
+                .name("madfs-cache-trim".into())
+                .spawn(move || loop {
+                    std::thread::sleep(TRIM_PERIOD);
+                    // Ends with the cache.
+                    let Some(s) = shared.upgrade() else { break };
+                    s.trim();
+                });
+            if let Err(e) = spawned {
+                madfs_rpc::log_warn!("chunk cache: no memory watch ({e}); requests trim it");
+            }
+        }
+        cache
+    }
+
+    fn build(budget: usize, memory: Option<MemoryProbe>) -> ChunkCache {
+        ChunkCache {
+            shared: Arc::new(Shared {
+                budget,
+                state: Mutex::new(State::default()),
+                memory,
+                hits: AtomicU64::new(0),
+                misses: AtomicU64::new(0),
+                hit_bytes: AtomicU64::new(0),
+                inserted_bytes: AtomicU64::new(0),
+                evicted_bytes: AtomicU64::new(0),
+            }),
+        }
     }
 
     /// `len` bytes at `offset` of a chunk, if extents cover all of them.
@@ -510,13 +594,14 @@ impl ChunkCache {
         }
         let end = offset.saturating_add(len as u64);
         let mut st = self.lock()?;
-        if !mutates && st.charged + len + EXTENT_OVERHEAD_BYTES > self.budget {
+        let limit = self.limit(st.charged);
+        if !mutates && st.charged + len + EXTENT_OVERHEAD_BYTES > limit {
             return None; // a fill only takes free room
         }
         let mut freed = Vec::new();
         let id = st.register(ino, index.0, (offset, end), mutates, &mut freed);
         // Cutting an extent in two counts one more extent.
-        let evicted = st.evict_to(self.budget, &mut freed);
+        let evicted = st.evict_to(limit, &mut freed);
         self.evicted_bytes
             .fetch_add(evicted as u64, Ordering::Relaxed);
         drop(st);
@@ -604,10 +689,11 @@ impl ChunkCache {
             let cost = data.footprint() + EXTENT_OVERHEAD_BYTES;
             // Only what the operation registered for, and only what fits:
             // a fill into free room, a write evicting what it must.
+            let limit = self.limit(st.charged);
             let fits = if mutates {
-                cost <= self.budget
+                cost <= limit
             } else {
-                st.charged + cost <= self.budget
+                st.charged + cost <= limit
             };
             if len > 0 && t.offset >= start && t.offset + len <= end && fits {
                 let buf = Arc::new(Buffer {
@@ -617,7 +703,7 @@ impl ChunkCache {
                 if st.insert(t.ino, t.index, t.offset, buf, &mut freed) {
                     self.inserted_bytes.fetch_add(len, Ordering::Relaxed);
                 }
-                let evicted = st.evict_to(self.budget, &mut freed);
+                let evicted = st.evict_to(limit, &mut freed);
                 self.evicted_bytes
                     .fetch_add(evicted as u64, Ordering::Relaxed);
             }
@@ -1029,7 +1115,7 @@ pub(crate) mod tests {
     #[test]
     fn interleaved_operations_never_leave_stale_bytes() {
         let mut total = CacheStats::default();
-        for seed in seeds(0..300) {
+        for seed in seeds(0..200) {
             let s = simulate(seed, 3000);
             total.hits += s.hits;
             total.inserted_bytes += s.inserted_bytes;
@@ -1178,6 +1264,43 @@ pub(crate) mod tests {
         let extents = c.check();
         assert!(extents.len() <= EXTENTS_PER_CHUNK_MAX);
         assert_eq!(c.read(ino, ch, 0, 10), Some(vec![1; 10]));
+    }
+
+    #[test]
+    fn memory_pressure_stops_growth_and_gives_memory_back() {
+        use std::sync::atomic::AtomicU64;
+        let available = Arc::new(AtomicU64::new(1 << 30));
+        let probe = {
+            let available = available.clone();
+            Arc::new(move || {
+                Some(MemInfo {
+                    total: 8 << 30,
+                    available: available.load(Ordering::Relaxed),
+                })
+            })
+        };
+        let c = ChunkCache::with_memory(1 << 20, probe, false);
+        let ino = InodeId(1);
+        // 1 GiB available, 1 GiB reserved (an eighth of 8): no growth.
+        c.begin_write(ino, ChunkIndex(0), 0, 1000)
+            .finish(buf(&[1; 1000]));
+        assert!(c.check().is_empty());
+        assert!(c.begin_fill(ino, ChunkIndex(0), 0, 1000).is_none());
+        // Room again: the budget rules.
+        available.store(2 << 30, Ordering::Relaxed);
+        for i in 0..4 {
+            c.begin_write(ino, ChunkIndex(i), 0, 1000)
+                .finish(buf(&[1; 1000]));
+        }
+        assert_eq!(c.check().len(), 4);
+        // Others take memory: 2 KiB below the reserve gives back at least
+        // 2 KiB, least recently used chunks first (1064 bytes each).
+        available.store((1 << 30) - 2048, Ordering::Relaxed);
+        c.trim();
+        assert_eq!(c.check().len(), 2);
+        assert!(c.read(ino, ChunkIndex(1), 0, 1000).is_none());
+        assert!(c.read(ino, ChunkIndex(2), 0, 1000).is_some());
+        assert!(c.read(ino, ChunkIndex(3), 0, 1000).is_some());
     }
 
     #[test]

@@ -22,6 +22,7 @@
 //! which keep it coherent with the files.
 
 use crate::chunk_cache::{CacheBytes, CacheStats, ChunkCache};
+use crate::memory::MemoryGauge;
 use crate::writeback::EarlyWriteback;
 use madfs_types::{stable_hash, ChunkIndex, InodeId};
 use std::collections::HashSet;
@@ -30,7 +31,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Writes of at least this many bytes, at an offset and of a length that
 /// are multiples of `DIRECT_ALIGN`, bypass the page cache.
@@ -107,6 +108,12 @@ impl ChunkStore {
     /// The store under `root`, keeping up to `cache_bytes` of direct I/O
     /// in memory (0: no cache).
     pub fn open_cached(root: PathBuf, cache_bytes: usize) -> io::Result<ChunkStore> {
+        let gauge = MemoryGauge::default();
+        let probe = Arc::new(move || gauge.sample());
+        Self::with_cache(root, ChunkCache::with_memory(cache_bytes, probe, true))
+    }
+
+    fn with_cache(root: PathBuf, cache: ChunkCache) -> io::Result<ChunkStore> {
         fs::create_dir_all(&root)?;
         let bytes = du(&root)?;
         Ok(ChunkStore {
@@ -115,7 +122,7 @@ impl ChunkStore {
             bytes: AtomicU64::new(bytes),
             early_writeback: EarlyWriteback::new(),
             direct: AtomicBool::new(true),
-            cache: ChunkCache::new(cache_bytes),
+            cache,
         })
     }
 
@@ -738,7 +745,8 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let mut rng = Rng::new(seed);
             let budget = (MIB / 2 + rng.below(3 * MIB)) as usize;
-            let s = ChunkStore::open_cached(dir.path().join("chunks"), budget).unwrap();
+            let s =
+                ChunkStore::with_cache(dir.path().join("chunks"), ChunkCache::new(budget)).unwrap();
             let mut model = Model::new();
             let page = DIRECT_ALIGN as u64;
             for step in 0..150 {
@@ -815,7 +823,8 @@ mod tests {
     #[test]
     fn a_write_that_fails_part_way_leaves_no_stale_bytes() {
         let dir = tempfile::tempdir().unwrap();
-        let s = ChunkStore::open_cached(dir.path().join("chunks"), 64 << 20).unwrap();
+        let s =
+            ChunkStore::with_cache(dir.path().join("chunks"), ChunkCache::new(64 << 20)).unwrap();
         let (ino, ch) = (InodeId(3), ChunkIndex(1));
         let k = DIRECT_WRITE_MIN_BYTES as u64;
         // ext4 with 4 KiB blocks stops files at 16 TiB - 4 KiB.
@@ -866,7 +875,11 @@ mod tests {
     fn concurrent_overlapping_operations_leave_the_cache_equal_to_the_files() {
         let cs = MIB;
         let dir = tempfile::tempdir().unwrap();
-        let s = ChunkStore::open_cached(dir.path().join("chunks"), (8 * MIB) as usize).unwrap();
+        let s = ChunkStore::with_cache(
+            dir.path().join("chunks"),
+            ChunkCache::new((8 * MIB) as usize),
+        )
+        .unwrap();
         let ino = InodeId(5);
         for round in 0..6u64 {
             std::thread::scope(|scope| {

@@ -12,6 +12,7 @@ pub mod inode;
 mod inode_index;
 pub mod keys;
 pub mod locks;
+mod memory;
 pub mod perm;
 mod rename;
 mod service;
