@@ -142,6 +142,7 @@ struct State {
 #[derive(Default, Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheStats {
     pub hits: u64,
+    /// Reads that went to the disk while the cache was on.
     pub misses: u64,
     pub hit_bytes: u64,
     pub inserted_bytes: u64,
@@ -445,6 +446,13 @@ impl Shared {
         usize::try_from(limit).map_or(self.budget, |l| l.min(self.budget))
     }
 
+    /// Count a read the cache could not serve (the caller read the disk).
+    pub fn count_miss(&self) {
+        if self.budget > 0 {
+            self.misses.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Give back what the machine's memory no longer allows.
     pub fn trim(&self) {
         let Some(mut st) = self.lock() else { return };
@@ -522,7 +530,6 @@ impl ChunkCache {
                 .and_then(|i| i.chunks.get(&index.0))
                 .filter(|c| !c.extents.is_empty())
             else {
-                self.misses.fetch_add(1, Ordering::Relaxed);
                 return None;
             };
             let mut pieces = Vec::new();
@@ -537,10 +544,7 @@ impl ChunkCache {
                         pieces.push((e.buf.clone(), e.at + from as usize, take as usize));
                         pos += take;
                     }
-                    _ => {
-                        self.misses.fetch_add(1, Ordering::Relaxed);
-                        return None;
-                    }
+                    _ => return None,
                 }
             }
             st.touch(ino, index.0);
