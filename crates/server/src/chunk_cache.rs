@@ -524,14 +524,11 @@ impl ChunkCache {
         let end = offset.checked_add(len as u64)?;
         let pieces = {
             let mut st = self.lock()?;
-            let Some(chunk) = st
+            let chunk = st
                 .inodes
                 .get(&ino)
                 .and_then(|i| i.chunks.get(&index.0))
-                .filter(|c| !c.extents.is_empty())
-            else {
-                return None;
-            };
+                .filter(|c| !c.extents.is_empty())?;
             let mut pieces = Vec::new();
             let mut pos = offset;
             while pos < end {
