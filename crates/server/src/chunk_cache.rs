@@ -42,8 +42,8 @@
 use crate::memory::MemInfo;
 use madfs_types::{ChunkIndex, InodeId};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 /// Bytes counted for each extent besides its buffer: its map slot and
@@ -57,12 +57,17 @@ const EXTENTS_PER_CHUNK_MAX: usize = 64;
 /// Memory the cache can hold: bytes and what their allocation costs.
 pub trait CacheBytes: Send + Sync + 'static {
     fn bytes(&self) -> &[u8];
+    /// The same bytes, to fill a recycled buffer.
+    fn bytes_mut(&mut self) -> &mut [u8];
     /// Memory held, in bytes (at least `bytes().len()`).
     fn footprint(&self) -> usize;
 }
 
 impl CacheBytes for Vec<u8> {
     fn bytes(&self) -> &[u8] {
+        self
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
         self
     }
     fn footprint(&self) -> usize {
@@ -72,11 +77,83 @@ impl CacheBytes for Vec<u8> {
 
 /// A buffer the cache holds, shared by the extents cut from it.
 struct Buffer {
-    data: Box<dyn CacheBytes>,
+    /// Taken out only when the buffer is dropped.
+    data: Option<Box<dyn CacheBytes>>,
     /// Extents showing part of it. Changed under the cache's lock only
     /// (atomic just to share the buffer between threads); its memory is
     /// counted while this is above 0.
     views: AtomicU32,
+    /// The cache whose pool takes the memory back when the last reference
+    /// (an extent's or a reader's) goes.
+    home: Weak<Shared>,
+}
+
+impl Buffer {
+    fn new(data: Box<dyn CacheBytes>, home: Weak<Shared>) -> Buffer {
+        Buffer {
+            data: Some(data),
+            views: AtomicU32::new(0),
+            home,
+        }
+    }
+
+    fn data(&self) -> &dyn CacheBytes {
+        self.data
+            .as_deref()
+            .expect("a buffer keeps its data until dropped")
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if let (Some(data), Some(home)) = (self.data.take(), self.home.upgrade()) {
+            home.recycle(data);
+        }
+    }
+}
+
+/// Buffers no extent shows any more, by length, for the next direct
+/// writes: memory this process has touched already. A buffer it never
+/// touched costs the kernel a fault and a zeroed page per 4 KiB; on the
+/// test VM that was a third of the servers' CPU time while a write filled
+/// the cache, and glibc did not hand freed cache buffers back to later
+/// writes (a second 2 GiB write after a removal grew the servers by as
+/// much again; docs/PERFORMANCE.md).
+#[derive(Default)]
+struct Pool {
+    by_len: HashMap<usize, Vec<Box<dyn CacheBytes>>>,
+    /// Footprint of every buffer held: counted with the cache's bytes
+    /// against its budget.
+    bytes: usize,
+}
+
+impl Pool {
+    fn put(&mut self, data: Box<dyn CacheBytes>) {
+        self.bytes += data.footprint();
+        self.by_len
+            .entry(data.bytes().len())
+            .or_default()
+            .push(data);
+    }
+
+    fn take(&mut self, len: usize) -> Option<Box<dyn CacheBytes>> {
+        let list = self.by_len.get_mut(&len)?;
+        let data = list.pop()?;
+        if list.is_empty() {
+            self.by_len.remove(&len);
+        }
+        self.bytes = self
+            .bytes
+            .checked_sub(data.footprint())
+            .expect("chunk cache: pool bytes counted short");
+        Some(data)
+    }
+
+    /// Any buffer, to give memory back.
+    fn take_any(&mut self) -> Option<Box<dyn CacheBytes>> {
+        let len = *self.by_len.keys().next()?;
+        self.take(len)
+    }
 }
 
 /// Part of a buffer cached at some offset of a chunk.
@@ -90,7 +167,7 @@ struct Extent {
 #[cfg(test)]
 impl Extent {
     fn bytes(&self) -> &[u8] {
-        &self.buf.data.bytes()[self.at..self.at + self.len as usize]
+        &self.buf.data().bytes()[self.at..self.at + self.len as usize]
     }
 }
 
@@ -147,8 +224,10 @@ pub struct CacheStats {
     pub hit_bytes: u64,
     pub inserted_bytes: u64,
     pub evicted_bytes: u64,
-    /// Bytes counted against the budget now.
+    /// Bytes counted against the budget now: extents, and buffers kept
+    /// for reuse.
     pub charged: usize,
+    pub pooled: usize,
 }
 
 /// This machine's memory now (memory.rs; a stand-in in tests).
@@ -170,6 +249,11 @@ pub struct ChunkCache {
 pub struct Shared {
     budget: usize,
     state: Mutex<State>,
+    /// Locked after `state` when both are (never the other way round);
+    /// a buffer's drop takes only this.
+    pool: Mutex<Pool>,
+    /// `State::charged`, readable without the state's lock.
+    charged_now: AtomicUsize,
     memory: Option<MemoryProbe>,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -195,7 +279,7 @@ struct Acct<'a> {
 impl Acct<'_> {
     fn view(&mut self, buf: &Arc<Buffer>, at: usize, len: u64) -> Extent {
         if buf.views.fetch_add(1, Ordering::Relaxed) == 0 {
-            *self.charged += buf.data.footprint();
+            *self.charged += buf.data().footprint();
         }
         *self.charged += EXTENT_OVERHEAD_BYTES;
         Extent {
@@ -212,7 +296,7 @@ impl Acct<'_> {
         assert!(before > 0, "chunk cache: a buffer lost count of its views");
         let mut refund = EXTENT_OVERHEAD_BYTES;
         if before == 1 {
-            refund += e.buf.data.footprint();
+            refund += e.buf.data().footprint();
         }
         *self.charged = self
             .charged
@@ -370,7 +454,7 @@ impl State {
         buf: Arc<Buffer>,
         freed: &mut Vec<Arc<Buffer>>,
     ) -> bool {
-        let len = buf.data.bytes().len() as u64;
+        let len = buf.data().bytes().len() as u64;
         let State {
             inodes, charged, ..
         } = self;
@@ -453,16 +537,59 @@ impl Shared {
         }
     }
 
+    fn pool(&self) -> MutexGuard<'_, Pool> {
+        self.pool.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Bring the cache's bytes and its pool's down to `target` in all,
+    /// the pool's idle buffers first, then least recently used chunks
+    /// (their buffers, dropped by the caller after the lock, come back to
+    /// the pool where they fit). Called with the state's lock held.
+    fn shrink(
+        &self,
+        st: &mut State,
+        target: usize,
+        freed: &mut Vec<Arc<Buffer>>,
+        idle: &mut Vec<Box<dyn CacheBytes>>,
+    ) {
+        let pooled = {
+            let mut pool = self.pool();
+            while st.charged + pool.bytes > target {
+                match pool.take_any() {
+                    Some(b) => idle.push(b),
+                    None => break,
+                }
+            }
+            pool.bytes
+        };
+        let evicted = st.evict_to(target.saturating_sub(pooled), freed);
+        self.evicted_bytes
+            .fetch_add(evicted as u64, Ordering::Relaxed);
+        self.charged_now.store(st.charged, Ordering::Relaxed);
+    }
+
+    /// Keep `data` for a later write if the budget (and the machine's
+    /// memory) has room for it beside what the cache holds; else free it.
+    fn recycle(&self, data: Box<dyn CacheBytes>) {
+        if self.budget == 0 {
+            return;
+        }
+        let charged = self.charged_now.load(Ordering::Relaxed);
+        let limit = self.limit(charged);
+        let mut pool = self.pool();
+        if charged + pool.bytes + data.footprint() <= limit {
+            pool.put(data);
+        }
+    }
+
     /// Give back what the machine's memory no longer allows.
     pub fn trim(&self) {
         let Some(mut st) = self.lock() else { return };
         let limit = self.limit(st.charged);
-        let mut freed = Vec::new();
-        let evicted = st.evict_to(limit, &mut freed);
+        let (mut freed, mut idle) = (Vec::new(), Vec::new());
+        self.shrink(&mut st, limit, &mut freed, &mut idle);
         drop(st);
         drop(freed);
-        self.evicted_bytes
-            .fetch_add(evicted as u64, Ordering::Relaxed);
     }
 }
 
@@ -500,6 +627,8 @@ impl ChunkCache {
             shared: Arc::new(Shared {
                 budget,
                 state: Mutex::new(State::default()),
+                pool: Mutex::new(Pool::default()),
+                charged_now: AtomicUsize::new(0),
                 memory,
                 hits: AtomicU64::new(0),
                 misses: AtomicU64::new(0),
@@ -550,7 +679,7 @@ impl ChunkCache {
         // The buffers never change once cached: copy outside the lock.
         let mut out = Vec::with_capacity(len);
         for (buf, at, n) in &pieces {
-            out.extend_from_slice(&buf.data.bytes()[*at..*at + *n]);
+            out.extend_from_slice(&buf.data().bytes()[*at..*at + *n]);
         }
         self.hits.fetch_add(1, Ordering::Relaxed);
         self.hit_bytes.fetch_add(len as u64, Ordering::Relaxed);
@@ -596,17 +725,17 @@ impl ChunkCache {
         let end = offset.saturating_add(len as u64);
         let mut st = self.lock()?;
         let limit = self.limit(st.charged);
+        // A fill only takes room that is free or that idle pooled
+        // buffers hold (they go first when it is inserted).
         if !mutates && st.charged + len + EXTENT_OVERHEAD_BYTES > limit {
-            return None; // a fill only takes free room
+            return None;
         }
-        let mut freed = Vec::new();
+        let (mut freed, mut idle) = (Vec::new(), Vec::new());
         let id = st.register(ino, index.0, (offset, end), mutates, &mut freed);
         // Cutting an extent in two counts one more extent.
-        let evicted = st.evict_to(limit, &mut freed);
-        self.evicted_bytes
-            .fetch_add(evicted as u64, Ordering::Relaxed);
+        self.shrink(&mut st, limit, &mut freed, &mut idle);
         drop(st);
-        drop(freed); // buffers whose last view went: freed outside the lock
+        drop(freed); // buffers whose last view went: recycled outside the lock
         Some(Ticket {
             cache: self,
             id,
@@ -672,6 +801,7 @@ impl ChunkCache {
         inode
             .chunks
             .retain(|_, c| !c.inflight.is_empty() || !c.extents.is_empty());
+        self.charged_now.store(*charged, Ordering::Relaxed);
         drop(st);
         drop(freed);
         InodeTicket {
@@ -684,8 +814,10 @@ impl ChunkCache {
     fn end(&self, t: &Ticket, data: Option<Box<dyn CacheBytes>>) {
         let Some(mut st) = self.lock() else { return };
         let verdict = st.unregister(t.ino, t.index, t.id);
-        let mut freed = Vec::new();
-        if let (Some((start, end, mutates)), Some(data)) = (verdict, data) {
+        let (mut freed, mut idle) = (Vec::new(), Vec::new());
+        // What is not kept goes back to the pool for the next write.
+        let mut unused = data;
+        if let (Some((start, end, mutates)), Some(data)) = (verdict, unused.as_ref()) {
             let len = data.bytes().len() as u64;
             let cost = data.footprint() + EXTENT_OVERHEAD_BYTES;
             // Only what the operation registered for, and only what fits:
@@ -697,21 +829,42 @@ impl ChunkCache {
                 st.charged + cost <= limit
             };
             if len > 0 && t.offset >= start && t.offset + len <= end && fits {
-                let buf = Arc::new(Buffer {
-                    data,
-                    views: AtomicU32::new(0),
-                });
+                let data = unused.take().expect("just matched");
+                let buf = Arc::new(Buffer::new(data, Arc::downgrade(&self.shared)));
                 if st.insert(t.ino, t.index, t.offset, buf, &mut freed) {
                     self.inserted_bytes.fetch_add(len, Ordering::Relaxed);
                 }
-                let evicted = st.evict_to(limit, &mut freed);
-                self.evicted_bytes
-                    .fetch_add(evicted as u64, Ordering::Relaxed);
+                self.shrink(&mut st, limit, &mut freed, &mut idle);
             }
         }
         st.tidy(t.ino, t.index);
+        self.charged_now.store(st.charged, Ordering::Relaxed);
         drop(st);
         drop(freed);
+        if let Some(data) = unused {
+            self.recycle(data); // not kept: memory for the next write
+        }
+    }
+
+    /// A buffer of exactly `len` bytes that the cache no longer uses, for a
+    /// direct write to fill; None if there is none, after making room for
+    /// a new one (so that the least recently used chunk's memory is what
+    /// the next write reuses).
+    pub fn take_buffer(&self, len: usize) -> Option<Box<dyn CacheBytes>> {
+        if self.budget == 0 {
+            return None;
+        }
+        if let Some(b) = self.pool().take(len) {
+            return Some(b);
+        }
+        let mut st = self.lock()?;
+        let limit = self.limit(st.charged);
+        let (mut freed, mut idle) = (Vec::new(), Vec::new());
+        self.shrink(&mut st, limit.saturating_sub(len), &mut freed, &mut idle);
+        drop(st);
+        drop(freed); // evicted buffers go to the pool here
+        drop(idle);
+        self.pool().take(len)
     }
 
     fn end_inode(&self, ino: InodeId) {
@@ -728,7 +881,7 @@ impl ChunkCache {
     }
 
     pub fn stats(&self) -> CacheStats {
-        let charged = self.state.lock().map(|s| s.charged).unwrap_or(0);
+        let charged = self.charged_now.load(Ordering::Relaxed);
         CacheStats {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
@@ -736,6 +889,7 @@ impl ChunkCache {
             inserted_bytes: self.inserted_bytes.load(Ordering::Relaxed),
             evicted_bytes: self.evicted_bytes.load(Ordering::Relaxed),
             charged,
+            pooled: self.pool().bytes,
         }
     }
 
@@ -786,10 +940,15 @@ impl ChunkCache {
                 views,
                 "a buffer's view count is off"
             );
-            charged += buf.data.footprint();
+            charged += buf.data().footprint();
         }
         assert_eq!(charged, st.charged, "bytes counted differ from a recount");
-        assert!(st.charged <= self.budget, "over budget");
+        assert_eq!(st.charged, self.charged_now.load(Ordering::Relaxed));
+        let pool = self.pool();
+        let pooled: usize = pool.by_len.values().flatten().map(|b| b.footprint()).sum();
+        assert_eq!(pooled, pool.bytes, "pool bytes differ from a recount");
+        assert!(pool.by_len.values().all(|l| !l.is_empty()));
+        assert!(st.charged + pool.bytes <= self.budget, "over budget");
         out
     }
 }
@@ -920,8 +1079,10 @@ pub(crate) mod tests {
             data: Vec<u8>,
             /// Fails after writing this many bytes (then cut back).
             fail_at: Option<usize>,
-            /// Kept (a direct write) or not (buffered).
-            keep: bool,
+            /// What a direct write hands the cache (a copy of `data`, in
+            /// a buffer the cache gave back when it had one); None for a
+            /// buffered write.
+            keep: Option<Box<dyn CacheBytes>>,
         },
         Fill {
             off: u64,
@@ -990,17 +1151,12 @@ pub(crate) mod tests {
 
     fn end(a: Active) {
         match a.kind {
-            Kind::Write {
-                data,
-                fail_at,
-                keep,
-                ..
-            } => {
+            Kind::Write { fail_at, keep, .. } => {
                 let t = a.ticket.expect("writes hold a ticket");
                 if fail_at.is_some() {
                     drop(t); // the error path: dropped, not finished
                 } else {
-                    t.finish(keep.then(|| Box::new(data) as Box<dyn CacheBytes>));
+                    t.finish(keep);
                 }
             }
             Kind::Fill { read, .. } => {
@@ -1033,14 +1189,24 @@ pub(crate) mod tests {
                 if roll < 45 {
                     let ticket = cache.begin_write(ino, ChunkIndex(index), off, len);
                     let fail_at = rng.chance(10).then(|| rng.below(len as u64) as usize);
+                    let data = rng.bytes(len);
+                    // Reused memory must be memory no extent shows any more:
+                    // the invariant check would see its bytes change.
+                    let keep = rng.chance(75).then(|| match cache.take_buffer(len) {
+                        Some(mut b) => {
+                            b.bytes_mut().copy_from_slice(&data);
+                            b
+                        }
+                        None => Box::new(data.clone()) as Box<dyn CacheBytes>,
+                    });
                     active.push(Active {
                         ino,
                         index,
                         kind: Kind::Write {
                             off,
-                            data: rng.bytes(len),
+                            data,
                             fail_at,
-                            keep: rng.chance(75),
+                            keep,
                         },
                         ticket: Some(ticket),
                         inode_ticket: None,
@@ -1118,12 +1284,14 @@ pub(crate) mod tests {
         let mut total = CacheStats::default();
         for seed in seeds(0..200) {
             let s = simulate(seed, 3000);
+            total.pooled += s.pooled;
             total.hits += s.hits;
             total.inserted_bytes += s.inserted_bytes;
             total.evicted_bytes += s.evicted_bytes;
         }
         // The runs did exercise the cache: hits, inserts and evictions.
         assert!(total.hits > 0 && total.inserted_bytes > 0 && total.evicted_bytes > 0);
+        assert!(total.pooled > 0, "buffers were kept for reuse");
     }
 
     fn buf(data: &[u8]) -> Option<Box<dyn CacheBytes>> {
@@ -1250,6 +1418,49 @@ pub(crate) mod tests {
         let f = c.begin_fill(ino, ChunkIndex(5), 0, 1000).unwrap();
         f.finish(buf(&[7; 1000]));
         assert_eq!(c.read(ino, ChunkIndex(5), 0, 1000), Some(vec![7; 1000]));
+        c.check();
+    }
+
+    #[test]
+    fn freed_buffers_are_reused_by_later_writes_within_the_budget() {
+        let per = 1000 + EXTENT_OVERHEAD_BYTES;
+        let c = ChunkCache::new(3 * per);
+        let ino = InodeId(1);
+        assert!(c.take_buffer(1000).is_none(), "nothing to reuse yet");
+        for i in 0..2 {
+            c.begin_write(ino, ChunkIndex(i), 0, 1000)
+                .finish(buf(&[i as u8; 1000]));
+        }
+        // Removed: both buffers wait in the pool, counted in the budget.
+        drop(c.begin_purge(ino));
+        assert_eq!(c.stats().pooled, 2000);
+        c.check();
+        assert!(c.take_buffer(999).is_none(), "only the same length");
+        let mut b = c.take_buffer(1000).expect("a buffer to reuse");
+        b.bytes_mut().fill(7);
+        c.begin_write(ino, ChunkIndex(5), 0, 1000).finish(Some(b));
+        assert_eq!(c.read(ino, ChunkIndex(5), 0, 1000), Some(vec![7; 1000]));
+        assert_eq!(c.stats().pooled, 1000);
+        c.check();
+        // A full cache: the next write's buffer is the least recently used
+        // chunk's, evicted for it (the pool's idle buffer goes first).
+        for i in 6..8 {
+            let b = c
+                .take_buffer(1000)
+                .unwrap_or_else(|| Box::new(vec![0u8; 1000]));
+            c.begin_write(ino, ChunkIndex(i), 0, 1000).finish(Some(b));
+            c.check();
+        }
+        assert_eq!(c.stats().pooled, 0);
+        assert!(c.take_buffer(1000).is_some(), "chunk 5's buffer, evicted");
+        assert!(c.read(ino, ChunkIndex(5), 0, 1).is_none());
+        assert!(c.read(ino, ChunkIndex(7), 0, 1).is_some());
+        // Buffers not kept (a conflicted write) are reused too.
+        let a = c.begin_write(ino, ChunkIndex(9), 0, 10);
+        c.begin_write(ino, ChunkIndex(9), 0, 10)
+            .finish(buf(&[1; 10]));
+        a.finish(buf(&[2; 10]));
+        assert!(c.take_buffer(10).is_some());
         c.check();
     }
 

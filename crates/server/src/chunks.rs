@@ -96,6 +96,9 @@ impl CacheBytes for PageBuf {
     fn bytes(&self) -> &[u8] {
         &page_bytes(&self.pages)[..self.len]
     }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut page_bytes_mut(&mut self.pages)[..self.len]
+    }
     fn footprint(&self) -> usize {
         self.pages.capacity() * DIRECT_ALIGN
     }
@@ -301,11 +304,21 @@ impl ChunkStore {
             && data.len() >= DIRECT_WRITE_MIN_BYTES
             && data.len().is_multiple_of(DIRECT_ALIGN)
             && offset.is_multiple_of(DIRECT_ALIGN as u64);
-        // The aligned copy a direct write needs; kept by the cache after.
-        let mut pages = None;
+        // The aligned copy a direct write needs, in memory the cache gave
+        // back if it has some of this length; kept by the cache after.
+        let mut kept = None;
         let written = if direct {
-            let copy = aligned_copy(data);
-            match set_direct(&f, true).and_then(|()| f.write_all_at(page_bytes(&copy), offset)) {
+            let copy = match self.cache.take_buffer(data.len()) {
+                Some(mut b) => {
+                    b.bytes_mut().copy_from_slice(data);
+                    b
+                }
+                None => Box::new(PageBuf {
+                    pages: aligned_copy(data),
+                    len: data.len(),
+                }),
+            };
+            match set_direct(&f, true).and_then(|()| f.write_all_at(copy.bytes(), offset)) {
                 Err(e)
                     if e.raw_os_error() == Some(libc::EINVAL) && before == f.metadata()?.len() =>
                 {
@@ -319,7 +332,7 @@ impl ChunkStore {
                     set_direct(&f, false).and_then(|()| f.write_all_at(data, offset))
                 }
                 Ok(()) => {
-                    pages = Some(copy);
+                    kept = Some(copy);
                     Ok(())
                 }
                 other => other,
@@ -348,12 +361,7 @@ impl ChunkStore {
         }
         self.mark_dirty(path);
         // Data the page cache holds (buffered writes) is not kept twice.
-        ticket.finish(pages.map(|pages| {
-            Box::new(PageBuf {
-                pages,
-                len: data.len(),
-            }) as Box<dyn CacheBytes>
-        }));
+        ticket.finish(kept);
         Ok(())
     }
 
@@ -451,12 +459,15 @@ impl Drop for ChunkStore {
         if self.cache.budget() > 0 {
             let s = self.cache.stats();
             madfs_rpc::log_info!(
-                "chunk cache: {} hits ({} MiB), {} misses, {} MiB inserted, {} MiB evicted",
+                "chunk cache: {} hits ({} MiB), {} misses, {} MiB inserted, {} MiB evicted, \
+                 {} MiB held, {} MiB kept for reuse",
                 s.hits,
                 s.hit_bytes >> 20,
                 s.misses,
                 s.inserted_bytes >> 20,
-                s.evicted_bytes >> 20
+                s.evicted_bytes >> 20,
+                s.charged >> 20,
+                s.pooled >> 20
             );
         }
     }
