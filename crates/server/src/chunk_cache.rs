@@ -724,16 +724,18 @@ impl ChunkCache {
         }
         let end = offset.saturating_add(len as u64);
         let mut st = self.lock()?;
-        let limit = self.limit(st.charged);
         // A fill only takes room that is free or that idle pooled
         // buffers hold (they go first when it is inserted).
-        if !mutates && st.charged + len + EXTENT_OVERHEAD_BYTES > limit {
+        if !mutates && st.charged + len + EXTENT_OVERHEAD_BYTES > self.limit(st.charged) {
             return None;
         }
         let (mut freed, mut idle) = (Vec::new(), Vec::new());
         let id = st.register(ino, index.0, (offset, end), mutates, &mut freed);
-        // Cutting an extent in two counts one more extent.
-        self.shrink(&mut st, limit, &mut freed, &mut idle);
+        if !freed.is_empty() {
+            // It cut extents; cutting one in two counts one more extent.
+            let limit = self.limit(st.charged);
+            self.shrink(&mut st, limit, &mut freed, &mut idle);
+        }
         drop(st);
         drop(freed); // buffers whose last view went: recycled outside the lock
         Some(Ticket {
