@@ -20,6 +20,7 @@ pub fn server(
     threads: Option<usize>,
     find_index_mib: usize,
     direct_io: bool,
+    cache_mib: Option<usize>,
 ) -> Result<ExitCode, String> {
     let path = ClusterConfig::locate(cluster);
     let cfg = ClusterConfig::load(&path).map_err(|e| e.to_string())?;
@@ -29,10 +30,15 @@ pub fn server(
     let find_index_bytes = find_index_mib
         .checked_mul(1 << 20)
         .ok_or("--find-index-mib is too large")?;
+    let cache_bytes = match cache_mib {
+        Some(m) => m.checked_mul(1 << 20).ok_or("--cache-mib is too large")?,
+        None => madfs_server::cache_default_bytes(1),
+    };
     let opts = madfs_server::RunOptions {
         threads,
         find_index_bytes,
         direct_io,
+        cache_bytes,
     };
     madfs_server::run(cfg, ServerId(id), opts).map_err(|e| format!("server {id}: {e}"))?;
     Ok(ExitCode::SUCCESS)
@@ -88,6 +94,7 @@ pub fn up(
     data: &Path,
     chunk_size: u64,
     base_port: Option<u16>,
+    cache_mib: Option<usize>,
 ) -> Result<ExitCode, String> {
     let data = absolute(data)?;
     std::fs::create_dir_all(&data).map_err(|e| format!("{}: {e}", data.display()))?;
@@ -133,6 +140,8 @@ pub fn up(
     // tens of microseconds each on a virtual machine.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = (cores / cfg.servers.len().max(1)).max(1);
+    // Their chunk caches share this host's memory too.
+    let cache_mib = cache_mib.unwrap_or(madfs_server::cache_default_bytes(cfg.servers.len()) >> 20);
     let mut started = Vec::new();
     for s in &cfg.servers {
         if read_pid(&data, s.id).is_some_and(madfs_alive) {
@@ -150,7 +159,9 @@ pub fn up(
             .arg("--id")
             .arg(s.id.to_string())
             .arg("--threads")
-            .arg(threads.to_string());
+            .arg(threads.to_string())
+            .arg("--cache-mib")
+            .arg(cache_mib.to_string());
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log);

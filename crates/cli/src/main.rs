@@ -56,6 +56,12 @@ enum Command {
         /// aligned transfers (which by default bypass it with O_DIRECT).
         #[arg(long)]
         no_direct_io: bool,
+        /// Memory for recently written (and read) chunk data, in MiB, so
+        /// reads of what was just written skip the disk (0: none). Default:
+        /// a quarter of this machine's memory; `madfs up` divides that
+        /// among the servers it starts here.
+        #[arg(long)]
+        cache_mib: Option<usize>,
     },
     /// Start a local cluster on 127.0.0.1 and wait until every server answers.
     Up {
@@ -74,6 +80,11 @@ enum Command {
         /// Also mount the cluster on this directory (as `madfs mount`).
         #[arg(long)]
         mount: Option<PathBuf>,
+        /// Chunk cache of each server in MiB (as `madfs server
+        /// --cache-mib`; default: a quarter of this machine's memory
+        /// divided among the servers).
+        #[arg(long)]
+        cache_mib: Option<usize>,
     },
     /// Stop the local cluster started by `madfs up`.
     Down {
@@ -217,12 +228,14 @@ fn main() -> ExitCode {
             threads,
             find_index_mib,
             no_direct_io,
+            cache_mib,
         } => cluster_cmd::server(
             cli.cluster.as_deref(),
             id,
             threads,
             find_index_mib,
             !no_direct_io,
+            cache_mib,
         ),
         Command::Up {
             servers,
@@ -230,9 +243,12 @@ fn main() -> ExitCode {
             chunk_size,
             base_port,
             mount,
-        } => cluster_cmd::up(servers, &data, chunk_size, base_port).and_then(|code| match mount {
-            Some(dir) => mount_cmd::mount(Some(&data.join("cluster.toml")), &dir, false),
-            None => Ok(code),
+            cache_mib,
+        } => cluster_cmd::up(servers, &data, chunk_size, base_port, cache_mib).and_then(|code| {
+            match mount {
+                Some(dir) => mount_cmd::mount(Some(&data.join("cluster.toml")), &dir, false),
+                None => Ok(code),
+            }
         }),
         Command::Down { data } => cluster_cmd::down(&data),
         Command::Status => cluster_cmd::status(cli.cluster.as_deref()),

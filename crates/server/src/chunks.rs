@@ -16,24 +16,22 @@
 //! (cachestat(2)). A file system that refuses O_DIRECT (EINVAL) turns it
 //! off for the store.
 //!
-//! Large aligned writes bypass the page cache (O_DIRECT, from a page-aligned
-//! copy): on this project's test VM the kernel's copy into the page cache
-//! costs about 1.45 CPU-s per GB, a user-space copy 0.04-0.1, and the disk
-//! takes direct 1 MiB writes at 1.4 GB/s where buffered ones reached 0.6
-//! (docs/PERFORMANCE.md). Smaller or unaligned writes (IOR-hard's 47,008
-//! bytes, small files) go through the page cache, which merges them. A
-//! file system that refuses O_DIRECT (EINVAL) turns it off for the store.
+//! The page-aligned copy a direct write makes is kept in the chunk cache
+//! (chunk_cache.rs), so reads of what was just written come from memory;
+//! every write, truncate and purge here goes through the cache's tickets,
+//! which keep it coherent with the files.
 
+use crate::chunk_cache::{CacheBytes, CacheStats, ChunkCache};
+use crate::memory::MemoryGauge;
 use crate::writeback::EarlyWriteback;
 use madfs_types::{stable_hash, ChunkIndex, InodeId};
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Writes of at least this many bytes, at an offset and of a length that
 /// are multiples of `DIRECT_ALIGN`, bypass the page cache.
@@ -47,11 +45,34 @@ const DIRECT_ALIGN: usize = 4096;
 #[repr(C, align(4096))]
 struct AlignedPage([u8; DIRECT_ALIGN]);
 
-/// `data` (a multiple of `DIRECT_ALIGN` long) copied into page-aligned memory.
+/// `data` (a multiple of `DIRECT_ALIGN` long) copied into page-aligned
+/// memory. The chunk cache keeps these copies, so the next one is often
+/// memory the process never touched: its pages are faulted in with one
+/// madvise(MADV_POPULATE_WRITE) call instead of a fault per page (a
+/// quarter less CPU per GB on the test VM, docs/PERFORMANCE.md).
 fn aligned_copy(data: &[u8]) -> Vec<AlignedPage> {
-    data.chunks_exact(DIRECT_ALIGN)
-        .map(|c| AlignedPage(c.try_into().expect("chunks_exact gives whole pages")))
-        .collect()
+    assert!(data.len().is_multiple_of(DIRECT_ALIGN), "whole pages only");
+    let pages = data.len() / DIRECT_ALIGN;
+    let mut out: Vec<AlignedPage> = Vec::with_capacity(pages);
+    if pages > 0 {
+        // SAFETY: the range is this Vec's own allocation, page-aligned
+        // (AlignedPage's alignment) and `pages` pages long; the call only
+        // faults pages in (an old kernel answers EINVAL: no harm).
+        unsafe {
+            libc::madvise(
+                out.as_mut_ptr().cast::<libc::c_void>(),
+                pages * DIRECT_ALIGN,
+                libc::MADV_POPULATE_WRITE,
+            );
+        }
+    }
+    // SAFETY: the capacity holds `data.len()` bytes; AlignedPage is plain
+    // bytes, so once copied every page is initialized.
+    unsafe {
+        std::ptr::copy_nonoverlapping(data.as_ptr(), out.as_mut_ptr().cast::<u8>(), data.len());
+        out.set_len(pages);
+    }
+    out
 }
 
 fn page_bytes_mut(pages: &mut [AlignedPage]) -> &mut [u8] {
@@ -61,6 +82,25 @@ fn page_bytes_mut(pages: &mut [AlignedPage]) -> &mut [u8] {
             pages.as_mut_ptr().cast::<u8>(),
             std::mem::size_of_val(pages),
         )
+    }
+}
+
+/// Page-aligned bytes: the first `len` bytes of `pages`. What a direct
+/// write wrote or a direct read read, handed to the chunk cache as is.
+struct PageBuf {
+    pages: Vec<AlignedPage>,
+    len: usize,
+}
+
+impl CacheBytes for PageBuf {
+    fn bytes(&self) -> &[u8] {
+        &page_bytes(&self.pages)[..self.len]
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut page_bytes_mut(&mut self.pages)[..self.len]
+    }
+    fn footprint(&self) -> usize {
+        self.pages.capacity() * DIRECT_ALIGN
     }
 }
 
@@ -81,10 +121,25 @@ pub struct ChunkStore {
     /// Whether large aligned writes use O_DIRECT (off once the file system
     /// refused it).
     direct: AtomicBool,
+    /// Recently written (and read) extents of direct I/O.
+    cache: ChunkCache,
 }
 
 impl ChunkStore {
+    /// The store under `root`, without a chunk cache.
     pub fn open(root: PathBuf) -> io::Result<ChunkStore> {
+        Self::open_cached(root, 0)
+    }
+
+    /// The store under `root`, keeping up to `cache_bytes` of direct I/O
+    /// in memory (0: no cache).
+    pub fn open_cached(root: PathBuf, cache_bytes: usize) -> io::Result<ChunkStore> {
+        let gauge = MemoryGauge::default();
+        let probe = Arc::new(move || gauge.sample());
+        Self::with_cache(root, ChunkCache::with_memory(cache_bytes, probe, true))
+    }
+
+    fn with_cache(root: PathBuf, cache: ChunkCache) -> io::Result<ChunkStore> {
         fs::create_dir_all(&root)?;
         let bytes = du(&root)?;
         Ok(ChunkStore {
@@ -93,7 +148,12 @@ impl ChunkStore {
             bytes: AtomicU64::new(bytes),
             early_writeback: EarlyWriteback::new(),
             direct: AtomicBool::new(true),
+            cache,
         })
+    }
+
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
     }
 
     /// Whether large aligned writes and reads bypass the page cache (on
@@ -133,6 +193,10 @@ impl ChunkStore {
         offset: u64,
         len: usize,
     ) -> io::Result<Vec<u8>> {
+        if let Some(hit) = self.cache.read(ino, index, offset, len) {
+            return Ok(hit);
+        }
+        self.cache.count_miss();
         let f = match File::open(self.chunk_path(ino, index)) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -154,14 +218,26 @@ impl ChunkStore {
             && self.direct.load(Ordering::Relaxed)
             && !fully_cached(&f, offset, n)
         {
-            match read_direct(&self.chunk_path(ino, index), &mut buf, offset) {
-                Ok(k) => done = k,
+            // Registered before the disk is read: a change racing with
+            // the read keeps what it read out of the cache.
+            let fill = self.cache.begin_fill(ino, index, offset, n);
+            match read_direct(&f, &mut buf, offset) {
+                Ok((k, pages)) => {
+                    done = k;
+                    if let Some(t) = fill {
+                        t.finish(Some(Box::new(PageBuf { pages, len: k })));
+                    }
+                    if done < n {
+                        set_direct(&f, false)?; // the rest, if any, buffered
+                    }
+                }
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                     self.direct.store(false, Ordering::Relaxed);
                     madfs_rpc::log_warn!(
                         "chunk store {}: O_DIRECT refused ({e}); using the page cache",
                         self.root.display()
                     );
+                    set_direct(&f, false)?;
                 }
                 Err(e) => return Err(e),
             }
@@ -176,6 +252,18 @@ impl ChunkStore {
         Ok(buf)
     }
 
+    /// `len` bytes at `offset` of a chunk if the chunk cache holds all of
+    /// them: memory only, so callers may serve it without the blocking pool.
+    pub fn read_cached(
+        &self,
+        ino: InodeId,
+        index: ChunkIndex,
+        offset: u64,
+        len: usize,
+    ) -> Option<Vec<u8>> {
+        self.cache.read(ino, index, offset, len)
+    }
+
     /// Write `data` at `offset` of a chunk of `chunk_size` bytes.
     pub fn write(
         &self,
@@ -185,6 +273,8 @@ impl ChunkStore {
         data: &[u8],
         chunk_size: u64,
     ) -> io::Result<()> {
+        // Registered before the file is touched; an early return drops it.
+        let ticket = self.cache.begin_write(ino, index, offset, data.len());
         let path = self.chunk_path(ino, index);
         let f = match OpenOptions::new()
             .write(true)
@@ -214,8 +304,21 @@ impl ChunkStore {
             && data.len() >= DIRECT_WRITE_MIN_BYTES
             && data.len().is_multiple_of(DIRECT_ALIGN)
             && offset.is_multiple_of(DIRECT_ALIGN as u64);
+        // The aligned copy a direct write needs, in memory the cache gave
+        // back if it has some of this length; kept by the cache after.
+        let mut kept = None;
         let written = if direct {
-            match write_direct(&path, data, offset) {
+            let copy = match self.cache.take_buffer(data.len()) {
+                Some(mut b) => {
+                    b.bytes_mut().copy_from_slice(data);
+                    b
+                }
+                None => Box::new(PageBuf {
+                    pages: aligned_copy(data),
+                    len: data.len(),
+                }),
+            };
+            match set_direct(&f, true).and_then(|()| f.write_all_at(copy.bytes(), offset)) {
                 Err(e)
                     if e.raw_os_error() == Some(libc::EINVAL) && before == f.metadata()?.len() =>
                 {
@@ -226,7 +329,11 @@ impl ChunkStore {
                         "chunk store {}: O_DIRECT refused ({e}); writing through the page cache",
                         self.root.display()
                     );
-                    f.write_all_at(data, offset)
+                    set_direct(&f, false).and_then(|()| f.write_all_at(data, offset))
+                }
+                Ok(()) => {
+                    kept = Some(copy);
+                    Ok(())
                 }
                 other => other,
             }
@@ -253,11 +360,14 @@ impl ChunkStore {
             start_writeback(&f);
         }
         self.mark_dirty(path);
+        // Data the page cache holds (buffered writes) is not kept twice.
+        ticket.finish(kept);
         Ok(())
     }
 
     /// Drop this server's data of `ino` at and beyond byte `size` of the file.
     pub fn truncate(&self, ino: InodeId, size: u64, chunk_size: u64) -> io::Result<()> {
+        let _ticket = self.cache.begin_truncate(ino, size, chunk_size);
         let dir = self.inode_dir(ino);
         let entries = match fs::read_dir(&dir) {
             Ok(e) => e,
@@ -273,21 +383,29 @@ impl ChunkStore {
             else {
                 continue;
             };
-            let start = index * chunk_size;
-            let len = entry.metadata()?.len();
-            if start >= size {
-                fs::remove_file(entry.path())?;
-                self.bytes
-                    .fetch_sub(len.min(self.bytes_used()), Ordering::Relaxed);
-            } else if size - start < len {
-                let keep = size - start;
-                OpenOptions::new()
-                    .write(true)
-                    .open(entry.path())?
-                    .set_len(keep)?;
-                self.bytes
-                    .fetch_sub((len - keep).min(self.bytes_used()), Ordering::Relaxed);
-                self.mark_dirty(entry.path());
+            let start = index.saturating_mul(chunk_size);
+            let cut = || -> io::Result<()> {
+                let len = entry.metadata()?.len();
+                if start >= size {
+                    fs::remove_file(entry.path())?;
+                    self.bytes
+                        .fetch_sub(len.min(self.bytes_used()), Ordering::Relaxed);
+                } else if size - start < len {
+                    let keep = size - start;
+                    OpenOptions::new()
+                        .write(true)
+                        .open(entry.path())?
+                        .set_len(keep)?;
+                    self.bytes
+                        .fetch_sub((len - keep).min(self.bytes_used()), Ordering::Relaxed);
+                    self.mark_dirty(entry.path());
+                }
+                Ok(())
+            };
+            match cut() {
+                // Removed meanwhile by a truncate racing with this one.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                other => other?,
             }
         }
         self.mark_dirty(dir);
@@ -296,6 +414,7 @@ impl ChunkStore {
 
     /// Remove every chunk of `ino` held here.
     pub fn purge(&self, ino: InodeId) -> io::Result<()> {
+        let _ticket = self.cache.begin_purge(ino);
         let dir = self.inode_dir(ino);
         let freed = du(&dir).unwrap_or(0);
         match fs::remove_dir_all(&dir) {
@@ -331,6 +450,25 @@ impl ChunkStore {
         match first_err {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+}
+
+impl Drop for ChunkStore {
+    fn drop(&mut self) {
+        if self.cache.budget() > 0 {
+            let s = self.cache.stats();
+            madfs_rpc::log_info!(
+                "chunk cache: {} hits ({} MiB), {} misses, {} MiB inserted, {} MiB evicted, \
+                 {} MiB held, {} MiB kept for reuse",
+                s.hits,
+                s.hit_bytes >> 20,
+                s.misses,
+                s.inserted_bytes >> 20,
+                s.evicted_bytes >> 20,
+                s.charged >> 20,
+                s.pooled >> 20
+            );
         }
     }
 }
@@ -373,15 +511,30 @@ fn sync_batch(paths: &[PathBuf]) -> Result<(), (io::Error, Vec<PathBuf>)> {
     }
 }
 
-/// Write `data` at `offset` of the file at `path` with O_DIRECT, from a
-/// page-aligned copy. The file's size and block map still need the fsync
-/// every write gets; its data does not wait in the page cache.
-fn write_direct(path: &Path, data: &[u8], offset: u64) -> io::Result<()> {
-    let f = OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)?;
-    f.write_all_at(page_bytes(&aligned_copy(data)), offset)
+/// Turn O_DIRECT on or off for the descriptor `f` (its own open file
+/// description: each call opens the chunk file afresh). The same
+/// descriptor, not a second open of the path, so a chunk file removed and
+/// made again by racing requests is never mixed up with the one this
+/// request opened. Direct writes still need the fsync every write gets
+/// (size and block map); their data does not wait in the page cache.
+fn set_direct(f: &File, on: bool) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fcntl on a descriptor this File owns; F_GETFL/F_SETFL only
+    // read and set its status flags.
+    let flags = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let want = if on {
+        flags | libc::O_DIRECT
+    } else {
+        flags & !libc::O_DIRECT
+    };
+    // SAFETY: as above.
+    if want != flags && unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFL, want) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Whether the page cache holds every page of `len` bytes at `offset` of
@@ -430,15 +583,11 @@ fn cached_pages(f: &File, offset: u64, len: usize) -> Option<u64> {
     (rc == 0).then_some(stat.nr_cache)
 }
 
-/// Read into `buf` at `offset` (page-aligned) of the file at `path` with
-/// O_DIRECT, through a page-aligned buffer; how many bytes (fewer at the
-/// end of the file).
-fn read_direct(path: &Path, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-    use std::os::unix::fs::FileExt as _;
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)?;
+/// Read into `buf` at `offset` (page-aligned) of `f` with O_DIRECT,
+/// through a page-aligned buffer; how many bytes (fewer at the end of the
+/// file), and that buffer. `f` is left direct.
+fn read_direct(f: &File, buf: &mut [u8], offset: u64) -> io::Result<(usize, Vec<AlignedPage>)> {
+    set_direct(f, true)?;
     let mut pages = vec![AlignedPage([0; DIRECT_ALIGN]); buf.len().div_ceil(DIRECT_ALIGN)];
     let bytes = page_bytes_mut(&mut pages);
     let mut done = 0;
@@ -450,7 +599,7 @@ fn read_direct(path: &Path, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     }
     let k = done.min(buf.len());
     buf[..k].copy_from_slice(&bytes[..k]);
-    Ok(k)
+    Ok((k, pages))
 }
 
 /// Ask the kernel to start writing `f`'s dirty pages without waiting
@@ -586,5 +735,243 @@ mod tests {
         let bytes = page_bytes(&pages);
         assert_eq!(bytes.as_ptr() as usize % DIRECT_ALIGN, 0);
         assert_eq!(bytes, &data[..]);
+    }
+
+    use crate::chunk_cache::tests::{seeds, Rng};
+    use std::collections::HashMap;
+
+    const MIB: u64 = 1 << 20;
+
+    /// The chunk files as the model says they should be.
+    type Model = HashMap<(InodeId, u32), Vec<u8>>;
+
+    /// Every cached extent equals the model's bytes (and the cache's own
+    /// accounting recounts).
+    fn cache_matches(s: &ChunkStore, model: &Model, ctx: &str) {
+        for (ino, index, off, bytes) in s.cache.check() {
+            let file = model.get(&(ino, index)).map(Vec::as_slice).unwrap_or(&[]);
+            let end = off as usize + bytes.len();
+            assert!(
+                end <= file.len(),
+                "{ctx}: {ino:?}/{index} cached past its end"
+            );
+            assert!(
+                file[off as usize..end] == bytes[..],
+                "{ctx}: stale bytes cached at {ino:?}/{index} offset {off}"
+            );
+        }
+    }
+
+    /// The files on disk equal the model (checks the model itself).
+    fn disk_matches(s: &ChunkStore, model: &Model, ctx: &str) {
+        for ino in [InodeId(1), InodeId(2)] {
+            for index in 0..4u32 {
+                let on_disk = fs::read(s.chunk_path(ino, ChunkIndex(index))).unwrap_or_default();
+                let want = model.get(&(ino, index)).map(Vec::as_slice).unwrap_or(&[]);
+                assert!(on_disk == want, "{ctx}: {ino:?}/{index} on disk differs");
+            }
+        }
+    }
+
+    fn model_write(model: &mut Model, ino: InodeId, index: u32, off: u64, data: &[u8]) {
+        let file = model.entry((ino, index)).or_default();
+        let end = off as usize + data.len();
+        if file.len() < end {
+            file.resize(end, 0);
+        }
+        file[off as usize..end].copy_from_slice(data);
+    }
+
+    /// Model-based: random writes (direct, large unaligned, small), reads
+    /// (direct and buffered), truncates and purges against the store with
+    /// a small cache, compared with a plain model after every step.
+    #[test]
+    fn random_operations_read_back_what_a_plain_model_holds() {
+        let cs = MIB;
+        for seed in seeds(0..4) {
+            let dir = tempfile::tempdir().unwrap();
+            let mut rng = Rng::new(seed);
+            let budget = (MIB / 2 + rng.below(3 * MIB)) as usize;
+            let s =
+                ChunkStore::with_cache(dir.path().join("chunks"), ChunkCache::new(budget)).unwrap();
+            let mut model = Model::new();
+            let page = DIRECT_ALIGN as u64;
+            for step in 0..150 {
+                let ctx = format!("seed {seed} step {step} (MADFS_CACHE_SEED={seed} replays it)");
+                let ino = InodeId(1 + rng.below(2));
+                let index = rng.below(4) as u32;
+                let roll = rng.below(100);
+                if roll < 30 {
+                    // Large and aligned: direct, kept by the cache.
+                    let pages = 64 + rng.below(65);
+                    let off = page * rng.below(cs / page - pages + 1);
+                    let data = rng.bytes((pages * page) as usize);
+                    s.write(ino, ChunkIndex(index), off, &data, cs).unwrap();
+                    model_write(&mut model, ino, index, off, &data);
+                } else if roll < 40 {
+                    // Large and unaligned: through the page cache.
+                    let len = DIRECT_WRITE_MIN_BYTES as u64 + rng.below(50_000);
+                    let off = rng.below(cs - len);
+                    let data = rng.bytes(len as usize);
+                    s.write(ino, ChunkIndex(index), off, &data, cs).unwrap();
+                    model_write(&mut model, ino, index, off, &data);
+                } else if roll < 55 {
+                    let len = 1 + rng.below(8192);
+                    let off = rng.below(cs - len);
+                    let data = rng.bytes(len as usize);
+                    s.write(ino, ChunkIndex(index), off, &data, cs).unwrap();
+                    model_write(&mut model, ino, index, off, &data);
+                } else if roll < 62 {
+                    let size = rng.below(4 * cs + 1);
+                    s.truncate(ino, size, cs).unwrap();
+                    model.retain(|&(i, index), file| {
+                        let start = index as u64 * cs;
+                        if i != ino {
+                            true
+                        } else if start >= size {
+                            false
+                        } else {
+                            file.truncate(((size - start) as usize).min(file.len()));
+                            true
+                        }
+                    });
+                } else if roll < 65 {
+                    s.purge(ino).unwrap();
+                    model.retain(|&(i, _), _| i != ino);
+                } else {
+                    let (off, len) = if rng.chance(60) {
+                        let pages = 64 + rng.below(cs / page - 63);
+                        (page * rng.below(cs / page - pages + 1), pages * page)
+                    } else {
+                        let len = 1 + rng.below(300_000);
+                        (rng.below(cs - len), len)
+                    };
+                    let got = s.read(ino, ChunkIndex(index), off, len as usize).unwrap();
+                    let file = model.get(&(ino, index)).map(Vec::as_slice).unwrap_or(&[]);
+                    let start = (off as usize).min(file.len());
+                    let end = (off + len).min(file.len() as u64) as usize;
+                    assert!(
+                        got == file[start..end],
+                        "{ctx}: read {len} at {off} differs"
+                    );
+                }
+                cache_matches(&s, &model, &ctx);
+                if step % 25 == 0 {
+                    disk_matches(&s, &model, &ctx);
+                }
+            }
+            disk_matches(&s, &model, &format!("seed {seed} at the end"));
+        }
+    }
+
+    /// A direct write that fails part-way over cached bytes (the file
+    /// system's largest file size, EFBIG) is cut back, and what it
+    /// overwrote before failing is not served from the cache.
+    #[test]
+    fn a_write_that_fails_part_way_leaves_no_stale_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let s =
+            ChunkStore::with_cache(dir.path().join("chunks"), ChunkCache::new(64 << 20)).unwrap();
+        let (ino, ch) = (InodeId(3), ChunkIndex(1));
+        let k = DIRECT_WRITE_MIN_BYTES as u64;
+        // ext4 with 4 KiB blocks stops files at 16 TiB - 4 KiB.
+        let limit = (1u64 << 44) - DIRECT_ALIGN as u64;
+        let old = vec![1u8; k as usize];
+        if s.write(ino, ch, limit - 2 * k, &old, 1 << 50).is_err() {
+            return; // a file system without that limit near here
+        }
+        let new = vec![2u8; 2 * k as usize];
+        let failed = s.write(ino, ch, limit - k - k / 2, &new, 1 << 50);
+        if failed.is_ok() {
+            return; // a file system with larger files: nothing failed
+        }
+        // What the disk holds now, read around the cache.
+        let mut want = vec![0u8; k as usize];
+        File::open(s.chunk_path(ino, ch))
+            .unwrap()
+            .read_exact_at(&mut want, limit - 2 * k)
+            .unwrap();
+        assert_eq!(
+            File::open(s.chunk_path(ino, ch))
+                .unwrap()
+                .metadata()
+                .unwrap()
+                .len(),
+            limit - k,
+            "cut back to its old length"
+        );
+        assert!(
+            want[k as usize / 2..] != old[k as usize / 2..],
+            "it wrote before failing"
+        );
+        assert_eq!(s.read(ino, ch, limit - 2 * k, k as usize).unwrap(), want);
+        for (_, _, off, bytes) in s.cache.check() {
+            let mut on_disk = vec![0u8; bytes.len()];
+            File::open(s.chunk_path(ino, ch))
+                .unwrap()
+                .read_exact_at(&mut on_disk, off)
+                .unwrap();
+            assert!(on_disk == bytes, "stale bytes cached at {off}");
+        }
+    }
+
+    /// Threads writing (direct and buffered), reading and truncating
+    /// overlapping ranges of the same chunks at once: when they are done,
+    /// every cached byte equals the file.
+    #[test]
+    fn concurrent_overlapping_operations_leave_the_cache_equal_to_the_files() {
+        let cs = MIB;
+        let dir = tempfile::tempdir().unwrap();
+        let s = ChunkStore::with_cache(
+            dir.path().join("chunks"),
+            ChunkCache::new((8 * MIB) as usize),
+        )
+        .unwrap();
+        let ino = InodeId(5);
+        for round in 0..6u64 {
+            std::thread::scope(|scope| {
+                for t in 0..4u64 {
+                    let s = &s;
+                    scope.spawn(move || {
+                        let mut rng = Rng::new(round * 100 + t);
+                        let k = DIRECT_WRITE_MIN_BYTES as u64;
+                        for _ in 0..60 {
+                            let index = ChunkIndex(rng.below(2) as u32);
+                            // Starts on a 64 KiB grid: writes overlap often.
+                            let off = (64 << 10) * rng.below((cs - k) / (64 << 10));
+                            match rng.below(10) {
+                                0..=3 => {
+                                    let data = rng.bytes(k as usize);
+                                    s.write(ino, index, off, &data, cs).unwrap();
+                                }
+                                4..=5 => {
+                                    let len = 1 + rng.below(9000) as usize;
+                                    let data = rng.bytes(len);
+                                    s.write(ino, index, off + rng.below(100), &data, cs)
+                                        .unwrap();
+                                }
+                                6 => s.truncate(ino, rng.below(2 * cs), cs).unwrap(),
+                                _ => {
+                                    s.read(ino, index, off, k as usize).unwrap();
+                                }
+                            }
+                        }
+                    });
+                }
+            });
+            for (i, index, off, bytes) in s.cache.check() {
+                let file = fs::read(s.chunk_path(i, ChunkIndex(index))).unwrap_or_default();
+                let end = off as usize + bytes.len();
+                assert!(
+                    end <= file.len(),
+                    "round {round}: cached past the file's end"
+                );
+                assert!(
+                    file[off as usize..end] == bytes[..],
+                    "round {round}: stale bytes cached at chunk {index} offset {off}"
+                );
+            }
+        }
+        assert!(s.cache_stats().inserted_bytes > 0);
     }
 }

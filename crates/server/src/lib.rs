@@ -2,6 +2,7 @@
 //! and a share of the file data (chunk files on its local disk), serving
 //! clients and peer servers over the `rpc` transport.
 
+pub mod chunk_cache;
 pub mod chunks;
 pub mod counter;
 mod dentry_index;
@@ -11,6 +12,7 @@ pub mod inode;
 mod inode_index;
 pub mod keys;
 pub mod locks;
+mod memory;
 pub mod perm;
 mod rename;
 mod service;
@@ -49,6 +51,29 @@ impl std::error::Error for ServerError {}
 /// (some 130 bytes each).
 pub const FIND_INDEX_DEFAULT_BYTES: usize = 1 << 30;
 
+/// Share of this machine's memory that the chunk caches of the servers on
+/// it take by default, in all (see `cache_default_bytes`).
+const CACHE_HOST_SHARE_DIVISOR: u64 = 4;
+
+/// Default chunk cache of one of `servers_on_host` servers on this machine:
+/// together they take a quarter of its memory (docs/ARCHITECTURE.md, "Reads
+/// of what was just written"). 0 where the memory size is unknown.
+pub fn cache_default_bytes(servers_on_host: usize) -> usize {
+    // SAFETY: sysconf only reads system parameters.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    if pages <= 0 || page <= 0 {
+        return 0;
+    }
+    let total = (pages as u64).saturating_mul(page as u64);
+    let share = total / CACHE_HOST_SHARE_DIVISOR / servers_on_host.max(1) as u64;
+    usize::try_from(share).unwrap_or(usize::MAX)
+}
+
 /// How one server process runs.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
@@ -61,6 +86,9 @@ pub struct RunOptions {
     /// Large aligned chunk writes and reads bypass the page cache (see
     /// chunks.rs).
     pub direct_io: bool,
+    /// Memory for recently written and read chunk extents (chunk_cache.rs;
+    /// 0: none).
+    pub cache_bytes: usize,
 }
 
 impl Default for RunOptions {
@@ -69,6 +97,7 @@ impl Default for RunOptions {
             threads: None,
             find_index_bytes: FIND_INDEX_DEFAULT_BYTES,
             direct_io: true,
+            cache_bytes: 0,
         }
     }
 }
