@@ -6,8 +6,8 @@ mod bench_cmd;
 mod cluster_cmd;
 mod files;
 mod find_cmd;
-mod locate;
 mod fsx_cmd;
+mod locate;
 mod mount_cmd;
 mod run_cmd;
 

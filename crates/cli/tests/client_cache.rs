@@ -12,8 +12,8 @@ mod common;
 
 use common::TestCluster;
 use madfs_client::{BlockingClient, CacheConfig, Credentials, ErrorCode, FileKind, OpenOptions};
-use rand_chacha::ChaCha8Rng as StdRng;
 use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng as StdRng;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
