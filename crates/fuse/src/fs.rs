@@ -12,6 +12,7 @@
 
 use crate::convert::{self, file_attr};
 use crate::creds::GroupCache;
+use crate::dirattrs::DirAttrs;
 use crate::handles::{
     DirHandle, DirState, DirTable, FileTable, OpenFile, QueuedWrite, WriteMode, DIRS_MAX, FILES_MAX,
 };
@@ -32,7 +33,7 @@ use std::future::Future;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 /// Largest FUSE read and write (the kernel's default cap, fs.fuse.max_pages_limit
 /// of 256 pages, is also 1 MiB): one request per `dd bs=1M` block.
@@ -94,6 +95,7 @@ pub(crate) struct Inner {
     own_connections: Option<(ClusterConfig, ClusterKey)>,
     files: FileTable,
     dirs: DirTable,
+    dir_attrs: DirAttrs,
     groups: GroupCache,
     stats: Stats,
     ttl: Duration,
@@ -140,6 +142,7 @@ impl MadFs {
                 own_connections,
                 files: FileTable::new(FILES_MAX),
                 dirs: DirTable::new(DIRS_MAX),
+                dir_attrs: DirAttrs::new(DEFAULT_TTL),
                 groups: GroupCache::default(),
                 stats: Stats::new(),
                 ttl: DEFAULT_TTL,
@@ -289,10 +292,11 @@ impl Inner {
 
     /// The attributes of `ino` asked of its owner now, with this mount's
     /// writes overlaid (what getattr answers).
-    async fn fresh_attr(&self, c: &Client, ino: InodeId) -> R<FileAttr> {
+    async fn fresh_attr(&self, c: &Client, ino: InodeId) -> R<(Attr, FileAttr)> {
         let before = self.files.known_size(ino.0);
         let a = c.getattr(ino).await?;
-        Ok(self.attr_out(a, before))
+        let fa = self.attr_out(a.clone(), before);
+        Ok((a, fa))
     }
 
     /// The attributes for an entry reply (lookup, link, ...), whose inode
@@ -301,7 +305,7 @@ impl Inner {
     /// (`fresh_attr`), which costs a round trip only for open files.
     async fn entry_attr(&self, c: &Client, a: Attr) -> FileAttr {
         if a.kind == FileKind::File && self.files.is_open(a.ino.0) {
-            if let Ok(fresh) = self.fresh_attr(c, a.ino).await {
+            if let Ok((_, fresh)) = self.fresh_attr(c, a.ino).await {
                 return fresh;
             }
             // The entry itself was found: answer with it as it came.
@@ -309,9 +313,14 @@ impl Inner {
         self.attr_out(a, None)
     }
 
-    async fn reply_entry(&self, c: &Client, reply: ReplyEntry, r: R<Attr>) {
+    /// Answer an entry request (lookup, mkdir, link, ...) asked of the
+    /// servers at `asked`.
+    async fn reply_entry(&self, c: &Client, reply: ReplyEntry, r: R<Attr>, asked: Instant) {
         match r {
-            Ok(a) => reply.entry(&self.ttl, &self.entry_attr(c, a).await, Generation(0)),
+            Ok(a) => {
+                self.dir_attrs.learned(&a, asked);
+                reply.entry(&self.ttl, &self.entry_attr(c, a).await, Generation(0))
+            }
             Err(Fail(e)) => reply.error(e),
         }
     }
@@ -883,12 +892,13 @@ impl Filesystem for MadFs {
         self.inner.stats.record(FuseOp::Lookup);
         let name = name.to_owned();
         self.here(req, move |fs, c| async move {
+            let asked = Instant::now();
             let r = async {
                 let name = convert::name(&name)?;
                 Ok(c.lookup(ino(parent), &name).await?)
             }
             .await;
-            fs.reply_entry(&c, reply, r).await
+            fs.reply_entry(&c, reply, r, asked).await
         });
     }
 
@@ -900,9 +910,20 @@ impl Filesystem for MadFs {
 
     fn getattr(&self, req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         self.inner.stats.record(FuseOp::GetAttr);
+        // A directory the servers described within the TTL (dirattrs.rs):
+        // asked again after every create or unlink in it.
+        if let Some((a, left)) = self.inner.dir_attrs.get(i.0) {
+            self.inner.stats.record_inline(FuseOp::GetAttr);
+            reply.attr(&left, &file_attr(&a));
+            return;
+        }
         self.here(req, move |fs, c| async move {
+            let asked = Instant::now();
             let r = fs.fresh_attr(&c, ino(i)).await;
-            fs.reply_attr(reply, r)
+            if let Ok((a, _)) = &r {
+                fs.dir_attrs.learned(a, asked);
+            }
+            fs.reply_attr(reply, r.map(|(_, fa)| fa))
         });
     }
 
@@ -938,7 +959,13 @@ impl Filesystem for MadFs {
         self.spawn(req, move |fs, c| async move {
             // No size to sample before: writes to the inode were drained,
             // and the kernel sends none during a setattr (inode lock).
+            let asked = Instant::now();
             let r = fs.setattr(&c, ino(i), changes, fh).await;
+            match &r {
+                Ok(a) => fs.dir_attrs.replaced(a, asked),
+                // It may have changed all the same (a reply lost).
+                Err(_) => fs.dir_attrs.changed(i.0),
+            }
             fs.reply_attr(reply, r.map(|a| fs.attr_out(a, None)))
         });
     }
@@ -974,13 +1001,15 @@ impl Filesystem for MadFs {
         }
         let name = name.to_owned();
         self.here(req, move |fs, c| async move {
+            let asked = Instant::now();
             let r = async {
                 let name = convert::name(&name)?;
                 let perm = mode & !umask & 0o7777;
                 Ok(c.create(ino(parent), &name, perm, true).await?.0)
             }
             .await;
-            fs.reply_entry(&c, reply, r).await
+            fs.dir_attrs.changed(parent.0);
+            fs.reply_entry(&c, reply, r, asked).await
         });
     }
 
@@ -996,25 +1025,30 @@ impl Filesystem for MadFs {
         self.inner.stats.record(FuseOp::MkDir);
         let name = name.to_owned();
         self.here(req, move |fs, c| async move {
+            let asked = Instant::now();
             let r = async {
                 let name = convert::name(&name)?;
                 Ok(c.mkdir_at(ino(parent), &name, mode & !umask & 0o7777)
                     .await?)
             }
             .await;
-            fs.reply_entry(&c, reply, r).await
+            fs.dir_attrs.changed(parent.0);
+            fs.reply_entry(&c, reply, r, asked).await
         });
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.inner.stats.record(FuseOp::Unlink);
         let name = name.to_owned();
-        self.here(req, move |_fs, c| async move {
+        self.here(req, move |fs, c| async move {
             let r = async {
                 let name = convert::name(&name)?;
                 Ok(c.unlink(ino(parent), &name).await?)
             }
             .await;
+            // Whatever the outcome (a lost reply may hide a change): before
+            // the kernel can ask for the parent again (dirattrs.rs).
+            fs.dir_attrs.changed(parent.0);
             reply_empty(reply, r)
         });
     }
@@ -1022,12 +1056,15 @@ impl Filesystem for MadFs {
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.inner.stats.record(FuseOp::RmDir);
         let name = name.to_owned();
-        self.here(req, move |_fs, c| async move {
+        self.here(req, move |fs, c| async move {
             let r = async {
                 let name = convert::name(&name)?;
                 Ok(c.rmdir(ino(parent), &name).await?)
             }
             .await;
+            // The parent, and the directory removed, whose inode is not
+            // known here: every directory (dirattrs.rs).
+            fs.dir_attrs.changed_all();
             reply_empty(reply, r)
         });
     }
@@ -1044,12 +1081,14 @@ impl Filesystem for MadFs {
         let name = link_name.to_owned();
         let target = target.as_os_str().as_bytes().to_vec();
         self.here(req, move |fs, c| async move {
+            let asked = Instant::now();
             let r = async {
                 let name = convert::name(&name)?;
                 Ok(c.symlink_at(ino(parent), &name, &target).await?)
             }
             .await;
-            fs.reply_entry(&c, reply, r).await
+            fs.dir_attrs.changed(parent.0);
+            fs.reply_entry(&c, reply, r, asked).await
         });
     }
 
@@ -1078,7 +1117,7 @@ impl Filesystem for MadFs {
             return;
         }
         let (name, newname) = (name.to_owned(), newname.to_owned());
-        self.here(req, move |_fs, c| async move {
+        self.here(req, move |fs, c| async move {
             let r = async {
                 let from = convert::name(&name)?;
                 let to = convert::name(&newname)?;
@@ -1086,6 +1125,9 @@ impl Filesystem for MadFs {
                     .await?)
             }
             .await;
+            // Both parents, and a directory moved (its ctime) or replaced
+            // (gone), not known here by inode: every directory.
+            fs.dir_attrs.changed_all();
             reply_empty(reply, r)
         });
     }
@@ -1101,12 +1143,14 @@ impl Filesystem for MadFs {
         self.inner.stats.record(FuseOp::Link);
         let newname = newname.to_owned();
         self.here(req, move |fs, c| async move {
+            let asked = Instant::now();
             let r = async {
                 let name = convert::name(&newname)?;
                 Ok(c.link(ino(i), ino(newparent), &name).await?)
             }
             .await;
-            fs.reply_entry(&c, reply, r).await
+            fs.dir_attrs.changed(newparent.0);
+            fs.reply_entry(&c, reply, r, asked).await
         });
     }
 
@@ -1419,6 +1463,7 @@ impl Filesystem for MadFs {
         let name = name.to_owned();
         self.here(req, move |fs, c| async move {
             let r = fs.create(&c, ino(parent), &name, mode, umask, flags).await;
+            fs.dir_attrs.changed(parent.0);
             match r {
                 Ok((attr, fh)) => reply.created(
                     &fs.ttl,

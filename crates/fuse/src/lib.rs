@@ -15,6 +15,7 @@
 
 mod convert;
 mod creds;
+mod dirattrs;
 mod fs;
 mod handles;
 mod mountinfo;
