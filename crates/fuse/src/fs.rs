@@ -1,11 +1,16 @@
 //! The FUSE file system: fuser's `Filesystem` callbacks mapped onto the
-//! async `madfs_client::Client`. Each callback runs as a task on a tokio
-//! multi-thread runtime and replies from there (fuser's `Reply*` objects
-//! are `Send`), so the threads reading /dev/fuse never wait on the network
-//! and the kernel can keep many requests in flight. Each task acts with the
-//! caller's uid, gid and groups; the servers check permissions against
-//! them, and the kernel checks its cached attributes too
-//! (`default_permissions`).
+//! async `madfs_client::Client`. A synchronous request (lookup, getattr,
+//! create, unlink, open, ...: its caller waits for it) is answered by the
+//! thread that read it from /dev/fuse, over client connections of that
+//! thread (`MadFs::here`), which saves two cross-thread wakeups per
+//! request; so are writes, flushes and releases that need not wait.
+//! Reads, listings and whatever waits for writes in flight run as tasks
+//! on a tokio multi-thread runtime and reply from there (fuser's `Reply*`
+//! objects are `Send`), so the kernel can keep many of them in flight.
+//! Each request acts with the caller's uid, gid and groups; the servers
+//! check permissions against them, and the kernel checks its cached
+//! attributes too (`default_permissions`; dirattrs.rs answers its
+//! GETATTRs of directories the servers described within the TTL).
 //!
 //! FUSE inode numbers are MadFS inode numbers (root is 1 on both sides),
 //! so there is no inode table and `forget` has nothing to drop.

@@ -1,9 +1,11 @@
 //! MadFS FUSE adapter: mounts a MadFS cluster on a directory so unmodified
 //! programs can use it, over the async client library (`madfs_client`).
 //!
-//! - fs.rs: the `fuser::Filesystem` callbacks, each run as a tokio task with
-//!   the caller's credentials;
+//! - fs.rs: the `fuser::Filesystem` callbacks, with the caller's
+//!   credentials, answered on the reader threads or as tokio tasks;
 //! - handles.rs: open files and directory listings by FUSE handle;
+//! - dirattrs.rs: directory attributes learned within the TTL;
+//! - stats.rs: request counts printed with `MADFS_STATS=1`;
 //! - write-behind (madfs_client::writebehind): writes answered before they land, bounded and ordered;
 //! - creds.rs: the caller's supplementary groups from /proc;
 //! - convert.rs: attributes, times, names and the errno mapping;
