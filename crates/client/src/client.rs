@@ -142,6 +142,26 @@ impl Client {
         }
     }
 
+    /// This client (sharing its counters, open files, write budget and
+    /// metadata cache) over connections of its own to the servers of
+    /// `cfg`, opened on first use by the runtime that first uses them and
+    /// served by it. The FUSE mount gives each thread that reads requests
+    /// from the kernel one, on a runtime of that thread, so a request and
+    /// its reply never wait for another thread to wake.
+    pub fn with_own_connections(&self, cfg: &ClusterConfig, key: ClusterKey) -> Result<Client> {
+        cfg.validate()?;
+        if cfg.servers.len() != self.server_count() || cfg.chunk_size != self.chunk_size {
+            return Err(ClientError::new(
+                ErrorCode::InvalidArgument,
+                "another cluster than this client's",
+            ));
+        }
+        Ok(Client {
+            pool: Arc::new(Pool::new(cfg, key, Role::Client, self.timeouts)),
+            ..self.clone()
+        })
+    }
+
     pub fn cache_config(&self) -> CacheConfig {
         self.cache.config()
     }

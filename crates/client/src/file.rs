@@ -134,7 +134,7 @@ impl OpenOptions {
         }
     }
 
-    pub(crate) fn writes(&self) -> bool {
+    pub fn writes(&self) -> bool {
         self.write || self.append
     }
 
@@ -144,7 +144,7 @@ impl OpenOptions {
     }
 
     /// The access(2) bits this open needs.
-    pub(crate) fn access_mask(&self) -> u8 {
+    pub fn access_mask(&self) -> u8 {
         let mut mask = 0;
         if self.reads() {
             mask |= ACCESS_READ;

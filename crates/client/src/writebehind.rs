@@ -136,6 +136,35 @@ impl WriteBehind {
         }
     }
 
+    /// `admit` if it would not wait: a slot and the budget are free and no
+    /// write in flight overlaps [start, end). None otherwise (nothing is
+    /// taken); the caller then waits in `admit`.
+    pub fn try_admit(&self, budget: &Budget, start: u64, end: u64) -> Option<Ticket> {
+        let slot = self.slots.clone().try_acquire_owned().ok()?;
+        let budget = budget
+            .units
+            .clone()
+            .try_acquire_many_owned(budget.units((end - start) as usize))
+            .ok()?;
+        let mut st = self.lock();
+        if st.in_flight.iter().any(|&(_, s, e)| s < end && start < e) {
+            return None;
+        }
+        let id = st.next_id;
+        st.next_id += 1;
+        st.in_flight.push((id, start, end));
+        Some(Ticket {
+            id,
+            _slot: slot,
+            _budget: budget,
+        })
+    }
+
+    /// Whether no write is in flight (what `drain` waits for).
+    pub fn is_idle(&self) -> bool {
+        self.lock().in_flight.is_empty()
+    }
+
     /// A write finished: record its failure, free its range and slot.
     pub fn finish(&self, ticket: Ticket, result: Result<(), ClientError>) {
         {

@@ -1,20 +1,27 @@
 //! The FUSE file system: fuser's `Filesystem` callbacks mapped onto the
-//! async `madfs_client::Client`. Each callback runs as a task on a tokio
-//! multi-thread runtime and replies from there (fuser's `Reply*` objects
-//! are `Send`), so the threads reading /dev/fuse never wait on the network
-//! and the kernel can keep many requests in flight. Each task acts with the
-//! caller's uid, gid and groups; the servers check permissions against
-//! them, and the kernel checks its cached attributes too
-//! (`default_permissions`).
+//! async `madfs_client::Client`. A synchronous request (lookup, getattr,
+//! create, unlink, open, ...: its caller waits for it) is answered by the
+//! thread that read it from /dev/fuse, over client connections of that
+//! thread (`MadFs::here`), which saves two cross-thread wakeups per
+//! request; so are writes, flushes and releases that need not wait.
+//! Reads, listings and whatever waits for writes in flight run as tasks
+//! on a tokio multi-thread runtime and reply from there (fuser's `Reply*`
+//! objects are `Send`), so the kernel can keep many of them in flight.
+//! Each request acts with the caller's uid, gid and groups; the servers
+//! check permissions against them, and the kernel checks its cached
+//! attributes too (`default_permissions`; dirattrs.rs answers its
+//! GETATTRs of directories the servers described within the TTL).
 //!
 //! FUSE inode numbers are MadFS inode numbers (root is 1 on both sides),
 //! so there is no inode table and `forget` has nothing to drop.
 
 use crate::convert::{self, file_attr};
 use crate::creds::GroupCache;
+use crate::dirattrs::DirAttrs;
 use crate::handles::{
-    DirHandle, DirState, DirTable, FileTable, OpenFile, WriteMode, DIRS_MAX, FILES_MAX,
+    DirHandle, DirState, DirTable, FileTable, OpenFile, QueuedWrite, WriteMode, DIRS_MAX, FILES_MAX,
 };
+use crate::stats::{FuseOp, Stats};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
     INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr,
@@ -22,16 +29,16 @@ use fuser::{
     ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use madfs_client::{
-    Attr, Client, ClientError, Credentials, DirEntry, ErrorCode, File, FileKind, InodeId,
-    OpenOptions, ServerId, SetAttrs, TimeSet, ACCESS_EXEC, ACCESS_READ, ACCESS_WRITE,
-    RENAME_EXCHANGE, RENAME_NOREPLACE,
+    Attr, Client, ClientError, ClusterConfig, ClusterKey, Credentials, DirEntry, ErrorCode, File,
+    FileKind, InodeId, OpenOptions, ServerId, SetAttrs, TimeSet, ACCESS_EXEC, ACCESS_READ,
+    ACCESS_WRITE, RENAME_EXCHANGE, RENAME_NOREPLACE,
 };
 use std::ffi::OsStr;
 use std::future::Future;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 /// Largest FUSE read and write (the kernel's default cap, fs.fuse.max_pages_limit
 /// of 256 pages, is also 1 MiB): one request per `dd bs=1M` block.
@@ -85,10 +92,17 @@ impl Caller {
 
 /// State shared by every request task.
 pub(crate) struct Inner {
+    /// The client whose connections the runtime's workers serve: open
+    /// files, their reads and write-behind writes use it.
     client: Client,
+    /// Where the reader threads' own clients connect (see `MadFs::here`);
+    /// None: every request runs as a task on the runtime.
+    own_connections: Option<(ClusterConfig, ClusterKey)>,
     files: FileTable,
     dirs: DirTable,
+    dir_attrs: DirAttrs,
     groups: GroupCache,
+    stats: Stats,
     ttl: Duration,
     /// For telling the kernel its cached attributes are stale; set once the
     /// session exists (it is created after the file system).
@@ -101,15 +115,41 @@ pub struct MadFs {
     rt: tokio::runtime::Handle,
 }
 
+/// What a thread reading requests from the kernel answers the synchronous
+/// ones with (see `MadFs::here`): a runtime without worker threads and a
+/// client with connections of its own, which that runtime serves.
+struct Local {
+    rt: tokio::runtime::Runtime,
+    client: Client,
+}
+
+thread_local! {
+    /// This thread's `Local`, made at its first request (None where it
+    /// cannot be: then its requests run as tasks).
+    static LOCAL: std::cell::OnceCell<Option<Local>> = const { std::cell::OnceCell::new() };
+}
+
 impl MadFs {
-    /// A file system over `client`, running its requests on `rt`.
-    pub fn new(client: Client, rt: tokio::runtime::Handle) -> MadFs {
+    /// A file system over `client`, running its requests on `rt`. With
+    /// `own_connections` (the cluster of `client` and its key), the threads
+    /// reading the kernel's requests answer the synchronous ones (lookup,
+    /// getattr, create, unlink, open, ...) themselves over connections of
+    /// their own (`Client::with_own_connections`) instead of handing each
+    /// to a task on `rt`.
+    pub fn new(
+        client: Client,
+        rt: tokio::runtime::Handle,
+        own_connections: Option<(ClusterConfig, ClusterKey)>,
+    ) -> MadFs {
         MadFs {
             inner: Arc::new(Inner {
                 client,
+                own_connections,
                 files: FileTable::new(FILES_MAX),
                 dirs: DirTable::new(DIRS_MAX),
+                dir_attrs: DirAttrs::new(DEFAULT_TTL),
                 groups: GroupCache::default(),
+                stats: Stats::new(),
                 ttl: DEFAULT_TTL,
                 notifier: Arc::new(OnceLock::new()),
             }),
@@ -122,7 +162,15 @@ impl MadFs {
         self.inner.notifier.clone()
     }
 
-    /// Run `op` as a task with the caller's credentials.
+    /// A handle for printing the mount's request counts (`MADFS_STATS`).
+    pub fn stats_handle(&self) -> StatsHandle {
+        StatsHandle(self.inner.clone())
+    }
+
+    /// Run `op` as a task with the caller's credentials, over the shared
+    /// client. For requests that must not hold up the thread that read
+    /// them: reads and write-behind (the kernel keeps many in flight),
+    /// listings, and whatever waits for writes in flight.
     fn spawn<F, Fut>(&self, req: &Request, op: F)
     where
         F: FnOnce(Arc<Inner>, Client) -> Fut + Send + 'static,
@@ -135,6 +183,62 @@ impl MadFs {
             op(inner, c).await
         });
     }
+
+    /// Run `op` to its end on this thread (the one that read the request),
+    /// over this thread's own client, with the caller's credentials.
+    ///
+    /// For the synchronous requests (the caller waits for each, one at a
+    /// time). Handed to a task, each cost two more thread switches than
+    /// needed: the reader woke a worker, and the server's reply woke a
+    /// worker that then answered. Here the thread that read the request
+    /// sends it, waits for the reply on its own sockets, and answers: on
+    /// this 2-core VM a switch costs about 100 us of CPU (docs/
+    /// PERFORMANCE.md). `op` must use only the client it is given for
+    /// requests: the shared client's connections are served by the
+    /// runtime's workers, and one opened from here would be served by this
+    /// thread only while it runs a request. (Open files are made over the
+    /// shared client, `Inner::shared`, which sends nothing then.)
+    ///
+    /// While a reader thread runs a request the others keep reading; none
+    /// waits here for anything but servers and writes in flight, never for
+    /// another FUSE request, so they cannot deadlock.
+    fn here<F, Fut>(&self, req: &Request, op: F)
+    where
+        F: FnOnce(Arc<Inner>, Client) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        let who = Caller::of(req);
+        // Not on a runtime's thread (block_on would panic there).
+        let op = if tokio::runtime::Handle::try_current().is_err() {
+            LOCAL.with(|cell| match cell.get_or_init(|| inner.new_local()) {
+                Some(local) => {
+                    let c = local
+                        .client
+                        .with_credentials(inner.groups.credentials(who.uid, who.gid, who.pid));
+                    local.rt.block_on(op(inner.clone(), c));
+                    None
+                }
+                None => Some(op),
+            })
+        } else {
+            Some(op)
+        };
+        if let Some(op) = op {
+            self.spawn(req, op);
+        }
+    }
+}
+
+/// Prints what the mount was asked and what it asked the servers since the
+/// last print (see stats.rs).
+#[derive(Clone)]
+pub struct StatsHandle(Arc<Inner>);
+
+impl StatsHandle {
+    pub fn report(&self) -> String {
+        self.0.stats.report(self.0.client.request_counts())
+    }
 }
 
 fn ino(i: INodeNo) -> InodeId {
@@ -145,6 +249,33 @@ impl Inner {
     fn client_for(&self, who: Caller) -> Client {
         self.client
             .with_credentials(self.groups.credentials(who.uid, who.gid, who.pid))
+    }
+
+    /// The shared client acting as `c` does (for open files: see `here`).
+    fn shared(&self, c: &Client) -> Client {
+        self.client.with_credentials(c.credentials().clone())
+    }
+
+    /// A reader thread's runtime and client (see `MadFs::here`).
+    fn new_local(&self) -> Option<Local> {
+        let (cfg, key) = self.own_connections.as_ref()?;
+        let client = match self.client.with_own_connections(cfg, key.clone()) {
+            Ok(c) => c,
+            Err(e) => {
+                madfs_rpc::log_warn!("madfs fuse: a reader thread's client: {e}");
+                return None;
+            }
+        };
+        match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => Some(Local { rt, client }),
+            Err(e) => {
+                madfs_rpc::log_warn!("madfs fuse: a reader thread's runtime: {e}");
+                None
+            }
+        }
     }
 
     /// Attributes as this mount should show them: a file open here for
@@ -166,10 +297,11 @@ impl Inner {
 
     /// The attributes of `ino` asked of its owner now, with this mount's
     /// writes overlaid (what getattr answers).
-    async fn fresh_attr(&self, c: &Client, ino: InodeId) -> R<FileAttr> {
+    async fn fresh_attr(&self, c: &Client, ino: InodeId) -> R<(Attr, FileAttr)> {
         let before = self.files.known_size(ino.0);
         let a = c.getattr(ino).await?;
-        Ok(self.attr_out(a, before))
+        let fa = self.attr_out(a.clone(), before);
+        Ok((a, fa))
     }
 
     /// The attributes for an entry reply (lookup, link, ...), whose inode
@@ -178,7 +310,7 @@ impl Inner {
     /// (`fresh_attr`), which costs a round trip only for open files.
     async fn entry_attr(&self, c: &Client, a: Attr) -> FileAttr {
         if a.kind == FileKind::File && self.files.is_open(a.ino.0) {
-            if let Ok(fresh) = self.fresh_attr(c, a.ino).await {
+            if let Ok((_, fresh)) = self.fresh_attr(c, a.ino).await {
                 return fresh;
             }
             // The entry itself was found: answer with it as it came.
@@ -186,9 +318,14 @@ impl Inner {
         self.attr_out(a, None)
     }
 
-    async fn reply_entry(&self, c: &Client, reply: ReplyEntry, r: R<Attr>) {
+    /// Answer an entry request (lookup, mkdir, link, ...) asked of the
+    /// servers at `asked`.
+    async fn reply_entry(&self, c: &Client, reply: ReplyEntry, r: R<Attr>, asked: Instant) {
         match r {
-            Ok(a) => reply.entry(&self.ttl, &self.entry_attr(c, a).await, Generation(0)),
+            Ok(a) => {
+                self.dir_attrs.learned(&a, asked);
+                reply.entry(&self.ttl, &self.entry_attr(c, a).await, Generation(0))
+            }
             Err(Fail(e)) => reply.error(e),
         }
     }
@@ -222,15 +359,22 @@ impl Inner {
         }
     }
 
-    async fn write(&self, fh: FileHandle, offset: u64, data: Vec<u8>) -> R<u32> {
-        let f = self.file(fh)?;
-        if let Some(e) = f.wb.take_error() {
-            return Err(e.into());
-        }
+    /// A write that could not be answered at once (`try_write_now`): it
+    /// waits for overlapping writes of the inode and for room. `queued`
+    /// keeps later writes of the inode from being answered before this one
+    /// has claimed its range.
+    async fn write(
+        &self,
+        f: Arc<OpenFile>,
+        offset: u64,
+        data: Vec<u8>,
+        queued: QueuedWrite,
+    ) -> R<u32> {
         let len = data.len();
         let end = offset.saturating_add(len as u64);
         // After any overlapping write through another handle of the inode.
         let range = self.files.claim_write(f.ino, offset, end).await;
+        drop(queued);
         match f.mode {
             WriteMode::Behind => {
                 let ticket = f.wb.admit(self.client.write_budget(), offset, end).await;
@@ -247,6 +391,36 @@ impl Inner {
             }
         }
         Ok(len as u32)
+    }
+
+    /// Start a write-behind write on `rt` if nothing makes it wait: no
+    /// overlapping write of the inode in flight or on its way, a free slot
+    /// of the handle and room in the mount's budget. Then the write is
+    /// answered by the thread that read it, without a task in between.
+    fn try_write_now(
+        &self,
+        rt: &tokio::runtime::Handle,
+        f: &Arc<OpenFile>,
+        offset: u64,
+        data: &[u8],
+    ) -> bool {
+        if f.mode != WriteMode::Behind {
+            return false;
+        }
+        let end = offset.saturating_add(data.len() as u64);
+        let Some(range) = self.files.try_claim_write(f.ino, offset, end) else {
+            return false;
+        };
+        let Some(ticket) = f.wb.try_admit(self.client.write_budget(), offset, end) else {
+            return false;
+        };
+        let (f, data) = (f.clone(), data.to_vec());
+        rt.spawn(async move {
+            let r = f.file.write_at(offset, &data).await.map(|_| ());
+            f.wb.finish(ticket, r);
+            drop(range);
+        });
+        true
     }
 
     fn dir(&self, fh: FileHandle) -> R<Arc<DirHandle>> {
@@ -348,13 +522,14 @@ impl Inner {
     /// handles appending in turn would overwrite each other.
     async fn open(&self, c: &Client, ino: InodeId, flags: i32) -> R<u64> {
         let opts = OpenOptions::from_flags(flags & !libc::O_APPEND, 0);
-        let file = self.open_inode(c, ino, &opts).await?;
+        let file = self.open_existing(c, ino, &opts).await?;
         // Close-to-open for attributes too: the kernel may hold a size and
         // mtime cached from before another client's close (up to the TTL);
         // it would read up to the old size and show the old mtime. Drop
         // them, so the next stat or read past them asks again (what NFS
-        // does with a GETATTR at open). Attributes only: the page cache
-        // goes anyway, as the open does not keep it.
+        // does with a GETATTR at open). Attributes only (offset -1: no
+        // page is touched, so this never waits for a page a read holds
+        // locked): the page cache goes anyway, as the open does not keep it.
         if let Some(n) = self.notifier.get() {
             // ENOENT (inode not in the kernel's cache) is fine.
             let _ = n.inval_inode(INodeNo(ino.0), -1, 0);
@@ -362,27 +537,33 @@ impl Inner {
         self.register(file, flags)
     }
 
-    /// Open an existing inode; with O_TRUNC, the handles of this mount
-    /// already open on it learn the new size (see `truncated`), and chunks
-    /// they wrote past what the owner knows go too.
-    async fn open_inode(&self, c: &Client, ino: InodeId, opts: &OpenOptions) -> R<File> {
-        if !opts.truncate {
-            return Ok(c.open_inode(ino, opts).await?);
+    /// Open an existing inode: check access (the owner's Access request,
+    /// which also brings the attributes as they are now: close-to-open);
+    /// with O_TRUNC, cut it to 0, and the handles of this mount already
+    /// open on it learn the new size (see `truncated`), and chunks they
+    /// wrote past what the owner knows go too. Requests go through `c`;
+    /// the handle is made over the shared client (see `MadFs::here`).
+    async fn open_existing(&self, c: &Client, ino: InodeId, opts: &OpenOptions) -> R<File> {
+        let mut attr = c.access(ino, opts.access_mask()).await?;
+        match attr.kind {
+            FileKind::Dir if opts.writes() || opts.truncate => return Err(Fail(Errno::EISDIR)),
+            FileKind::Symlink => return Err(Fail(Errno::ELOOP)),
+            _ => {}
         }
-        // A write landing after the truncate would bring data back.
-        self.drain_ino(ino.0).await;
-        let unpublished = self.files.known_size(ino.0).unwrap_or(0);
-        // Access is checked (and the owner's size cut) here first.
-        let file = c.open_inode(ino, opts).await?;
-        if unpublished > 0 {
-            let to_zero = SetAttrs {
-                size: Some(0),
-                ..SetAttrs::default()
-            };
-            c.setattr_known_size(ino, to_zero, unpublished).await?;
+        if opts.truncate && attr.kind == FileKind::File {
+            // A write landing after the truncate would bring data back.
+            self.drain_ino(ino.0).await;
+            let known = attr.size.max(self.files.known_size(ino.0).unwrap_or(0));
+            if known > 0 {
+                let to_zero = SetAttrs {
+                    size: Some(0),
+                    ..SetAttrs::default()
+                };
+                attr = c.setattr_known_size(ino, to_zero, known).await?;
+            }
+            self.truncated(ino, 0);
         }
-        self.truncated(ino, 0);
-        Ok(file)
+        Ok(File::new(&self.shared(c), attr, opts))
     }
 
     /// The inode was truncated to `size` in this mount: every handle of it
@@ -423,14 +604,14 @@ impl Inner {
         let (attr, created) = c.create(parent, &name, perm, opts.exclusive).await?;
         let file = if created {
             // A new file: its creator may write it whatever its mode.
-            File::new(c, attr.clone(), &opts)
+            File::new(&self.shared(c), attr, &opts)
         } else {
             // Someone made the name between the kernel's lookup and now:
             // open the existing file as open(2) without O_EXCL would.
             if attr.kind != FileKind::File {
                 return Err(Fail(Errno::EEXIST));
             }
-            self.open_inode(c, attr.ino, &opts).await?
+            self.open_existing(c, attr.ino, &opts).await?
         };
         let attr = if created {
             self.attr_out(file.attr(), None)
@@ -713,25 +894,41 @@ impl Filesystem for MadFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.inner.stats.record(FuseOp::Lookup);
         let name = name.to_owned();
-        self.spawn(req, move |fs, c| async move {
+        self.here(req, move |fs, c| async move {
+            let asked = Instant::now();
             let r = async {
                 let name = convert::name(&name)?;
                 Ok(c.lookup(ino(parent), &name).await?)
             }
             .await;
-            fs.reply_entry(&c, reply, r).await
+            fs.reply_entry(&c, reply, r, asked).await
         });
     }
 
     fn forget(&self, _req: &Request, _ino: INodeNo, _nlookup: u64) {
+        self.inner.stats.record(FuseOp::Forget);
+        self.inner.stats.record_inline(FuseOp::Forget);
         // Inode numbers are MadFS's own: nothing is kept per looked-up inode.
     }
 
     fn getattr(&self, req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.spawn(req, move |fs, c| async move {
+        self.inner.stats.record(FuseOp::GetAttr);
+        // A directory the servers described within the TTL (dirattrs.rs):
+        // asked again after every create or unlink in it.
+        if let Some((a, left)) = self.inner.dir_attrs.get(i.0) {
+            self.inner.stats.record_inline(FuseOp::GetAttr);
+            reply.attr(&left, &file_attr(&a));
+            return;
+        }
+        self.here(req, move |fs, c| async move {
+            let asked = Instant::now();
             let r = fs.fresh_attr(&c, ino(i)).await;
-            fs.reply_attr(reply, r)
+            if let Ok((a, _)) = &r {
+                fs.dir_attrs.learned(a, asked);
+            }
+            fs.reply_attr(reply, r.map(|(_, fa)| fa))
         });
     }
 
@@ -753,6 +950,7 @@ impl Filesystem for MadFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        self.inner.stats.record(FuseOp::SetAttr);
         let changes = SetAttrs {
             perm: mode.map(|m| m & 0o7777),
             uid,
@@ -761,16 +959,25 @@ impl Filesystem for MadFs {
             atime: convert::time_set(atime),
             mtime: convert::time_set(mtime),
         };
+        // A task: it may wait for writes in flight and publish sizes
+        // through open files (the shared client).
         self.spawn(req, move |fs, c| async move {
             // No size to sample before: writes to the inode were drained,
             // and the kernel sends none during a setattr (inode lock).
+            let asked = Instant::now();
             let r = fs.setattr(&c, ino(i), changes, fh).await;
+            match &r {
+                Ok(a) => fs.dir_attrs.replaced(a, asked),
+                // It may have changed all the same (a reply lost).
+                Err(_) => fs.dir_attrs.changed(i.0),
+            }
             fs.reply_attr(reply, r.map(|a| fs.attr_out(a, None)))
         });
     }
 
     fn readlink(&self, req: &Request, i: INodeNo, reply: ReplyData) {
-        self.spawn(req, move |_fs, c| async move {
+        self.inner.stats.record(FuseOp::ReadLink);
+        self.here(req, move |_fs, c| async move {
             match c.readlink(ino(i)).await {
                 Ok(t) => reply.data(&t),
                 Err(e) => reply.error(convert::errno(&e)),
@@ -788,6 +995,7 @@ impl Filesystem for MadFs {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
+        self.inner.stats.record(FuseOp::MkNod);
         // MadFS has regular files, directories and symlinks only: FIFOs,
         // sockets and devices get EPERM, which mknod(2) documents for "the
         // file system does not support the type of node requested".
@@ -797,14 +1005,16 @@ impl Filesystem for MadFs {
             return;
         }
         let name = name.to_owned();
-        self.spawn(req, move |fs, c| async move {
+        self.here(req, move |fs, c| async move {
+            let asked = Instant::now();
             let r = async {
                 let name = convert::name(&name)?;
                 let perm = mode & !umask & 0o7777;
                 Ok(c.create(ino(parent), &name, perm, true).await?.0)
             }
             .await;
-            fs.reply_entry(&c, reply, r).await
+            fs.dir_attrs.changed(parent.0);
+            fs.reply_entry(&c, reply, r, asked).await
         });
     }
 
@@ -817,38 +1027,49 @@ impl Filesystem for MadFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        self.inner.stats.record(FuseOp::MkDir);
         let name = name.to_owned();
-        self.spawn(req, move |fs, c| async move {
+        self.here(req, move |fs, c| async move {
+            let asked = Instant::now();
             let r = async {
                 let name = convert::name(&name)?;
                 Ok(c.mkdir_at(ino(parent), &name, mode & !umask & 0o7777)
                     .await?)
             }
             .await;
-            fs.reply_entry(&c, reply, r).await
+            fs.dir_attrs.changed(parent.0);
+            fs.reply_entry(&c, reply, r, asked).await
         });
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.inner.stats.record(FuseOp::Unlink);
         let name = name.to_owned();
-        self.spawn(req, move |_fs, c| async move {
+        self.here(req, move |fs, c| async move {
             let r = async {
                 let name = convert::name(&name)?;
                 Ok(c.unlink(ino(parent), &name).await?)
             }
             .await;
+            // Whatever the outcome (a lost reply may hide a change): before
+            // the kernel can ask for the parent again (dirattrs.rs).
+            fs.dir_attrs.changed(parent.0);
             reply_empty(reply, r)
         });
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.inner.stats.record(FuseOp::RmDir);
         let name = name.to_owned();
-        self.spawn(req, move |_fs, c| async move {
+        self.here(req, move |fs, c| async move {
             let r = async {
                 let name = convert::name(&name)?;
                 Ok(c.rmdir(ino(parent), &name).await?)
             }
             .await;
+            // The parent, and the directory removed, whose inode is not
+            // known here: every directory (dirattrs.rs).
+            fs.dir_attrs.changed_all();
             reply_empty(reply, r)
         });
     }
@@ -861,15 +1082,18 @@ impl Filesystem for MadFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        self.inner.stats.record(FuseOp::Symlink);
         let name = link_name.to_owned();
         let target = target.as_os_str().as_bytes().to_vec();
-        self.spawn(req, move |fs, c| async move {
+        self.here(req, move |fs, c| async move {
+            let asked = Instant::now();
             let r = async {
                 let name = convert::name(&name)?;
                 Ok(c.symlink_at(ino(parent), &name, &target).await?)
             }
             .await;
-            fs.reply_entry(&c, reply, r).await
+            fs.dir_attrs.changed(parent.0);
+            fs.reply_entry(&c, reply, r, asked).await
         });
     }
 
@@ -883,6 +1107,7 @@ impl Filesystem for MadFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        self.inner.stats.record(FuseOp::Rename);
         let mut wire = 0;
         if flags.contains(RenameFlags::RENAME_NOREPLACE) {
             wire |= RENAME_NOREPLACE;
@@ -897,7 +1122,7 @@ impl Filesystem for MadFs {
             return;
         }
         let (name, newname) = (name.to_owned(), newname.to_owned());
-        self.spawn(req, move |_fs, c| async move {
+        self.here(req, move |fs, c| async move {
             let r = async {
                 let from = convert::name(&name)?;
                 let to = convert::name(&newname)?;
@@ -905,6 +1130,9 @@ impl Filesystem for MadFs {
                     .await?)
             }
             .await;
+            // Both parents, and a directory moved (its ctime) or replaced
+            // (gone), not known here by inode: every directory.
+            fs.dir_attrs.changed_all();
             reply_empty(reply, r)
         });
     }
@@ -917,19 +1145,23 @@ impl Filesystem for MadFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        self.inner.stats.record(FuseOp::Link);
         let newname = newname.to_owned();
-        self.spawn(req, move |fs, c| async move {
+        self.here(req, move |fs, c| async move {
+            let asked = Instant::now();
             let r = async {
                 let name = convert::name(&newname)?;
                 Ok(c.link(ino(i), ino(newparent), &name).await?)
             }
             .await;
-            fs.reply_entry(&c, reply, r).await
+            fs.dir_attrs.changed(newparent.0);
+            fs.reply_entry(&c, reply, r, asked).await
         });
     }
 
     fn open(&self, req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        self.spawn(req, move |fs, c| async move {
+        self.inner.stats.record(FuseOp::Open);
+        self.here(req, move |fs, c| async move {
             // No FOPEN_KEEP_CACHE: the kernel drops its cached pages at every
             // open, so an open sees what others closed before (close-to-open).
             match fs.open(&c, ino(i), flags.0).await {
@@ -950,6 +1182,8 @@ impl Filesystem for MadFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        self.inner.stats.record(FuseOp::Read);
+        // A task: the kernel keeps many reads in flight (readahead).
         self.spawn(req, move |fs, _c| async move {
             let r = async {
                 let f = fs.file(fh)?;
@@ -984,11 +1218,29 @@ impl Filesystem for MadFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        self.inner.stats.record(FuseOp::Write);
+        let Some(f) = self.inner.files.get(fh.0) else {
+            reply.error(Errno::EBADF);
+            return;
+        };
+        if let Some(e) = f.wb.take_error() {
+            reply.error(convert::errno(&e));
+            return;
+        }
+        // Answered here when nothing makes it wait (the usual case: the
+        // kernel sends the next write to the inode only once this one is
+        // answered); the data is copied once, for the task that sends it.
+        if self.inner.try_write_now(&self.rt, &f, offset, data) {
+            self.inner.stats.record_inline(FuseOp::Write);
+            reply.written(data.len() as u32);
+            return;
+        }
         // The request buffer is reused for the next request as soon as this
         // returns, so the data is copied once for the task.
         let data = data.to_vec();
+        let queued = self.inner.files.queue_write(f.ino);
         self.spawn(req, move |fs, _c| async move {
-            match fs.write(fh, offset, data).await {
+            match fs.write(f, offset, data, queued).await {
                 Ok(n) => reply.written(n),
                 Err(Fail(e)) => reply.error(e),
             }
@@ -1003,12 +1255,27 @@ impl Filesystem for MadFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        self.inner.stats.record(FuseOp::Flush);
         // Every close(2) flushes: publish the size now, so that once close
         // returns any other client's open sees the data (release comes
         // later, asynchronously).
+        let Some(f) = self.inner.files.get(fh.0) else {
+            reply.error(Errno::EBADF);
+            return;
+        };
+        // Nothing in flight and nothing to publish (a handle only read, or
+        // whose writes all went to chunk 0, which the owner holds): answered
+        // here, with the failure of an earlier write if there was one.
+        if f.is_settled() {
+            self.inner.stats.record_inline(FuseOp::Flush);
+            match f.wb.take_error() {
+                Some(e) => reply.error(convert::errno(&e)),
+                None => reply.ok(),
+            }
+            return;
+        }
         self.spawn(req, move |fs, _c| async move {
             let r = async {
-                let f = fs.file(fh)?;
                 fs.settle(&f).await?;
                 Ok(f.file.close().await?)
             }
@@ -1027,12 +1294,21 @@ impl Filesystem for MadFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.inner.stats.record(FuseOp::Release);
+        let Some(f) = self.inner.files.remove(fh.0) else {
+            reply.error(Errno::EBADF);
+            return;
+        };
+        // Normally nothing is left: flush published everything already.
+        if f.is_settled() {
+            self.inner.stats.record_inline(FuseOp::Release);
+            match f.wb.take_error() {
+                Some(e) => reply.error(convert::errno(&e)),
+                None => reply.ok(),
+            }
+            return;
+        }
         self.spawn(req, move |fs, _c| async move {
-            let Some(f) = fs.files.remove(fh.0) else {
-                reply.error(Errno::EBADF);
-                return;
-            };
-            // Normally a no-op: flush published everything already.
             let r = async {
                 fs.settle(&f).await?;
                 Ok(f.file.close().await?)
@@ -1050,6 +1326,7 @@ impl Filesystem for MadFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.inner.stats.record(FuseOp::Fsync);
         self.spawn(req, move |fs, _c| async move {
             let r = async {
                 let f = fs.file(fh)?;
@@ -1062,6 +1339,8 @@ impl Filesystem for MadFs {
     }
 
     fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.inner.stats.record(FuseOp::OpenDir);
+        self.inner.stats.record_inline(FuseOp::OpenDir);
         // Nothing is asked of the servers yet: the first readdir fetches
         // the first page (and checks read permission there).
         match self.inner.dirs.insert(ino(i)) {
@@ -1078,6 +1357,7 @@ impl Filesystem for MadFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        self.inner.stats.record(FuseOp::ReadDir);
         self.spawn(req, move |fs, c| async move {
             let r = async {
                 let d = fs.dir(fh)?;
@@ -1099,6 +1379,7 @@ impl Filesystem for MadFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        self.inner.stats.record(FuseOp::ReadDirPlus);
         self.spawn(req, move |fs, c| async move {
             let r = async {
                 let d = fs.dir(fh)?;
@@ -1120,6 +1401,8 @@ impl Filesystem for MadFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        self.inner.stats.record(FuseOp::ReleaseDir);
+        self.inner.stats.record_inline(FuseOp::ReleaseDir);
         self.inner.dirs.remove(fh.0);
         reply.ok();
     }
@@ -1132,6 +1415,7 @@ impl Filesystem for MadFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.inner.stats.record(FuseOp::FsyncDir);
         // A directory's entries live on every server (hashed by name), and
         // metadata reaches each server's log unsynced: sync them all.
         self.spawn(req, move |_fs, c| async move {
@@ -1142,7 +1426,8 @@ impl Filesystem for MadFs {
     }
 
     fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        self.spawn(req, move |fs, c| async move {
+        self.inner.stats.record(FuseOp::StatFs);
+        self.here(req, move |fs, c| async move {
             match fs.statfs(&c).await {
                 Ok([blocks, bfree, bavail, files, ffree]) => reply.statfs(
                     blocks,
@@ -1160,9 +1445,10 @@ impl Filesystem for MadFs {
     }
 
     fn access(&self, req: &Request, i: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        self.inner.stats.record(FuseOp::Access);
         // F_OK (no bits) asks only whether the inode exists.
         let m = access_mask(mask);
-        self.spawn(req, move |_fs, c| async move {
+        self.here(req, move |_fs, c| async move {
             let r = c.access(ino(i), m).await.map(|_| ()).map_err(Fail::from);
             reply_empty(reply, r)
         });
@@ -1178,9 +1464,12 @@ impl Filesystem for MadFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        self.inner.stats.record(FuseOp::Create);
         let name = name.to_owned();
-        self.spawn(req, move |fs, c| async move {
-            match fs.create(&c, ino(parent), &name, mode, umask, flags).await {
+        self.here(req, move |fs, c| async move {
+            let r = fs.create(&c, ino(parent), &name, mode, umask, flags).await;
+            fs.dir_attrs.changed(parent.0);
+            match r {
                 Ok((attr, fh)) => reply.created(
                     &fs.ttl,
                     &attr,

@@ -53,6 +53,16 @@ pub struct OpenFile {
     pub wb: WriteBehind,
 }
 
+impl OpenFile {
+    /// Nothing of this handle is in flight or left to publish: its flush
+    /// or release has nothing to send. (In flight is looked at first: a
+    /// write records what it leaves to publish before it leaves the
+    /// flight.)
+    pub fn is_settled(&self) -> bool {
+        self.wb.is_idle() && !self.file.needs_size_update()
+    }
+}
+
 #[derive(Default)]
 struct FileIndex {
     by_fh: HashMap<u64, Arc<OpenFile>>,
@@ -88,6 +98,46 @@ struct InodeWritesState {
     next_id: u64,
     /// (id, start, end) of each write in flight, per inode.
     by_ino: HashMap<u64, Vec<(u64, u64, u64)>>,
+    /// Writes to each inode handed to a task that has not claimed its
+    /// range yet (`queue_write`): a later write must not overtake them.
+    queued: HashMap<u64, usize>,
+}
+
+impl InodeWritesState {
+    fn busy(&self, ino: u64, start: u64, end: u64) -> bool {
+        self.by_ino
+            .get(&ino)
+            .is_some_and(|r| r.iter().any(|&(_, s, e)| s < end && start < e))
+    }
+
+    fn claim(&mut self, writes: &Arc<InodeWrites>, ino: u64, start: u64, end: u64) -> WriteRange {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.by_ino.entry(ino).or_default().push((id, start, end));
+        WriteRange {
+            writes: writes.clone(),
+            ino,
+            id,
+        }
+    }
+}
+
+/// A write of an inode on its way to `claim_write` (see `queue_write`).
+pub struct QueuedWrite {
+    writes: Arc<InodeWrites>,
+    ino: u64,
+}
+
+impl Drop for QueuedWrite {
+    fn drop(&mut self) {
+        let mut st = self.writes.lock();
+        if let Some(n) = st.queued.get_mut(&self.ino) {
+            *n -= 1;
+            if *n == 0 {
+                st.queued.remove(&self.ino);
+            }
+        }
+    }
 }
 
 /// A write's claim on its byte range of an inode: held until it has
@@ -141,22 +191,34 @@ impl FileTable {
             notified.as_mut().enable();
             {
                 let mut st = writes.lock();
-                let busy = st
-                    .by_ino
-                    .get(&ino)
-                    .is_some_and(|r| r.iter().any(|&(_, s, e)| s < end && start < e));
-                if !busy {
-                    let id = st.next_id;
-                    st.next_id += 1;
-                    st.by_ino.entry(ino).or_default().push((id, start, end));
-                    return WriteRange {
-                        writes: writes.clone(),
-                        ino,
-                        id,
-                    };
+                if !st.busy(ino, start, end) {
+                    return st.claim(writes, ino, start, end);
                 }
             }
             notified.await;
+        }
+    }
+
+    /// `claim_write` if it would not wait, and no write to the inode
+    /// handed to a task is still on its way to its claim (`queue_write`):
+    /// a write answered on the thread that read it must not overtake one
+    /// the kernel sent before.
+    pub fn try_claim_write(&self, ino: u64, start: u64, end: u64) -> Option<WriteRange> {
+        let mut st = self.writes.lock();
+        if st.queued.contains_key(&ino) || st.busy(ino, start, end) {
+            return None;
+        }
+        Some(st.claim(&self.writes, ino, start, end))
+    }
+
+    /// A write of `ino` is handed to a task that will `claim_write`: until
+    /// the returned guard is dropped (after that claim), `try_claim_write`
+    /// of the inode fails.
+    pub fn queue_write(&self, ino: u64) -> QueuedWrite {
+        *self.writes.lock().queued.entry(ino).or_default() += 1;
+        QueuedWrite {
+            writes: self.writes.clone(),
+            ino,
         }
     }
 

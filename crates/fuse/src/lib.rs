@@ -1,9 +1,11 @@
 //! MadFS FUSE adapter: mounts a MadFS cluster on a directory so unmodified
 //! programs can use it, over the async client library (`madfs_client`).
 //!
-//! - fs.rs: the `fuser::Filesystem` callbacks, each run as a tokio task with
-//!   the caller's credentials;
+//! - fs.rs: the `fuser::Filesystem` callbacks, with the caller's
+//!   credentials, answered on the reader threads or as tokio tasks;
 //! - handles.rs: open files and directory listings by FUSE handle;
+//! - dirattrs.rs: directory attributes learned within the TTL;
+//! - stats.rs: request counts printed with `MADFS_STATS=1`;
 //! - write-behind (madfs_client::writebehind): writes answered before they land, bounded and ordered;
 //! - creds.rs: the caller's supplementary groups from /proc;
 //! - convert.rs: attributes, times, names and the errno mapping;
@@ -15,11 +17,13 @@
 
 mod convert;
 mod creds;
+mod dirattrs;
 mod fs;
 mod handles;
 mod mountinfo;
+mod stats;
 
-pub use fs::{MadFs, DEFAULT_TTL, MAX_READAHEAD_BYTES, MAX_WRITE_BYTES};
+pub use fs::{MadFs, StatsHandle, DEFAULT_TTL, MAX_READAHEAD_BYTES, MAX_WRITE_BYTES};
 pub use mountinfo::{absolute, is_madfs_mount, mount_at, unmount, MountEntry, FS_NAME};
 
 use fuser::{Config, MountOption, Session, SessionACL};
@@ -35,15 +39,29 @@ pub const MOUNT_TIMEOUTS: Timeouts = Timeouts {
     call: Duration::from_secs(30),
 };
 
+/// The mount's client keeps no names or attributes: the kernel caches
+/// them for the mount (entry and attribute TTLs), and a second layer would
+/// only add staleness. The TTL still says how long a size learned from the
+/// owner (at open) is trusted as the end of file by reads while this mount
+/// changes nothing (`File::read_at`), as the kernel trusts its attributes:
+/// reading a small file to its end then asks nothing more.
+const MOUNT_CACHE: madfs_client::CacheConfig = madfs_client::CacheConfig {
+    ttl: DEFAULT_TTL,
+    entries_max: 0,
+    bytes_max: 0,
+};
+
 /// Readahead for the mount, in KiB. FUSE can only ask for the kernel's
 /// default of 128 KiB at init; with that a sequential reader has 128 KiB
 /// requests in flight and reaches about half of what the client library
 /// reads. 4 MiB (one default chunk) lets readahead span servers.
 const READ_AHEAD_KB: u32 = 4096;
 
-/// FUSE reader threads: they only parse a request and hand it to a task,
-/// so two keep the queue drained while one waits in read(2).
-const READER_THREADS: usize = 2;
+/// FUSE reader threads. Each answers the synchronous requests it reads
+/// itself, waiting for the servers (fs.rs, `MadFs::here`), and hands the
+/// rest (reads, writes that must wait, listings) to tasks: four let two
+/// processes wait on the servers while two more threads keep reading.
+const READER_THREADS: usize = 4;
 
 /// What to mount where.
 #[derive(Clone, Debug)]
@@ -82,9 +100,9 @@ pub fn run(cfg: &MountConfig) -> Result<(), String> {
     // The kernel caches names and attributes for the mount (entry and
     // attribute TTLs): the client's own metadata cache would only add a
     // second layer of staleness, so it is off.
-    let client = Client::from_config_with_timeouts(&cluster, key, cfg.timeouts)
+    let client = Client::from_config_with_timeouts(&cluster, key.clone(), cfg.timeouts)
         .map_err(|e| e.to_string())?
-        .with_cache(madfs_client::CacheConfig::off());
+        .with_cache(MOUNT_CACHE);
     let mountpoint = absolute(&cfg.mountpoint)
         .map_err(|e| format!("mount point {}: {e}", cfg.mountpoint.display()))?;
     if is_madfs_mount(&mountpoint) {
@@ -143,8 +161,12 @@ pub fn run(cfg: &MountConfig) -> Result<(), String> {
     config.mount_options = options;
     config.n_threads = Some(READER_THREADS);
 
-    let fs = MadFs::new(client, rt.handle().clone());
+    let fs = MadFs::new(client, rt.handle().clone(), Some((cluster.clone(), key)));
     let notifier_slot = fs.notifier_slot();
+    let stats = stats_wanted().then(|| fs.stats_handle());
+    if let Some(stats) = &stats {
+        report_on_sigusr1(&rt, stats.clone())?;
+    }
     let session = Session::new(fs, &mountpoint, &config).map_err(|e| {
         let hint = if cfg.allow_other {
             ""
@@ -204,6 +226,9 @@ pub fn run(cfg: &MountConfig) -> Result<(), String> {
         .map_err(|_| "the FUSE session thread panicked".to_string())?;
     rt.shutdown_timeout(Duration::from_secs(5));
     reap_fusermount();
+    if let Some(stats) = &stats {
+        eprintln!("{}", stats.report());
+    }
     match result {
         Ok(()) => {
             eprintln!("madfs: {} unmounted", mountpoint.display());
@@ -211,6 +236,24 @@ pub fn run(cfg: &MountConfig) -> Result<(), String> {
         }
         Err(e) => Err(format!("FUSE session ended: {e}")),
     }
+}
+
+/// `MADFS_STATS` set and not "0" (as for `madfs run --stats`).
+fn stats_wanted() -> bool {
+    std::env::var_os("MADFS_STATS").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Print the request counts since the last print at every SIGUSR1.
+fn report_on_sigusr1(rt: &tokio::runtime::Runtime, stats: StatsHandle) -> Result<(), String> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let _in_runtime = rt.enter();
+    let mut usr1 = signal(SignalKind::user_defined1()).map_err(|e| e.to_string())?;
+    rt.spawn(async move {
+        while usr1.recv().await.is_some() {
+            eprintln!("{}", stats.report());
+        }
+    });
+    Ok(())
 }
 
 /// Collect the fusermount3 helper that auto_unmount leaves running as our
