@@ -119,6 +119,13 @@ impl OpenFiles {
             .max()
     }
 
+    /// Whether a handle of `ino` writes behind: its writes may land on
+    /// the servers after any answer about the file was given, so a stat
+    /// must ask the owner with those writes accounted for (`Client::fstat`).
+    pub(crate) fn writes_behind(&self, ino: InodeId) -> bool {
+        self.live(ino).iter().any(|(_, behind)| behind.is_some())
+    }
+
     /// Wait until no handle of `ino` has writes in flight (write-behind):
     /// a read, truncate or fsync through any handle must see them, as POSIX
     /// asks of a read after a write in one process.

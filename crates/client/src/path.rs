@@ -397,11 +397,19 @@ impl Client {
             fresh_last,
         )
         .await?;
-        match (&walk.top().attr, fresh_last) {
-            (Some(a), _) => Ok(self.with_open_writes(a.clone())),
-            (None, true) => self.getattr(walk.top().ino).await,
-            (None, false) => self.node_attr(walk.top()).await,
+        let top = walk.top();
+        if self.open_files.writes_behind(top.ino) {
+            // A write of this process may have landed between the owner's
+            // answer in the walk and now, and left the table of writes in
+            // flight: the walk's size would be older than the write.
+            return self.fstat(top.ino).await;
         }
+        let attr = match (&top.attr, fresh_last) {
+            (Some(a), _) => a.clone(),
+            (None, true) => self.getattr(top.ino).await?,
+            (None, false) => self.node_attr(top).await?,
+        };
+        Ok(self.with_open_writes(attr))
     }
 
     /// The directory holding the path's last name, and that name; the
