@@ -297,6 +297,15 @@ impl Client {
                     "cannot open a symbolic link",
                 ))
             }
+            // A FIFO, socket or device needs a kernel to connect its users
+            // (the FUSE mount's kernel does it, and never asks us):
+            // ENXIO, as opening a socket gives.
+            k if k.is_special() => {
+                return Err(ClientError::new(
+                    ErrorCode::NoDevice,
+                    "FIFOs, sockets and devices open only through a mount",
+                ))
+            }
             _ => {}
         }
         if opts.truncate && !created && attr.kind == FileKind::File && attr.size > 0 {

@@ -65,6 +65,7 @@ fn main() {
             nanos: 999_999_999,
         },
         btime: Timestamp::default(),
+        rdev: 0,
     };
     let seeds: Vec<(&str, Vec<u8>)> = vec![
         (
@@ -100,6 +101,34 @@ fn main() {
                         ..SetAttrs::default()
                     },
                 },
+                &[],
+            ),
+        ),
+        (
+            "request-mknod",
+            request(
+                Op::Mknod {
+                    parent: InodeId::ROOT,
+                    name: name("tty"),
+                    kind: FileKind::CharDev,
+                    perm: 0o620,
+                    rdev: (136 << 8) | 5,
+                },
+                &[],
+            ),
+        ),
+        (
+            "reply-attr-device",
+            frame(
+                true,
+                11,
+                0,
+                &Reply::Attr(Attr {
+                    kind: FileKind::BlockDev,
+                    rdev: (8 << 8) | 1,
+                    ..attr.clone()
+                })
+                .encode(),
                 &[],
             ),
         ),
