@@ -1429,6 +1429,42 @@ fn symlink_cases(cx: &Cx) {
 // ---- truncate -----------------------------------------------------------
 
 fn truncate_cases(cx: &Cx) {
+    // A descriptor keeps the access it was opened with: a user who creates
+    // a file with mode 0 and O_RDWR writes and ftruncates through it
+    // (pjdfstest ftruncate/00 test 24), while truncate by path, which
+    // asks the mode, is refused.
+    let pubd = cx.mkdir_mode("pub", 0o777);
+    let zero = c(pubd.join("mode0"));
+    expect(
+        as_nobody(|| create_write_ftruncate(&zero)),
+        0,
+        "open(O_CREAT|O_RDWR, 0) + write + ftruncate as the creator",
+    );
+    let m = lstat(&pubd.join("mode0"));
+    assert_eq!((m.mode() & 0o7777, m.len(), m.uid()), (0, 3, NOBODY));
+    assert_eq!(read(&pubd.join("mode0")), b"abc");
+    expect(
+        as_nobody(|| u_truncate(&zero, 1)),
+        libc::EACCES,
+        "truncate by path of a mode-0 file",
+    );
+    // Everyone else still meets the mode: opening it to read is refused.
+    expect(
+        as_nobody(|| {
+            // SAFETY: a valid C string; our descriptor.
+            unsafe {
+                let fd = libc::open(zero.as_ptr(), libc::O_RDONLY);
+                if fd >= 0 {
+                    libc::close(fd);
+                    return 0;
+                }
+                errno()
+            }
+        }),
+        libc::EACCES,
+        "open to read a mode-0 file",
+    );
+
     let f = cx.p("f");
     put(&f, b"0123456789");
     expect(truncate(&f, 4), 0, "shrink");
@@ -2055,6 +2091,32 @@ fn access_cases(cx: &Cx) {
         0,
         "readdir with read permission",
     );
+}
+
+/// Create `p` with O_CREAT|O_EXCL|O_RDWR and mode 0, write "abcdef",
+/// ftruncate to 3 and check fstat says 3 (allocation-free, for `as_user`).
+fn create_write_ftruncate(p: &std::ffi::CString) -> i32 {
+    // SAFETY: a valid C string; our descriptor and buffers.
+    unsafe {
+        let fd = libc::open(p.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0);
+        if fd < 0 {
+            return errno();
+        }
+        let mut st: libc::stat = std::mem::zeroed();
+        let mut e = 0;
+        if libc::write(fd, b"abcdef".as_ptr().cast(), 6) != 6
+            || libc::ftruncate(fd, 3) != 0
+            || libc::fstat(fd, &mut st) != 0
+        {
+            e = errno();
+        } else if st.st_size != 3 {
+            e = libc::EBADE;
+        }
+        if libc::close(fd) != 0 && e == 0 {
+            e = errno();
+        }
+        e
+    }
 }
 
 // ---- mknod --------------------------------------------------------------

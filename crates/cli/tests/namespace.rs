@@ -931,3 +931,40 @@ async fn special_files_keep_their_type_and_device_number() {
     }
     assert!(c.read_dir("/s").await.unwrap().is_empty());
 }
+
+/// A handle keeps the access granted at its open: a user who creates a
+/// file with mode 0 writes and truncates it through that handle (the
+/// owner skips the mode check for a size change through a writable
+/// handle), while truncate by path still meets the mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writable_handle_truncates_whatever_the_mode() {
+    let tc = TestCluster::start(SERVERS);
+    let root = tc.client();
+    root.mkdir("/pub", 0o777).await.unwrap();
+    let user = root.with_credentials(madfs_types::Credentials {
+        uid: 1000,
+        gid: 1000,
+        groups: Vec::new(),
+    });
+    let f = user
+        .open("/pub/mode0", rw_create().exclusive(true).perm(0))
+        .await
+        .unwrap();
+    f.write_at(0, b"abcdef").await.unwrap();
+    f.set_len(3).await.unwrap();
+    f.close().await.unwrap();
+    let a = root.stat("/pub/mode0").await.unwrap();
+    assert_eq!((a.perm, a.size, a.uid), (0, 3, 1000));
+    assert_err(
+        user.truncate("/pub/mode0", 1).await,
+        ErrorCode::AccessDenied,
+        libc::EACCES,
+    );
+    assert_err(
+        user.open("/pub/mode0", OpenOptions::new().write(true))
+            .await,
+        ErrorCode::AccessDenied,
+        libc::EACCES,
+    );
+    assert_eq!(root.read_file("/pub/mode0").await.unwrap(), b"abc");
+}

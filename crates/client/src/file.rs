@@ -719,8 +719,12 @@ impl File {
         }
         self.drain().await?;
         let known = self.size();
+        // This handle was opened for writing: the owner does not check the
+        // mode again (a file made with mode 0 stays writable through the
+        // descriptor that made it; see `SetAttrs::via_writable_handle`).
         let changes = SetAttrs {
             size: Some(size),
+            via_writable_handle: true,
             ..SetAttrs::default()
         };
         let attr = self

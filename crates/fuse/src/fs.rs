@@ -760,6 +760,8 @@ impl Filesystem for MadFs {
             size,
             atime: convert::time_set(atime),
             mtime: convert::time_set(mtime),
+            // ftruncate goes through the handle (`setattr_as`), which says so.
+            via_writable_handle: false,
         };
         self.spawn(req, move |fs, c| async move {
             // No size to sample before: writes to the inode were drained,

@@ -109,6 +109,15 @@ pub struct SetAttrs {
     pub size: Option<u64>,
     pub atime: TimeSet,
     pub mtime: TimeSet,
+    /// The caller changes the size through a handle it opened for writing
+    /// (ftruncate): the write permission was granted at open, so the
+    /// owner does not check the mode again (a file created with mode 0
+    /// stays writable through the descriptor that created it, as POSIX
+    /// and Linux have it). The client asserts this; the servers already
+    /// trust the credentials a client presents (AUTH_SYS-style), and an
+    /// authenticated client could as well write the chunks (which are not
+    /// checked), so this grants nothing new. Truncate by path sends false.
+    pub via_writable_handle: bool,
 }
 
 impl Default for SetAttrs {
@@ -120,6 +129,7 @@ impl Default for SetAttrs {
             size: None,
             atime: TimeSet::Omit,
             mtime: TimeSet::Omit,
+            via_writable_handle: false,
         }
     }
 }
@@ -442,6 +452,7 @@ impl Request {
                 e.opt_u64(changes.size);
                 e.time_set(changes.atime);
                 e.time_set(changes.mtime);
+                e.bool(changes.via_writable_handle);
             }
             Op::Create {
                 parent,
@@ -624,6 +635,7 @@ impl Request {
                     size: d.opt_u64()?,
                     atime: d.time_set()?,
                     mtime: d.time_set()?,
+                    via_writable_handle: d.bool()?,
                 },
             },
             Opcode::Create => Op::Create {
@@ -1001,6 +1013,7 @@ mod tests {
                     size: Some(1 << 40),
                     atime: TimeSet::Now,
                     mtime: TimeSet::At(Timestamp { secs: 9, nanos: 8 }),
+                    via_writable_handle: true,
                 },
             },
             Op::Create {

@@ -1157,7 +1157,11 @@ impl Server {
             if size > limits::FILE_SIZE_MAX_BYTES {
                 return Err(err(ErrorCode::FileTooBig, ""));
             }
-            perm::check(&owner, c, perm::WRITE)?;
+            // ftruncate through a handle opened for writing was granted at
+            // open (see `SetAttrs::via_writable_handle`).
+            if !ch.via_writable_handle {
+                perm::check(&owner, c, perm::WRITE)?;
+            }
         }
         if let Some(uid) = ch.uid {
             if c.uid != 0 && uid != a.uid {

@@ -98,6 +98,7 @@ fn main() {
                         perm: Some(0o755),
                         size: Some(1 << 40),
                         mtime: TimeSet::At(Timestamp { secs: 9, nanos: 8 }),
+                        via_writable_handle: true,
                         ..SetAttrs::default()
                     },
                 },

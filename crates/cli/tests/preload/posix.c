@@ -23,6 +23,7 @@
 #include <sys/time.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
+#include <grp.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -692,6 +693,36 @@ static void special(void) {
     close(dfd);
     OK(rmdir(P("sp")));
 
+    /* A descriptor keeps the access granted at open: a user who creates a
+     * file with mode 0 and O_RDWR writes and ftruncates through it. */
+    if (geteuid() == 0) {
+        OK(mkdir(P("pub"), 0777));
+        OK(chmod(P("pub"), 0777));
+        pid_t pid = fork();
+        if (pid == 0) {
+            if (setgroups(0, NULL) || setresgid(65534, 65534, 65534) || setresuid(65534, 65534, 65534))
+                _exit(90);
+            int fd = open(P("pub/mode0"), O_CREAT | O_EXCL | O_RDWR, 0);
+            if (fd < 0) _exit(91);
+            if (write(fd, "abcdef", 6) != 6) _exit(92);
+            if (ftruncate(fd, 3) != 0) _exit(93);
+            if (pwrite(fd, "Z", 1, 1) != 1) _exit(94);
+            struct stat s;
+            if (fstat(fd, &s) != 0 || s.st_size != 3 || (s.st_mode & 07777) != 0) _exit(95);
+            if (close(fd) != 0) _exit(96);
+            /* By path the mode still decides. */
+            if (truncate(P("pub/mode0"), 1) == 0 || errno != EACCES) _exit(97);
+            _exit(0);
+        }
+        int status;
+        waitpid(pid, &status, 0);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "mode-0 create, write, ftruncate as a user: %d",
+              WEXITSTATUS(status));
+        char buf[8] = {0};
+        int fd = open(P("pub/mode0"), O_RDONLY);
+        CHECK(fd >= 0 && read(fd, buf, sizeof buf) == 3 && !memcmp(buf, "aZc", 3), "mode-0 file content '%s'", buf);
+        close(fd);
+    }
     section("special");
 }
 
