@@ -93,6 +93,23 @@ async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
                 }
             }
         }
+        Command::Mknod {
+            mode,
+            path,
+            kind,
+            major,
+            minor,
+        } => {
+            let perm = u32::from_str_radix(&mode, 8)
+                .ok()
+                .filter(|p| *p <= 0o7777)
+                .ok_or_else(|| format!("mknod: invalid mode '{mode}'"))?;
+            let (kind, rdev) = mknod_args(&kind, major, minor)?;
+            if let Err(e) = c.mknod(path.as_str(), kind, perm, rdev).await {
+                eprintln!("madfs mknod: '{path}': {}", e.code.describe());
+                failed = true;
+            }
+        }
         Command::Put { local, remote } => put(c, &local, &remote).await?,
         Command::Get { remote, local } => get(c, &remote, &local).await?,
         Command::Cat { paths } => {
@@ -306,12 +323,39 @@ async fn get(c: &Client, remote: &str, local: &Path) -> Result<(), String> {
         .map_err(|e| format!("get: {remote}: {e}"))
 }
 
+/// mknod(1)'s TYPE [MAJOR MINOR]: the kind and the device number.
+fn mknod_args(
+    kind: &str,
+    major: Option<u32>,
+    minor: Option<u32>,
+) -> Result<(FileKind, u32), String> {
+    let kind = match kind {
+        "p" => FileKind::Fifo,
+        "s" => FileKind::Socket,
+        "c" | "u" => FileKind::CharDev,
+        "b" => FileKind::BlockDev,
+        _ => return Err(format!("mknod: invalid device type '{kind}'")),
+    };
+    match (kind.is_device(), major, minor) {
+        (true, Some(major), Some(minor)) => Attr::make_rdev(major, minor)
+            .map(|rdev| (kind, rdev))
+            .ok_or_else(|| format!("mknod: invalid device {major} {minor}")),
+        (true, _, _) => Err("mknod: special files require major and minor device numbers".into()),
+        (false, None, None) => Ok((kind, 0)),
+        (false, _, _) => Err("mknod: FIFOs and sockets take no device numbers".into()),
+    }
+}
+
 fn mode_string(a: &Attr) -> String {
     let mut s = String::with_capacity(10);
     s.push(match a.kind {
         FileKind::Dir => 'd',
         FileKind::Symlink => 'l',
         FileKind::File => '-',
+        FileKind::Fifo => 'p',
+        FileKind::Socket => 's',
+        FileKind::CharDev => 'c',
+        FileKind::BlockDev => 'b',
     });
     let p = a.perm;
     for (shift, special, ch) in [(6, 0o4000, 's'), (3, 0o2000, 's'), (0, 0o1000, 't')] {
@@ -342,13 +386,20 @@ async fn print_entry(c: &Client, full: &str, name: &str, a: &Attr, long: bool) {
     } else {
         String::new()
     };
+    // Devices show "major, minor" where the size goes, as ls -l does.
+    let size = if a.kind.is_device() {
+        let (major, minor) = a.rdev_parts();
+        format!("{major}, {minor}")
+    } else {
+        a.size.to_string()
+    };
     println!(
         "{} {:>3} {:>6} {:>6} {:>12} {} {name}{link}",
         mode_string(a),
         a.nlink,
         a.uid,
         a.gid,
-        a.size,
+        size,
         ls_time(&Local, a.mtime, chrono::Utc::now().timestamp())
     );
 }
@@ -388,10 +439,22 @@ fn print_stat(path: &str, a: &Attr) {
         FileKind::File => "regular file",
         FileKind::Dir => "directory",
         FileKind::Symlink => "symbolic link",
+        FileKind::Fifo => "fifo",
+        FileKind::Socket => "socket",
+        FileKind::CharDev => "character special file",
+        FileKind::BlockDev => "block special file",
     };
     println!("  File: {path}");
     println!("  Size: {:<12} Blocks: {:<10} {kind}", a.size, a.blocks());
-    println!("Inode: {:<13} Links: {}", a.ino, a.nlink);
+    if a.kind.is_device() {
+        let (major, minor) = a.rdev_parts();
+        println!(
+            "Inode: {:<13} Links: {:<5} Device type: {major},{minor}",
+            a.ino, a.nlink
+        );
+    } else {
+        println!("Inode: {:<13} Links: {}", a.ino, a.nlink);
+    }
     println!(
         "Access: ({:04o}/{})  Uid: {}  Gid: {}",
         a.perm,

@@ -23,7 +23,7 @@ pub struct FindArgs {
 }
 
 /// Parse `PATH... [-name GLOB] [-newer FILE] [-size N[c|w|b|k|M|G]]
-/// [-type f|d|l] [-uid N] [-print]` (all tests ANDed, as GNU find does
+/// [-type f|d|l|p|s|c|b] [-uid N] [-print]` (all tests ANDed, as GNU find does
 /// without operators). Starting points default to "/".
 pub fn parse_find_args(args: &[String]) -> Result<FindArgs, String> {
     let mut roots = Vec::new();
@@ -85,7 +85,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
 }
 
 const FIND_USAGE: &str = "Usage: madfs find [--io500] [PATH...] [-name GLOB] [-newer FILE] \
-[-size [+-]N[c|w|b|k|M|G]] [-type f|d|l] [-uid N] [-print]
+[-size [+-]N[c|w|b|k|M|G]] [-type f|d|l|p|s|c|b] [-uid N] [-print]
 Tests are ANDed and follow GNU find's rules; FILE is a MadFS path; symlinks
 are not followed. Every server scans its own shard in parallel.
 

@@ -194,6 +194,19 @@ enum Command {
     },
     /// Rename or move a file or directory.
     Mv { from: String, to: String },
+    /// Make a FIFO (p), socket (s), or character (c) or block (b) device
+    /// node, as mknod(1); devices need MAJOR and MINOR, and root.
+    Mknod {
+        /// Permission bits, octal.
+        #[arg(short = 'm', default_value = "644")]
+        mode: String,
+        path: String,
+        /// p, s, c (or u) or b.
+        #[arg(value_name = "TYPE")]
+        kind: String,
+        major: Option<u32>,
+        minor: Option<u32>,
+    },
     /// Make a hard link (or with -s, a symbolic link).
     Ln {
         #[arg(short = 's')]

@@ -1429,6 +1429,42 @@ fn symlink_cases(cx: &Cx) {
 // ---- truncate -----------------------------------------------------------
 
 fn truncate_cases(cx: &Cx) {
+    // A descriptor keeps the access it was opened with: a user who creates
+    // a file with mode 0 and O_RDWR writes and ftruncates through it
+    // (pjdfstest ftruncate/00 test 24), while truncate by path, which
+    // asks the mode, is refused.
+    let pubd = cx.mkdir_mode("pub", 0o777);
+    let zero = c(pubd.join("mode0"));
+    expect(
+        as_nobody(|| create_write_ftruncate(&zero)),
+        0,
+        "open(O_CREAT|O_RDWR, 0) + write + ftruncate as the creator",
+    );
+    let m = lstat(&pubd.join("mode0"));
+    assert_eq!((m.mode() & 0o7777, m.len(), m.uid()), (0, 3, NOBODY));
+    assert_eq!(read(&pubd.join("mode0")), b"abc");
+    expect(
+        as_nobody(|| u_truncate(&zero, 1)),
+        libc::EACCES,
+        "truncate by path of a mode-0 file",
+    );
+    // Everyone else still meets the mode: opening it to read is refused.
+    expect(
+        as_nobody(|| {
+            // SAFETY: a valid C string; our descriptor.
+            unsafe {
+                let fd = libc::open(zero.as_ptr(), libc::O_RDONLY);
+                if fd >= 0 {
+                    libc::close(fd);
+                    return 0;
+                }
+                errno()
+            }
+        }),
+        libc::EACCES,
+        "open to read a mode-0 file",
+    );
+
     let f = cx.p("f");
     put(&f, b"0123456789");
     expect(truncate(&f, 4), 0, "shrink");
@@ -2057,6 +2093,32 @@ fn access_cases(cx: &Cx) {
     );
 }
 
+/// Create `p` with O_CREAT|O_EXCL|O_RDWR and mode 0, write "abcdef",
+/// ftruncate to 3 and check fstat says 3 (allocation-free, for `as_user`).
+fn create_write_ftruncate(p: &std::ffi::CString) -> i32 {
+    // SAFETY: a valid C string; our descriptor and buffers.
+    unsafe {
+        let fd = libc::open(p.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0);
+        if fd < 0 {
+            return errno();
+        }
+        let mut st: libc::stat = std::mem::zeroed();
+        let mut e = 0;
+        if libc::write(fd, b"abcdef".as_ptr().cast(), 6) != 6
+            || libc::ftruncate(fd, 3) != 0
+            || libc::fstat(fd, &mut st) != 0
+        {
+            e = errno();
+        } else if st.st_size != 3 {
+            e = libc::EBADE;
+        }
+        if libc::close(fd) != 0 && e == 0 {
+            e = errno();
+        }
+        e
+    }
+}
+
 // ---- mknod --------------------------------------------------------------
 
 fn mknod_cases(cx: &Cx) {
@@ -2089,35 +2151,157 @@ fn mknod_cases(cx: &Cx) {
         libc::EPERM,
         "mknod of a device by a non-root user",
     );
-    // MadFS has no FIFOs, sockets or device nodes (docs/CONFORMANCE-
-    // EXCLUSIONS.md): the mount refuses them with EPERM, which mknod(2)
-    // documents for "the file system does not support the type of node
-    // requested", and leaves no name behind. (A local file system makes
-    // them: the reference run skips this.)
-    if cx.tc.is_some() {
-        for (kind, mode, dev) in [
-            ("FIFO", libc::S_IFIFO, 0),
-            ("socket", libc::S_IFSOCK, 0),
-            ("character device", libc::S_IFCHR, libc::makedev(1, 3)),
-            ("block device", libc::S_IFBLK, libc::makedev(7, 0)),
-        ] {
-            let p = cx.p(&format!("node-{}", kind.replace(' ', "-")));
-            expect(
-                mknod(&p, mode | 0o644, dev),
-                libc::EPERM,
-                &format!("mknod {kind}"),
-            );
-            assert!(!exists(&p), "a refused mknod {kind} leaves no name");
-        }
-        let fifo = c(cx.p("fifo"));
-        // SAFETY: a valid C string.
+    special_node_cases(cx, um);
+}
+
+/// FIFOs, sockets and device nodes: MadFS stores the type (and a device's
+/// number), the kernel serves what opening them means.
+fn special_node_cases(cx: &Cx, um: u32) {
+    // A FIFO: the kernel connects a writer and a reader through it.
+    let fifo = cx.p("fifo");
+    let cfifo = c(&fifo);
+    // SAFETY: a valid C string.
+    expect(
+        rc(unsafe { libc::mkfifo(cfifo.as_ptr(), 0o640) }),
+        0,
+        "mkfifo",
+    );
+    let m = lstat(&fifo);
+    assert!(m.file_type().is_fifo(), "mkfifo makes a FIFO");
+    assert_eq!(m.mode() & 0o7777, 0o640 & !um);
+    assert_eq!(m.rdev(), 0);
+    // SAFETY: a valid C string.
+    expect(
+        rc(unsafe { libc::mkfifo(cfifo.as_ptr(), 0o640) }),
+        libc::EEXIST,
+        "mkfifo existing",
+    );
+    pipe_through(&fifo, b"through the FIFO\n");
+
+    // A Unix socket bound in the directory: the name is a socket, and a
+    // client connects to the listener through it.
+    let sock = cx.p("sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind a unix socket");
+    assert!(lstat(&sock).file_type().is_socket(), "bind makes a socket");
+    let mut client = std::os::unix::net::UnixStream::connect(&sock).expect("connect");
+    let (mut server, _) = listener.accept().expect("accept");
+    use std::io::{Read, Write};
+    client.write_all(b"ping").unwrap();
+    let mut got = [0u8; 4];
+    server.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"ping");
+    drop((client, server, listener));
+    expect(
+        mknod(&cx.p("sock2"), libc::S_IFSOCK | 0o600, 0),
+        0,
+        "mknod S_IFSOCK",
+    );
+    assert!(lstat(&cx.p("sock2")).file_type().is_socket());
+
+    // Device nodes (root only): type and device number as given.
+    for (name, mode, dev) in [
+        ("chr", libc::S_IFCHR, libc::makedev(1, 3)),
+        ("blk", libc::S_IFBLK, libc::makedev(7, 0)),
+        ("chr-big", libc::S_IFCHR, libc::makedev(4095, 0xf_ffff)),
+    ] {
+        let p = cx.p(name);
+        expect(mknod(&p, mode | 0o600, dev), 0, &format!("mknod {name}"));
+        let m = lstat(&p);
+        assert_eq!(m.mode() & libc::S_IFMT, mode, "{name}: type");
+        assert_eq!(m.rdev(), dev, "{name}: st_rdev");
+        assert_eq!(m.len(), 0);
         expect(
-            rc(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }),
-            libc::EPERM,
-            "mkfifo",
+            mknod(&p, mode | 0o600, dev),
+            libc::EEXIST,
+            "mknod existing device",
         );
-        assert!(!exists(&cx.p("fifo")));
     }
+
+    // The attribute calls work on them as on any file, and keep the type.
+    expect(chmod(&fifo, 0o604), 0, "chmod FIFO");
+    assert_eq!(perm(&fifo), 0o604);
+    expect(chown(&fifo, NOBODY, NOGROUP), 0, "chown FIFO");
+    assert_eq!((lstat(&fifo).uid(), lstat(&fifo).gid()), (NOBODY, NOGROUP));
+    expect(
+        utimensat(&fifo, Some([ts(1_000_000_000, 5), ts(1_200_000_000, 7)]), 0),
+        0,
+        "utimensat FIFO",
+    );
+    let m = lstat(&fifo);
+    assert_eq!(
+        (m.atime(), m.mtime(), m.mtime_nsec()),
+        (1_000_000_000, 1_200_000_000, 7)
+    );
+    expect(truncate(&fifo, 0), libc::EINVAL, "truncate of a FIFO");
+    let fifo2 = cx.p("fifo2");
+    expect(rename(&fifo, &fifo2), 0, "rename FIFO");
+    assert!(!exists(&fifo));
+    assert!(lstat(&fifo2).file_type().is_fifo());
+    let chr2 = cx.p("chr2");
+    expect(rename(&cx.p("chr"), &chr2), 0, "rename device");
+    assert_eq!(lstat(&chr2).rdev(), libc::makedev(1, 3));
+    expect(link(&fifo2, &cx.p("fifo-link")), 0, "link FIFO");
+    assert_eq!(lstat(&fifo2).nlink(), 2);
+    for name in [
+        "fifo2",
+        "fifo-link",
+        "sock",
+        "sock2",
+        "chr2",
+        "blk",
+        "chr-big",
+    ] {
+        expect(unlink(&cx.p(name)), 0, &format!("unlink {name}"));
+        assert!(!exists(&cx.p(name)));
+    }
+}
+
+/// Write `data` into the FIFO `p` from a second thread while this one
+/// reads it: both ends open, the bytes arrive, and the reader sees the
+/// end when the writer closes. Bounded: the reader opens without blocking
+/// and polls with a timeout, so a broken FIFO fails instead of hanging.
+fn pipe_through(p: &Path, data: &'static [u8]) {
+    let cp = c(p);
+    // SAFETY: a valid C string.
+    let rfd = unsafe { libc::open(cp.as_ptr(), libc::O_RDONLY | libc::O_NONBLOCK) };
+    assert!(rfd >= 0, "open FIFO to read: {}", errno_name(errno()));
+    let writer = {
+        let cp = cp.clone();
+        std::thread::spawn(move || {
+            // A reader is there: this open does not wait.
+            // SAFETY: a valid C string.
+            let wfd = unsafe { libc::open(cp.as_ptr(), libc::O_WRONLY) };
+            assert!(wfd >= 0, "open FIFO to write: {}", errno_name(errno()));
+            assert_eq!(write_fd(wfd, data), 0, "write into the FIFO");
+            close(wfd);
+        })
+    };
+    let mut got = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        assert!(!left.is_zero(), "FIFO: timed out with {got:?}");
+        let mut pfd = libc::pollfd {
+            fd: rfd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut pfd, 1, left.as_millis() as i32) };
+        let mut buf = [0u8; 64];
+        // SAFETY: our descriptor and buffer.
+        let n = unsafe { libc::read(rfd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n > 0 {
+            got.extend_from_slice(&buf[..n as usize]);
+        } else if n == 0 && got.len() == data.len() {
+            break; // the writer closed
+        } else if n < 0 {
+            assert_eq!(errno(), libc::EAGAIN, "read from the FIFO");
+        }
+    }
+    close(rfd);
+    writer.join().expect("FIFO writer");
+    assert_eq!(got, data);
 }
 
 // ---- readdir ------------------------------------------------------------
@@ -2142,6 +2326,15 @@ fn readdir_cases(cx: &Cx) {
         let name = format!("link-{i}");
         expect(symlink("file-0000", &d.join(&name)), 0, "symlink");
         want.insert(name, "symlink");
+    }
+    for (name, mode, dev, kind) in [
+        ("fifo", libc::S_IFIFO, 0, "fifo"),
+        ("sock", libc::S_IFSOCK, 0, "socket"),
+        ("chr", libc::S_IFCHR, libc::makedev(1, 3), "chr"),
+        ("blk", libc::S_IFBLK, libc::makedev(7, 1), "blk"),
+    ] {
+        expect(mknod(&d.join(name), mode | 0o600, dev), 0, "mknod");
+        want.insert(name.to_string(), kind);
     }
     // Through readdir(3): "." and "..", then every entry exactly once with
     // its type and inode number.
@@ -2169,6 +2362,10 @@ fn readdir_cases(cx: &Cx) {
                 libc::DT_REG => "file",
                 libc::DT_DIR => "dir",
                 libc::DT_LNK => "symlink",
+                libc::DT_FIFO => "fifo",
+                libc::DT_SOCK => "socket",
+                libc::DT_CHR => "chr",
+                libc::DT_BLK => "blk",
                 libc::DT_UNKNOWN => "unknown",
                 _ => "other",
             };
@@ -2195,13 +2392,18 @@ fn readdir_cases(cx: &Cx) {
             want[name]
         );
     }
+    // The mount knows every entry's type from its dentry: FIFOs, sockets
+    // and devices say what they are.
+    for name in ["fifo", "sock", "chr", "blk"] {
+        assert_eq!(got[name], want[name], "d_type of {name}");
+    }
     // Changes show in the next listing.
     for i in 0..300 {
         if i % 3 == 0 {
             expect(unlink(&d.join(format!("file-{i:04}"))), 0, "unlink");
         }
     }
-    assert_eq!(ls(&d).len(), 340 - 100);
+    assert_eq!(ls(&d).len(), 344 - 100);
     // A directory's own kind in a listing of its parent.
     let top = ls(&cx.dir);
     assert_eq!(top, vec!["d"]);

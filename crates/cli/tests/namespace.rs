@@ -777,3 +777,194 @@ async fn rename_between_links_exchange_and_symlink_chains() {
         libc::ENAMETOOLONG,
     );
 }
+
+/// FIFOs, sockets and device nodes through the library: made by mknod
+/// with their type (and a device's number), listed with their type, found
+/// by `madfs find -type`, never opened (ENXIO: no kernel to connect their
+/// users), refused as devices to anyone but root (EPERM, the servers'
+/// check: Linux asks CAP_MKNOD), and renamed, linked, changed and removed
+/// as any file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn special_files_keep_their_type_and_device_number() {
+    let tc = TestCluster::start(SERVERS);
+    let c = tc.client();
+    c.mkdir("/s", 0o777).await.unwrap();
+    let chr = madfs_types::Attr::make_rdev(136, 300).unwrap();
+    let cases = [
+        ("/s/fifo", FileKind::Fifo, 0),
+        ("/s/sock", FileKind::Socket, 0),
+        ("/s/chr", FileKind::CharDev, chr),
+        ("/s/blk", FileKind::BlockDev, 0x801),
+    ];
+    for (path, kind, rdev) in cases {
+        let a = c.mknod(path, kind, 0o640, rdev).await.unwrap();
+        assert_eq!((a.kind, a.perm, a.rdev, a.size), (kind, 0o640, rdev, 0));
+        let a = c.lstat(path).await.unwrap();
+        assert_eq!((a.kind, a.rdev), (kind, rdev), "{path}");
+        assert_eq!(a.mode() & 0o170000, kind.mode_bits());
+        assert_err(
+            c.mknod(path, kind, 0o640, rdev).await,
+            ErrorCode::Exists,
+            libc::EEXIST,
+        );
+        assert_err(
+            c.open(path, OpenOptions::new().read(true)).await,
+            ErrorCode::NoDevice,
+            libc::ENXIO,
+        );
+    }
+    // FIFOs and sockets have no device number, whatever the caller sent.
+    let a = c
+        .mknod("/s/fifo2", FileKind::Fifo, 0o600, 77)
+        .await
+        .unwrap();
+    assert_eq!(a.rdev, 0);
+    // Directories and symlinks are not made this way.
+    assert_err(
+        c.mknod("/s/dir", FileKind::Dir, 0o755, 0).await,
+        ErrorCode::InvalidArgument,
+        libc::EINVAL,
+    );
+    // Listing and find report the types.
+    let mut listed: Vec<(String, FileKind)> = c
+        .read_dir("/s")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.name.to_string_lossy(), e.kind))
+        .collect();
+    listed.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        listed,
+        vec![
+            ("blk".to_string(), FileKind::BlockDev),
+            ("chr".to_string(), FileKind::CharDev),
+            ("fifo".to_string(), FileKind::Fifo),
+            ("fifo2".to_string(), FileKind::Fifo),
+            ("sock".to_string(), FileKind::Socket),
+        ]
+    );
+    for (t, want) in [
+        ("p", "/s/fifo\n/s/fifo2\n"),
+        ("s", "/s/sock\n"),
+        ("c", "/s/chr\n"),
+        ("b", "/s/blk\n"),
+    ] {
+        assert_eq!(tc.madfs_ok(["find", "/s", "-type", t]), want, "-type {t}");
+    }
+    // The CLI makes and shows them too.
+    tc.madfs_ok(["mknod", "-m", "600", "/s/cli-chr", "c", "4", "64"]);
+    let stat = tc.madfs_ok(["stat", "/s/cli-chr"]);
+    assert!(stat.contains("character special file"), "{stat}");
+    assert!(stat.contains("Device type: 4,64"), "{stat}");
+    assert!(tc.madfs_ok(["ls", "-l", "/s"]).contains("crw------- "));
+    tc.madfs_ok(["mknod", "/s/cli-fifo", "p"]);
+    assert_eq!(c.lstat("/s/cli-fifo").await.unwrap().kind, FileKind::Fifo);
+
+    // Devices are root's to make; FIFOs and sockets anyone's.
+    let user = c.with_credentials(madfs_types::Credentials {
+        uid: 1000,
+        gid: 1000,
+        groups: Vec::new(),
+    });
+    for kind in [FileKind::CharDev, FileKind::BlockDev] {
+        assert_err(
+            user.mknod("/s/user-dev", kind, 0o600, chr).await,
+            ErrorCode::NotPermitted,
+            libc::EPERM,
+        );
+    }
+    assert!(!c.exists("/s/user-dev").await.unwrap());
+    let a = user
+        .mknod("/s/user-fifo", FileKind::Fifo, 0o600, 0)
+        .await
+        .unwrap();
+    assert_eq!((a.uid, a.kind), (1000, FileKind::Fifo));
+    // Truncating one is EINVAL, as truncate(2) of anything but a file.
+    assert_err(
+        c.truncate("/s/fifo", 0).await,
+        ErrorCode::InvalidArgument,
+        libc::EINVAL,
+    );
+
+    // Rename (on one server and across), link, chmod, chown, utimens and
+    // unlink work as on any file and keep type and number.
+    for i in 0..8 {
+        let to = format!("/s/chr-moved-{i}");
+        let from = if i == 0 {
+            "/s/chr".to_string()
+        } else {
+            format!("/s/chr-moved-{}", i - 1)
+        };
+        c.rename(from.as_str(), to.as_str()).await.unwrap();
+    }
+    let a = c.lstat("/s/chr-moved-7").await.unwrap();
+    assert_eq!((a.kind, a.rdev), (FileKind::CharDev, chr));
+    c.hard_link("/s/fifo", "/s/fifo-link").await.unwrap();
+    assert_eq!(c.lstat("/s/fifo").await.unwrap().nlink, 2);
+    c.set_permissions("/s/sock", 0o604).await.unwrap();
+    c.chown("/s/sock", Some(65534), Some(65534)).await.unwrap();
+    let t = Timestamp {
+        secs: 1_200_000_000,
+        nanos: 5,
+    };
+    c.set_times("/s/sock", TimeSet::At(t), TimeSet::At(t))
+        .await
+        .unwrap();
+    let a = c.lstat("/s/sock").await.unwrap();
+    assert_eq!(
+        (a.kind, a.perm, a.uid, a.mtime),
+        (FileKind::Socket, 0o604, 65534, t)
+    );
+    for p in [
+        "/s/fifo",
+        "/s/fifo-link",
+        "/s/fifo2",
+        "/s/sock",
+        "/s/chr-moved-7",
+        "/s/blk",
+        "/s/cli-chr",
+        "/s/cli-fifo",
+        "/s/user-fifo",
+    ] {
+        c.remove_file(p).await.unwrap();
+    }
+    assert!(c.read_dir("/s").await.unwrap().is_empty());
+}
+
+/// A handle keeps the access granted at its open: a user who creates a
+/// file with mode 0 writes and truncates it through that handle (the
+/// owner skips the mode check for a size change through a writable
+/// handle), while truncate by path still meets the mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writable_handle_truncates_whatever_the_mode() {
+    let tc = TestCluster::start(SERVERS);
+    let root = tc.client();
+    root.mkdir("/pub", 0o777).await.unwrap();
+    let user = root.with_credentials(madfs_types::Credentials {
+        uid: 1000,
+        gid: 1000,
+        groups: Vec::new(),
+    });
+    let f = user
+        .open("/pub/mode0", rw_create().exclusive(true).perm(0))
+        .await
+        .unwrap();
+    f.write_at(0, b"abcdef").await.unwrap();
+    f.set_len(3).await.unwrap();
+    f.close().await.unwrap();
+    let a = root.stat("/pub/mode0").await.unwrap();
+    assert_eq!((a.perm, a.size, a.uid), (0, 3, 1000));
+    assert_err(
+        user.truncate("/pub/mode0", 1).await,
+        ErrorCode::AccessDenied,
+        libc::EACCES,
+    );
+    assert_err(
+        user.open("/pub/mode0", OpenOptions::new().write(true))
+            .await,
+        ErrorCode::AccessDenied,
+        libc::EACCES,
+    );
+    assert_eq!(root.read_file("/pub/mode0").await.unwrap(), b"abc");
+}

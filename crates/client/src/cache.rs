@@ -443,6 +443,7 @@ mod tests {
             mtime: t,
             ctime: t,
             btime: t,
+            rdev: 0,
         }
     }
 

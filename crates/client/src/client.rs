@@ -521,6 +521,39 @@ impl Client {
             .await
     }
 
+    /// mknod(2): make a FIFO, socket, character or block device node (or
+    /// an empty regular file) named `name`, which must not exist. `rdev`
+    /// (kernel encoding, see `Attr::rdev`) is kept for devices only, which
+    /// only root may make (EPERM otherwise).
+    pub async fn mknod_at(
+        &self,
+        parent: InodeId,
+        name: &FileName,
+        kind: FileKind,
+        perm: u32,
+        rdev: u32,
+    ) -> Result<Attr> {
+        let op = Op::Mknod {
+            parent,
+            name: name.clone(),
+            kind,
+            perm: perm & 0o7777,
+            rdev,
+        };
+        let r = async {
+            match self.call(self.dentry_server(parent, name), op).await? {
+                Reply::Created { entry, .. } => self.entry_attr(entry).await,
+                other => Err(ClientError::unexpected("mknod", &other)),
+            }
+        }
+        .await;
+        match &r {
+            Ok(attr) => self.cache.made(parent, name, attr),
+            Err(_) => self.cache.forget_entry(parent, name),
+        }
+        r
+    }
+
     pub async fn mkdir_at(&self, parent: InodeId, name: &FileName, perm: u32) -> Result<Attr> {
         let (attr, _) = self
             .create_entry(parent, name, FileKind::Dir, perm, true, Vec::new())

@@ -297,6 +297,15 @@ impl Client {
                     "cannot open a symbolic link",
                 ))
             }
+            // A FIFO, socket or device needs a kernel to connect its users
+            // (the FUSE mount's kernel does it, and never asks us):
+            // ENXIO, as opening a socket gives.
+            k if k.is_special() => {
+                return Err(ClientError::new(
+                    ErrorCode::NoDevice,
+                    "FIFOs, sockets and devices open only through a mount",
+                ))
+            }
             _ => {}
         }
         if opts.truncate && !created && attr.kind == FileKind::File && attr.size > 0 {
@@ -710,8 +719,12 @@ impl File {
         }
         self.drain().await?;
         let known = self.size();
+        // This handle was opened for writing: the owner does not check the
+        // mode again (a file made with mode 0 stays writable through the
+        // descriptor that made it; see `SetAttrs::via_writable_handle`).
         let changes = SetAttrs {
             size: Some(size),
+            via_writable_handle: true,
             ..SetAttrs::default()
         };
         let attr = self

@@ -447,14 +447,18 @@ pub fn parse_size(arg: &str) -> std::result::Result<SizeTest, String> {
     Ok(SizeTest { cmp, n, unit })
 }
 
-/// Parse `-type` (one of f, d, l).
+/// Parse `-type` (one of f, d, l, p, s, c, b).
 pub fn parse_type(arg: &str) -> std::result::Result<FileKind, String> {
     match arg {
         "f" => Ok(FileKind::File),
         "d" => Ok(FileKind::Dir),
         "l" => Ok(FileKind::Symlink),
-        "b" | "c" | "p" | "s" | "D" => Err(format!(
-            "-type {arg}: MadFS has no such files (only f, d, l)"
+        "p" => Ok(FileKind::Fifo),
+        "s" => Ok(FileKind::Socket),
+        "c" => Ok(FileKind::CharDev),
+        "b" => Ok(FileKind::BlockDev),
+        "D" => Err(format!(
+            "-type {arg}: MadFS has no such files (doors are Solaris's)"
         )),
         _ => Err(format!("Unknown argument to -type: {arg}")),
     }
@@ -522,8 +526,12 @@ mod tests {
         assert_eq!(parse_type("f"), Ok(FileKind::File));
         assert_eq!(parse_type("d"), Ok(FileKind::Dir));
         assert_eq!(parse_type("l"), Ok(FileKind::Symlink));
+        assert_eq!(parse_type("p"), Ok(FileKind::Fifo));
+        assert_eq!(parse_type("s"), Ok(FileKind::Socket));
+        assert_eq!(parse_type("c"), Ok(FileKind::CharDev));
+        assert_eq!(parse_type("b"), Ok(FileKind::BlockDev));
         assert!(parse_type("x").is_err());
-        assert!(parse_type("p").is_err());
+        assert!(parse_type("D").is_err());
     }
 
     #[test]

@@ -616,6 +616,25 @@ impl Client {
         .map_err(|e| e.context(format!("cannot create directory '{}'", show(path))))
     }
 
+    /// mknod(2) by path: a FIFO, socket, device node or empty regular
+    /// file (see `Client::mknod_at`). An existing name, even a dangling
+    /// symlink, is EEXIST.
+    pub async fn mknod(
+        &self,
+        path: impl AsFsPath,
+        kind: FileKind,
+        perm: u32,
+        rdev: u32,
+    ) -> Result<Attr> {
+        let path = path.fs_path_bytes();
+        async {
+            let (dir, name, _) = self.parent_of(path, ErrorCode::Exists).await?;
+            self.mknod_at(dir, &name, kind, perm, rdev).await
+        }
+        .await
+        .map_err(|e| e.context(format!("cannot create node '{}'", show(path))))
+    }
+
     /// Create `path` and any missing directories above it; an existing
     /// directory anywhere (including `path`) is fine.
     pub async fn mkdir_all(&self, path: impl AsFsPath, perm: u32) -> Result<Attr> {

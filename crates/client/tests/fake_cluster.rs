@@ -49,6 +49,7 @@ fn new_attr(ino: InodeId, kind: FileKind, perm: u32) -> Attr {
         mtime: now,
         ctime: now,
         btime: now,
+        rdev: 0,
     }
 }
 

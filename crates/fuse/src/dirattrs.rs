@@ -187,6 +187,7 @@ mod tests {
             mtime: t,
             ctime: t,
             btime: t,
+            rdev: 0,
         }
     }
 

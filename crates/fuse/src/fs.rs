@@ -958,6 +958,8 @@ impl Filesystem for MadFs {
             size,
             atime: convert::time_set(atime),
             mtime: convert::time_set(mtime),
+            // ftruncate goes through the handle (`setattr_as`), which says so.
+            via_writable_handle: false,
         };
         // A task: it may wait for writes in flight and publish sizes
         // through open files (the shared client).
@@ -992,24 +994,27 @@ impl Filesystem for MadFs {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
         self.inner.stats.record(FuseOp::MkNod);
-        // MadFS has regular files, directories and symlinks only: FIFOs,
-        // sockets and devices get EPERM, which mknod(2) documents for "the
-        // file system does not support the type of node requested".
-        let fmt = mode & libc::S_IFMT;
-        if fmt != libc::S_IFREG && fmt != 0 {
-            reply.error(Errno::EPERM);
+        // FIFOs, sockets and devices are a name and attributes in MadFS
+        // (with rdev for devices); the kernel serves their opens itself.
+        let Some(kind) =
+            FileKind::from_mode(mode).filter(|k| *k == FileKind::File || k.is_special())
+        else {
+            reply.error(Errno::EINVAL);
             return;
-        }
+        };
         let name = name.to_owned();
         self.here(req, move |fs, c| async move {
             let asked = Instant::now();
             let r = async {
                 let name = convert::name(&name)?;
                 let perm = mode & !umask & 0o7777;
+                if kind.is_special() {
+                    return Ok(c.mknod_at(ino(parent), &name, kind, perm, rdev).await?);
+                }
                 Ok(c.create(ino(parent), &name, perm, true).await?.0)
             }
             .await;

@@ -60,6 +60,10 @@ fn d_type(kind: FileKind) -> u8 {
         FileKind::File => libc::DT_REG,
         FileKind::Dir => libc::DT_DIR,
         FileKind::Symlink => libc::DT_LNK,
+        FileKind::Fifo => libc::DT_FIFO,
+        FileKind::Socket => libc::DT_SOCK,
+        FileKind::CharDev => libc::DT_CHR,
+        FileKind::BlockDev => libc::DT_BLK,
     }
 }
 

@@ -1091,17 +1091,47 @@ unsafe fn mknod_common(dirfd: c_int, path: *const c_char, mode: mode_t, dev: lib
             dirfd,
             path,
             |p| real::mknodat(dirfd, p, mode, dev),
-            |m| {
-                if mode & libc::S_IFMT == libc::S_IFREG || mode & libc::S_IFMT == 0 {
+            |m| match madfs_client::FileKind::from_mode(mode) {
+                Some(madfs_client::FileKind::File) => {
                     let fd = ops::open(m, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, mode)?;
                     if let Some(d) = fdtable::get(fd) {
                         ops::close(fd, d)?;
                     }
-                    return Ok(0);
+                    Ok(0)
                 }
-                Err(unsupported("mknod", "device files, FIFOs and sockets"))
+                Some(kind) if kind.is_special() => meta::mknod(m, kind, mode, dev).map(|()| 0),
+                _ => Err(Errno(libc::EINVAL)),
             },
         )
+    }
+}
+
+// glibc before 2.33 (binaries built against it) calls these for mknod.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn __xmknod(
+    _ver: c_int,
+    path: *const c_char,
+    mode: mode_t,
+    dev: *const libc::dev_t,
+) -> c_int {
+    unsafe { __xmknodat(_ver, AT_FDCWD, path, mode, dev) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn __xmknodat(
+    _ver: c_int,
+    dirfd: c_int,
+    path: *const c_char,
+    mode: mode_t,
+    dev: *const libc::dev_t,
+) -> c_int {
+    // SAFETY: the caller's pointer, checked for null.
+    match unsafe { dev.as_ref() } {
+        Some(&dev) => unsafe { mknod_common(dirfd, path, mode, dev) },
+        None => {
+            shim::set_errno(libc::EFAULT);
+            -1
+        }
     }
 }
 

@@ -27,11 +27,15 @@
 //! mode 0 (extends), mkstemp family, mkdtemp, realpath/canonicalize_file_name,
 //! pathconf/fpathconf, the xattr calls (MadFS has none: get says ENODATA,
 //! list says empty), readlink of /proc/self/fd/N and /dev/fd/N (the MadFS
-//! path), umask.
+//! path), umask, mknod/mknodat/`__xmknod`/`__xmknodat`/mkfifo/mkfifoat
+//! (FIFOs, sockets, devices as root: made in MadFS, and stat, readdir's
+//! d_type, rename, unlink, chmod, chown, utimens work on them; opening
+//! one answers ENXIO, as for a socket: the library has no kernel pipe or
+//! socket to hand out).
 //!
 //! Refused with ENOTSUP and one line on stderr per call name: file locks
 //! (flock, lockf, fcntl F_*LK), leases and F_NOTIFY, shared writable mmap,
-//! setxattr, mknod/mkfifo of anything but a regular file, O_TMPFILE,
+//! setxattr, O_TMPFILE,
 //! fallocate modes other than 0/KEEP_SIZE, chroot into MadFS, exec of a
 //! program stored in MadFS, and any MadFS call in a vfork child before its
 //! exec.

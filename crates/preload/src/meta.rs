@@ -40,6 +40,8 @@ pub fn fill_stat(st: &mut libc::stat64, a: &Attr) {
     st.st_mtime_nsec = a.mtime.nanos as i64;
     st.st_ctime = a.ctime.secs;
     st.st_ctime_nsec = a.ctime.nanos as i64;
+    let (major, minor) = a.rdev_parts();
+    st.st_rdev = libc::makedev(major, minor);
 }
 
 pub fn fill_statx(stx: &mut libc::statx, a: &Attr) {
@@ -67,6 +69,7 @@ pub fn fill_statx(stx: &mut libc::statx, a: &Attr) {
     stx.stx_mtime = ts(&a.mtime);
     stx.stx_dev_major = DEV_MAJOR;
     stx.stx_dev_minor = DEV_MINOR;
+    (stx.stx_rdev_major, stx.stx_rdev_minor) = a.rdev_parts();
 }
 
 const FS_BSIZE: u64 = 4096;
@@ -141,6 +144,27 @@ pub fn mkdir(path: &[u8], mode: u32) -> R<()> {
     not_in_vfork_child()?;
     let c = conn::get()?;
     c.block_on(c.client.mkdir(path, mode & 0o7777 & !config::umask()))?;
+    Ok(())
+}
+
+/// mknod(2) of a FIFO, socket or device node (`kind`, from the mode's
+/// S_IFMT bits) under the prefix: made in MadFS; opening it later answers
+/// ENXIO (the library cannot connect a pipe's or socket's users), while
+/// stat, unlink, rename, chmod, chown and utimens work as on any file.
+/// `dev` is glibc's dev_t; EINVAL for a device number past 32 bits, as
+/// glibc's mknod answers.
+pub fn mknod(path: &[u8], kind: FileKind, mode: u32, dev: libc::dev_t) -> R<()> {
+    not_in_vfork_child()?;
+    let rdev = if kind.is_device() {
+        Attr::make_rdev(libc::major(dev), libc::minor(dev))
+            .filter(|_| libc::makedev(libc::major(dev), libc::minor(dev)) == dev)
+            .ok_or(Errno(libc::EINVAL))?
+    } else {
+        0
+    };
+    let c = conn::get()?;
+    let perm = mode & 0o7777 & !config::umask();
+    c.block_on(c.client.mknod(path, kind, perm, rdev))?;
     Ok(())
 }
 

@@ -84,7 +84,7 @@ pub fn open(path: &[u8], flags: i32, mode: u32) -> R<i32> {
         match attr.kind {
             FileKind::Dir => {}
             FileKind::Symlink => return Err(Errno(libc::ELOOP)),
-            FileKind::File => return Err(Errno(libc::ENOTDIR)),
+            _ => return Err(Errno(libc::ENOTDIR)),
         }
         if flags & libc::O_ACCMODE != libc::O_RDONLY {
             return Err(Errno(libc::EISDIR));

@@ -121,7 +121,15 @@ impl Encoder {
             self.u32(*g);
         }
     }
+    /// Attributes on the wire (and in the inode record, version 2).
     pub fn attr(&mut self, a: &Attr) {
+        self.attr_without_rdev(a);
+        self.u32(a.rdev);
+    }
+
+    /// Attributes as version 1 of the inode record stored them, before
+    /// device numbers (kept so that tests can write such records).
+    pub fn attr_without_rdev(&mut self, a: &Attr) {
         self.ino(a.ino);
         self.kind(a.kind);
         self.u32(a.perm);
@@ -265,6 +273,14 @@ impl<'a> Decoder<'a> {
         Ok(Credentials { uid, gid, groups })
     }
     pub fn attr(&mut self) -> Result<Attr, ProtoError> {
+        let mut a = self.attr_without_rdev()?;
+        a.rdev = self.u32()?;
+        Ok(a)
+    }
+
+    /// Attributes as version 1 of the inode record stored them: no device
+    /// number (read as 0).
+    pub fn attr_without_rdev(&mut self) -> Result<Attr, ProtoError> {
         Ok(Attr {
             ino: self.ino()?,
             kind: self.kind()?,
@@ -277,6 +293,7 @@ impl<'a> Decoder<'a> {
             mtime: self.ts()?,
             ctime: self.ts()?,
             btime: self.ts()?,
+            rdev: 0,
         })
     }
 }

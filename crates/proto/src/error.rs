@@ -32,6 +32,9 @@ pub enum ErrorCode {
     TimedOut = 22,
     Unavailable = 23,
     BadFileHandle = 24,
+    /// Opening a FIFO, socket or device node where no kernel serves it
+    /// (the interception library, the CLI): ENXIO, as opening a socket is.
+    NoDevice = 25,
 }
 
 impl ErrorCode {
@@ -62,6 +65,7 @@ impl ErrorCode {
             22 => TimedOut,
             23 => Unavailable,
             24 => BadFileHandle,
+            25 => NoDevice,
             _ => return None,
         })
     }
@@ -95,6 +99,7 @@ impl ErrorCode {
             TimedOut => libc::ETIMEDOUT,
             Unavailable => libc::EIO,
             BadFileHandle => libc::EBADF,
+            NoDevice => libc::ENXIO,
         }
     }
 
@@ -126,6 +131,7 @@ impl ErrorCode {
             TimedOut => "timed out",
             Unavailable => "server unavailable",
             BadFileHandle => "bad file descriptor",
+            NoDevice => "no such device or address",
         }
     }
 

@@ -49,6 +49,7 @@ pub enum Opcode {
     StatFs = 25,
     Find = 26,
     Open = 27,
+    Mknod = 28,
     // Between servers only (a client connection may not send these).
     Seal = 40,
     AdjustLinks = 41,
@@ -82,6 +83,7 @@ impl Opcode {
             25 => StatFs,
             26 => Find,
             27 => Open,
+            28 => Mknod,
             40 => Seal,
             41 => AdjustLinks,
             42 => RenameInstall,
@@ -107,6 +109,15 @@ pub struct SetAttrs {
     pub size: Option<u64>,
     pub atime: TimeSet,
     pub mtime: TimeSet,
+    /// The caller changes the size through a handle it opened for writing
+    /// (ftruncate): the write permission was granted at open, so the
+    /// owner does not check the mode again (a file created with mode 0
+    /// stays writable through the descriptor that created it, as POSIX
+    /// and Linux have it). The client asserts this; the servers already
+    /// trust the credentials a client presents (AUTH_SYS-style), and an
+    /// authenticated client could as well write the chunks (which are not
+    /// checked), so this grants nothing new. Truncate by path sends false.
+    pub via_writable_handle: bool,
 }
 
 impl Default for SetAttrs {
@@ -118,6 +129,7 @@ impl Default for SetAttrs {
             size: None,
             atime: TimeSet::Omit,
             mtime: TimeSet::Omit,
+            via_writable_handle: false,
         }
     }
 }
@@ -175,6 +187,18 @@ pub enum Op {
         perm: u32,
         exclusive: bool,
         symlink_target: Vec<u8>,
+    },
+    /// mknod(2): make a FIFO, socket, character or block device node (or
+    /// a regular file) that must not exist yet. Sent to the name's dentry
+    /// server, which allocates the inode; replies `Reply::Created`.
+    /// Devices only for root (Linux asks CAP_MKNOD); `rdev` is kept for
+    /// devices only (see `Attr::rdev`).
+    Mknod {
+        parent: InodeId,
+        name: FileName,
+        kind: FileKind,
+        perm: u32,
+        rdev: u32,
     },
     /// unlink (`dir` false) or rmdir (`dir` true). Sent to the dentry server.
     Remove {
@@ -366,6 +390,7 @@ impl Op {
             Op::GetAttr { .. } => Opcode::GetAttr,
             Op::SetAttr { .. } => Opcode::SetAttr,
             Op::Create { .. } => Opcode::Create,
+            Op::Mknod { .. } => Opcode::Mknod,
             Op::Remove { .. } => Opcode::Remove,
             Op::Access { .. } => Opcode::Access,
             Op::Read { .. } => Opcode::Read,
@@ -427,6 +452,7 @@ impl Request {
                 e.opt_u64(changes.size);
                 e.time_set(changes.atime);
                 e.time_set(changes.mtime);
+                e.bool(changes.via_writable_handle);
             }
             Op::Create {
                 parent,
@@ -442,6 +468,19 @@ impl Request {
                 e.u32(*perm);
                 e.bool(*exclusive);
                 e.bytes16(symlink_target);
+            }
+            Op::Mknod {
+                parent,
+                name,
+                kind,
+                perm,
+                rdev,
+            } => {
+                e.ino(*parent);
+                e.name(name);
+                e.kind(*kind);
+                e.u32(*perm);
+                e.u32(*rdev);
             }
             Op::Remove { parent, name, dir } => {
                 e.ino(*parent);
@@ -596,6 +635,7 @@ impl Request {
                     size: d.opt_u64()?,
                     atime: d.time_set()?,
                     mtime: d.time_set()?,
+                    via_writable_handle: d.bool()?,
                 },
             },
             Opcode::Create => Op::Create {
@@ -605,6 +645,13 @@ impl Request {
                 perm: d.u32()? & 0o7777,
                 exclusive: d.bool()?,
                 symlink_target: d.bytes16(limits::SYMLINK_MAX_BYTES, "symlink target")?,
+            },
+            Opcode::Mknod => Op::Mknod {
+                parent: d.ino()?,
+                name: d.name()?,
+                kind: d.kind()?,
+                perm: d.u32()? & 0o7777,
+                rdev: d.u32()?,
             },
             Opcode::Remove => Op::Remove {
                 parent: d.ino()?,
@@ -940,6 +987,7 @@ mod tests {
                 nanos: 999_999_999,
             },
             btime: Timestamp::default(),
+            rdev: 0,
         }
     }
 
@@ -965,6 +1013,7 @@ mod tests {
                     size: Some(1 << 40),
                     atime: TimeSet::Now,
                     mtime: TimeSet::At(Timestamp { secs: 9, nanos: 8 }),
+                    via_writable_handle: true,
                 },
             },
             Op::Create {
@@ -974,6 +1023,20 @@ mod tests {
                 perm: 0o777,
                 exclusive: true,
                 symlink_target: b"/some/where".to_vec(),
+            },
+            Op::Mknod {
+                parent: ino,
+                name: name("fifo"),
+                kind: FileKind::Fifo,
+                perm: 0o600,
+                rdev: 0,
+            },
+            Op::Mknod {
+                parent: ino,
+                name: name("tty"),
+                kind: FileKind::CharDev,
+                perm: 0o620,
+                rdev: (136 << 8) | 5,
             },
             Op::Remove {
                 parent: ino,
@@ -1116,6 +1179,11 @@ mod tests {
                 created: true,
             },
             Reply::Attr(attr()),
+            Reply::Attr(Attr {
+                kind: FileKind::BlockDev,
+                rdev: (8 << 8) | 1 | (0x123 << 20),
+                ..attr()
+            }),
             Reply::Removed {
                 ino: InodeId(1),
                 kind: FileKind::File,

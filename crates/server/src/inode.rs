@@ -6,7 +6,11 @@ use madfs_proto::codec::{Decoder, Encoder};
 use madfs_proto::ProtoError;
 use madfs_types::{limits, Attr, FileKind, InodeId, Timestamp};
 
-const RECORD_VERSION: u8 = 1;
+/// Version 2 added the device number (`Attr::rdev`) after the attributes;
+/// version 1 records (written before FIFOs and devices existed) are read
+/// with rdev 0, and rewritten as version 2 at their next change.
+const RECORD_VERSION: u8 = 2;
+const RECORD_VERSION_NO_RDEV: u8 = 1;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Inode {
@@ -30,11 +34,13 @@ impl Inode {
 
     pub fn decode(bytes: &[u8]) -> Result<Inode, ProtoError> {
         let mut d = Decoder::new(bytes);
-        if d.u8()? != RECORD_VERSION {
-            return Err(ProtoError::BadValue("inode record version"));
-        }
+        let attr = match d.u8()? {
+            RECORD_VERSION => d.attr()?,
+            RECORD_VERSION_NO_RDEV => d.attr_without_rdev()?,
+            _ => return Err(ProtoError::BadValue("inode record version")),
+        };
         let inode = Inode {
-            attr: d.attr()?,
+            attr,
             chunk0_in_file: d.bool()?,
             target: d.bytes16(limits::SYMLINK_MAX_BYTES, "symlink target")?,
         };
@@ -68,6 +74,7 @@ impl Inode {
                 mtime: now,
                 ctime: now,
                 btime: now,
+                rdev: 0,
             },
             chunk0_in_file: false,
             target,
@@ -113,5 +120,21 @@ mod tests {
             Some((FileKind::Dir, InodeId(3)))
         );
         assert_eq!(decode_dentry(&[9; 9]), None);
+        let mut dev = Inode::new(InodeId(10), FileKind::CharDev, 0o620, 0, 5, Vec::new());
+        dev.attr.rdev = (136 << 8) | 3;
+        assert_eq!(Inode::decode(&dev.encode()).unwrap(), dev);
+    }
+
+    /// Records written before device numbers (version 1) still read, as
+    /// rdev 0: a server upgraded in place keeps every inode.
+    #[test]
+    fn version_1_records_still_read() {
+        let i = Inode::new(InodeId(9), FileKind::File, 0o644, 1, 2, Vec::new());
+        let mut e = Encoder::new();
+        e.u8(RECORD_VERSION_NO_RDEV);
+        e.attr_without_rdev(&i.attr);
+        e.bool(false);
+        e.bytes16(b"");
+        assert_eq!(Inode::decode(&e.into_bytes()).unwrap(), i);
     }
 }

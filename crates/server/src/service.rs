@@ -631,18 +631,34 @@ impl Server {
                 perm,
                 exclusive,
                 symlink_target,
-            } => ok(self
-                .create(
-                    c,
-                    parent,
-                    &name,
-                    kind,
-                    perm,
-                    exclusive,
-                    symlink_target,
-                    data,
-                )
-                .await?),
+            } => {
+                if kind.is_special() {
+                    return Err(err(
+                        ErrorCode::InvalidArgument,
+                        "special files come by Mknod",
+                    ));
+                }
+                ok(self
+                    .create(
+                        c,
+                        parent,
+                        &name,
+                        kind,
+                        perm,
+                        exclusive,
+                        symlink_target,
+                        data,
+                        0,
+                    )
+                    .await?)
+            }
+            Op::Mknod {
+                parent,
+                name,
+                kind,
+                perm,
+                rdev,
+            } => ok(self.mknod(c, parent, &name, kind, perm, rdev).await?),
             Op::Remove { parent, name, dir } => {
                 ok(retry_races(|| self.remove(c, parent, &name, dir)).await?)
             }
@@ -817,6 +833,45 @@ impl Server {
         Ok((reply, data))
     }
 
+    /// mknod(2): a FIFO, socket, device node or regular file that must
+    /// not exist yet.
+    async fn mknod(
+        &self,
+        c: &Credentials,
+        parent: InodeId,
+        name: &FileName,
+        kind: FileKind,
+        perm_bits: u32,
+        rdev: u32,
+    ) -> Result<Reply, WireError> {
+        if !kind.is_special() && kind != FileKind::File {
+            return Err(err(
+                ErrorCode::InvalidArgument,
+                "mknod makes FIFOs, sockets, devices and regular files",
+            ));
+        }
+        if kind.is_device() && c.uid != 0 {
+            // Linux asks CAP_MKNOD; root is the only one here.
+            return Err(err(
+                ErrorCode::NotPermitted,
+                "only root may make device nodes",
+            ));
+        }
+        let rdev = if kind.is_device() { rdev } else { 0 };
+        self.create(
+            c,
+            parent,
+            name,
+            kind,
+            perm_bits,
+            true,
+            Vec::new(),
+            Vec::new(),
+            rdev,
+        )
+        .await
+    }
+
     #[allow(clippy::too_many_arguments)]
     async fn create(
         &self,
@@ -828,6 +883,7 @@ impl Server {
         exclusive: bool,
         target: Vec<u8>,
         data: Vec<u8>,
+        rdev: u32,
     ) -> Result<Reply, WireError> {
         if !data.is_empty() {
             if kind != FileKind::File || !exclusive {
@@ -898,6 +954,7 @@ impl Server {
             bits = 0o777;
         }
         let mut inode = Inode::new(ino, kind, bits, c.uid, gid, target);
+        inode.attr.rdev = rdev;
         let mut b = WriteBatch::new();
         if !data.is_empty() {
             // The inode is ours (we allocated it), so chunk 0 is too.
@@ -1093,13 +1150,18 @@ impl Server {
         if let Some(size) = ch.size {
             match a.kind {
                 FileKind::Dir => return Err(err(ErrorCode::IsDir, "")),
-                FileKind::Symlink => return Err(err(ErrorCode::InvalidArgument, "")),
                 FileKind::File => {}
+                // truncate(2) of anything else but a regular file: EINVAL.
+                _ => return Err(err(ErrorCode::InvalidArgument, "")),
             }
             if size > limits::FILE_SIZE_MAX_BYTES {
                 return Err(err(ErrorCode::FileTooBig, ""));
             }
-            perm::check(&owner, c, perm::WRITE)?;
+            // ftruncate through a handle opened for writing was granted at
+            // open (see `SetAttrs::via_writable_handle`).
+            if !ch.via_writable_handle {
+                perm::check(&owner, c, perm::WRITE)?;
+            }
         }
         if let Some(uid) = ch.uid {
             if c.uid != 0 && uid != a.uid {

@@ -88,13 +88,24 @@ pub struct RequestId(pub u64);
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct TxId(pub u64);
 
-/// File type of an inode.
+/// File type of an inode. The numbers are stored (dentries, inode
+/// records) and sent: never renumber, add at the end.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 #[repr(u8)]
 pub enum FileKind {
     File = 1,
     Dir = 2,
     Symlink = 3,
+    /// A named pipe (mkfifo). MadFS stores the name and attributes only:
+    /// the kernel (through the FUSE mount) makes the pipe between the
+    /// processes that open it; the interception library cannot.
+    Fifo = 4,
+    /// A Unix domain socket's name (bind); as for FIFOs, the kernel
+    /// connects the processes.
+    Socket = 5,
+    /// Device nodes: attributes and `Attr::rdev` only.
+    CharDev = 6,
+    BlockDev = 7,
 }
 
 impl FileKind {
@@ -103,6 +114,10 @@ impl FileKind {
             1 => Some(FileKind::File),
             2 => Some(FileKind::Dir),
             3 => Some(FileKind::Symlink),
+            4 => Some(FileKind::Fifo),
+            5 => Some(FileKind::Socket),
+            6 => Some(FileKind::CharDev),
+            7 => Some(FileKind::BlockDev),
             _ => None,
         }
     }
@@ -113,7 +128,40 @@ impl FileKind {
             FileKind::File => 0o100000,
             FileKind::Dir => 0o040000,
             FileKind::Symlink => 0o120000,
+            FileKind::Fifo => 0o010000,
+            FileKind::Socket => 0o140000,
+            FileKind::CharDev => 0o020000,
+            FileKind::BlockDev => 0o060000,
         }
+    }
+
+    /// The kind whose S_IFMT bits `mode` carries (mknod's mode; 0 there
+    /// means a regular file, as mknod(2) says).
+    pub fn from_mode(mode: u32) -> Option<FileKind> {
+        Some(match mode & 0o170000 {
+            0 | 0o100000 => FileKind::File,
+            0o040000 => FileKind::Dir,
+            0o120000 => FileKind::Symlink,
+            0o010000 => FileKind::Fifo,
+            0o140000 => FileKind::Socket,
+            0o020000 => FileKind::CharDev,
+            0o060000 => FileKind::BlockDev,
+            _ => return None,
+        })
+    }
+
+    /// FIFOs, sockets and devices: a name and attributes, no data that
+    /// MadFS serves.
+    pub fn is_special(self) -> bool {
+        matches!(
+            self,
+            FileKind::Fifo | FileKind::Socket | FileKind::CharDev | FileKind::BlockDev
+        )
+    }
+
+    /// Device nodes, which only root may make (Linux asks CAP_MKNOD).
+    pub fn is_device(self) -> bool {
+        matches!(self, FileKind::CharDev | FileKind::BlockDev)
     }
 }
 
@@ -160,12 +208,36 @@ pub struct Attr {
     pub mtime: Timestamp,
     pub ctime: Timestamp,
     pub btime: Timestamp,
+    /// The device a character or block device node stands for, in the
+    /// kernel's 32-bit encoding (`new_encode_dev`: minor's low 8 bits,
+    /// then 12 bits of major, then minor's upper bits; for majors below
+    /// 4096 and minors below 2^20 the same number as glibc's `makedev`).
+    /// 0 for every other kind.
+    pub rdev: u32,
 }
 
 impl Attr {
     /// st_mode: kind bits and permission bits.
     pub fn mode(&self) -> u32 {
         self.kind.mode_bits() | (self.perm & 0o7777)
+    }
+
+    /// The device number of `major` and `minor` as `rdev` holds it; None
+    /// past what 32 bits hold (major 4095, minor 2^20 - 1), where
+    /// mknod(2) answers EINVAL.
+    pub fn make_rdev(major: u32, minor: u32) -> Option<u32> {
+        if major >= 1 << 12 || minor >= 1 << 20 {
+            return None;
+        }
+        Some((minor & 0xff) | (major << 8) | ((minor & !0xff) << 12))
+    }
+
+    /// (major, minor) of `rdev`.
+    pub fn rdev_parts(&self) -> (u32, u32) {
+        (
+            (self.rdev >> 8) & 0xfff,
+            (self.rdev & 0xff) | ((self.rdev >> 12) & 0xfff00),
+        )
     }
 
     /// st_blocks in 512-byte units (sparse-unaware: the size rounded up).
@@ -340,6 +412,54 @@ pub fn chunk_server(ino: InodeId, index: ChunkIndex, servers: usize) -> ServerId
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kinds_round_trip_through_numbers_and_mode_bits() {
+        for v in 1..=7u8 {
+            let k = FileKind::from_u8(v).unwrap();
+            assert_eq!(k as u8, v);
+            assert_eq!(FileKind::from_mode(k.mode_bits() | 0o644), Some(k));
+        }
+        assert_eq!(FileKind::from_u8(0), None);
+        assert_eq!(FileKind::from_u8(8), None);
+        assert_eq!(FileKind::from_mode(0o644), Some(FileKind::File));
+        assert_eq!(FileKind::from_mode(0o170000), None);
+        assert!(FileKind::Fifo.is_special() && !FileKind::Fifo.is_device());
+        assert!(FileKind::BlockDev.is_device() && !FileKind::File.is_special());
+    }
+
+    #[test]
+    fn device_numbers_encode_as_the_kernel_and_glibc_do() {
+        // glibc's makedev(1, 2) and makedev(4095, 0xfffff) fit 32 bits.
+        assert_eq!(Attr::make_rdev(1, 2), Some(0x102));
+        assert_eq!(Attr::make_rdev(4095, 0xf_ffff), Some(0xffff_ffff));
+        assert_eq!(Attr::make_rdev(4096, 0), None);
+        assert_eq!(Attr::make_rdev(0, 1 << 20), None);
+        for (major, minor) in [(0, 0), (8, 1), (136, 300), (4095, 0xf_ffff)] {
+            let a = Attr {
+                rdev: Attr::make_rdev(major, minor).unwrap(),
+                ..test_attr()
+            };
+            assert_eq!(a.rdev_parts(), (major, minor));
+        }
+    }
+
+    fn test_attr() -> Attr {
+        Attr {
+            ino: InodeId(5),
+            kind: FileKind::CharDev,
+            perm: 0o600,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            atime: Timestamp::default(),
+            mtime: Timestamp::default(),
+            ctime: Timestamp::default(),
+            btime: Timestamp::default(),
+            rdev: 0,
+        }
+    }
 
     #[test]
     fn inode_id_carries_owner() {

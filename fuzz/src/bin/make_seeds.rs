@@ -65,6 +65,7 @@ fn main() {
             nanos: 999_999_999,
         },
         btime: Timestamp::default(),
+        rdev: 0,
     };
     let seeds: Vec<(&str, Vec<u8>)> = vec![
         (
@@ -97,9 +98,38 @@ fn main() {
                         perm: Some(0o755),
                         size: Some(1 << 40),
                         mtime: TimeSet::At(Timestamp { secs: 9, nanos: 8 }),
+                        via_writable_handle: true,
                         ..SetAttrs::default()
                     },
                 },
+                &[],
+            ),
+        ),
+        (
+            "request-mknod",
+            request(
+                Op::Mknod {
+                    parent: InodeId::ROOT,
+                    name: name("tty"),
+                    kind: FileKind::CharDev,
+                    perm: 0o620,
+                    rdev: (136 << 8) | 5,
+                },
+                &[],
+            ),
+        ),
+        (
+            "reply-attr-device",
+            frame(
+                true,
+                11,
+                0,
+                &Reply::Attr(Attr {
+                    kind: FileKind::BlockDev,
+                    rdev: (8 << 8) | 1,
+                    ..attr.clone()
+                })
+                .encode(),
                 &[],
             ),
         ),
