@@ -14,7 +14,9 @@
 //! directory is in flight from this server; changes arriving meanwhile
 //! wait for the next one, which carries the latest time and their summed
 //! link delta. Concurrent creates in one shared directory (mdtest-hard)
-//! then cost one peer request per round trip, not one each.
+//! then cost one peer request per round trip, not one each. An operation
+//! that finds nothing in flight sends its own touch from its task; only
+//! what queues meanwhile gets a sending task (a hand-off costs wakeups).
 //!
 //! Exactly once across retries: each touch carries (sender, seq) with `seq`
 //! from a persisted counter (counter.rs, never reused across restarts); the
