@@ -178,6 +178,7 @@ const AREAS: &[(&str, Case)] = &[
     ("access", access_cases),
     ("mknod", mknod_cases),
     ("readdir", readdir_cases),
+    ("dirtimes", dir_times_cases),
 ];
 
 /// Every case on a directory of the local file system: checks the
@@ -229,6 +230,7 @@ area_tests! {
     access_conforms => access_cases,
     mknod_conforms => mknod_cases,
     readdir_conforms => readdir_cases,
+    directory_times_and_link_counts_conform => dir_times_cases,
 }
 
 // ---- chmod --------------------------------------------------------------
@@ -2415,4 +2417,169 @@ fn readdir_cases(cx: &Cx) {
         .file_type()
         .unwrap();
     assert!(ft.is_dir() && !ft.is_fifo());
+}
+
+// ---- directory times and link counts ------------------------------------
+
+/// A time well in the past (seconds): directories are set to it before an
+/// operation, so that any time the operation sets is later.
+const PAST_SECS: i64 = 1_000_000;
+
+/// Set `dir`'s atime and mtime to the past; its ctime (now) in ns.
+fn age(dir: &Path) -> i128 {
+    expect(
+        utimensat(dir, Some([ts(PAST_SECS, 0), ts(PAST_SECS, 0)]), 0),
+        0,
+        "utimensat to the past",
+    );
+    assert_eq!(lstat(dir).mtime(), PAST_SECS);
+    let ctime = ctime_ns(dir);
+    // The operation's time must be strictly later than this ctime, also on
+    // a file system with a coarse clock.
+    wait_past(
+        (ctime / 1_000_000_000) as i64,
+        (ctime % 1_000_000_000) as i64,
+        Duration::from_millis(5),
+    );
+    ctime
+}
+
+/// `dir`'s mtime and ctime moved on from `age`'s, seen through the file
+/// system under test and by another client asking the servers.
+fn assert_touched(cx: &Cx, dir: &Path, ctime_before: i128, what: &str) {
+    let m = lstat(dir);
+    assert!(m.mtime() > PAST_SECS, "{what}: mtime of {}", dir.display());
+    assert!(
+        ctime_ns(dir) > ctime_before,
+        "{what}: ctime of {} not after {ctime_before}",
+        dir.display()
+    );
+    if let Some(tc) = cx.tc {
+        let rel = dir.strip_prefix(&cx.root).unwrap();
+        let a = block_on_thread(tc.client().stat(format!("/{}", rel.display()).as_str()))
+            .expect("stat via client");
+        assert!(a.mtime.secs > PAST_SECS, "{what}: mtime via another client");
+        let ctime = a.ctime.secs as i128 * 1_000_000_000 + a.ctime.nanos as i128;
+        assert!(ctime > ctime_before, "{what}: ctime via another client");
+        assert_eq!(
+            a.nlink as u64,
+            m.nlink(),
+            "{what}: nlink via another client"
+        );
+    }
+}
+
+fn dir_times_cases(cx: &Cx) {
+    let d = cx.p("d");
+    let e = cx.p("e");
+    expect(mkdir(&d, 0o755), 0, "mkdir d");
+    expect(mkdir(&e, 0o755), 0, "mkdir e");
+    // Enough names that entries land on every server, the directory's own
+    // among them.
+    for i in 0..4 {
+        let t = age(&d);
+        put(&d.join(format!("f{i}")), b"x");
+        assert_touched(cx, &d, t, "create");
+        let t = age(&d);
+        expect(mkdir(&d.join(format!("s{i}")), 0o755), 0, "mkdir");
+        assert_touched(cx, &d, t, "mkdir");
+        assert_eq!(lstat(&d).nlink(), 2 + i + 1, "nlink after mkdir {i}");
+        let t = age(&d);
+        expect(symlink("f0", &d.join(format!("l{i}"))), 0, "symlink");
+        assert_touched(cx, &d, t, "symlink");
+        let t = age(&d);
+        expect(
+            mknod(&d.join(format!("n{i}")), libc::S_IFREG | 0o644, 0),
+            0,
+            "mknod",
+        );
+        assert_touched(cx, &d, t, "mknod");
+        let t = age(&d);
+        expect(link(&d.join("f0"), &d.join(format!("h{i}"))), 0, "link");
+        assert_touched(cx, &d, t, "link");
+    }
+    for i in 0..4 {
+        let t = age(&d);
+        expect(unlink(&d.join(format!("h{i}"))), 0, "unlink");
+        assert_touched(cx, &d, t, "unlink");
+        let t = age(&d);
+        expect(
+            rename(&d.join(format!("f{i}")), &d.join(format!("g{i}"))),
+            0,
+            "rename in one directory",
+        );
+        assert_touched(cx, &d, t, "rename in one directory");
+    }
+    // rename of a file between directories: both parents.
+    let (td, te) = (age(&d), age(&e));
+    expect(rename(&d.join("g1"), &e.join("g1")), 0, "rename to e");
+    assert_touched(cx, &d, td, "rename: source directory");
+    assert_touched(cx, &e, te, "rename: destination directory");
+    // rename of a directory between directories moves a link count.
+    assert_eq!((lstat(&d).nlink(), lstat(&e).nlink()), (6, 2));
+    let (td, te) = (age(&d), age(&e));
+    expect(rename(&d.join("s0"), &e.join("s0")), 0, "rename dir to e");
+    assert_touched(cx, &d, td, "rename dir: source directory");
+    assert_touched(cx, &e, te, "rename dir: destination directory");
+    assert_eq!((lstat(&d).nlink(), lstat(&e).nlink()), (5, 3));
+    // ... also over an empty directory (which goes).
+    expect(
+        rename(&d.join("s1"), &e.join("s0")),
+        0,
+        "rename dir over dir",
+    );
+    assert_eq!((lstat(&d).nlink(), lstat(&e).nlink()), (4, 3));
+    // ... and within one directory changes nothing.
+    expect(rename(&d.join("s2"), &d.join("t2")), 0, "rename dir in d");
+    assert_eq!(lstat(&d).nlink(), 4);
+    for (i, name) in ["t2", "s3"].iter().enumerate() {
+        let t = age(&d);
+        expect(rmdir(&d.join(name)), 0, "rmdir");
+        assert_touched(cx, &d, t, "rmdir");
+        assert_eq!(lstat(&d).nlink(), 3 - i as u64, "nlink after rmdir");
+    }
+    expect(rmdir(&e.join("s0")), 0, "rmdir e/s0");
+    assert_eq!(lstat(&e).nlink(), 2);
+    // The area directory counts its subdirectories too.
+    assert_eq!(lstat(&cx.dir).nlink(), 4);
+
+    // GNU find (which may skip stat calls in a directory whose link count
+    // says it has no subdirectories left) and du see every file.
+    let tree = cx.p("tree");
+    let mut files = 0;
+    for a in 0..3 {
+        for b in 0..3 {
+            let sub = tree.join(format!("a{a}")).join(format!("b{b}"));
+            std::fs::create_dir_all(&sub).unwrap();
+            for f in 0..=b {
+                put(&sub.join(format!("file{f}")), b"data");
+                files += 1;
+            }
+            put(&tree.join(format!("a{a}")).join(format!("top{b}")), b"x");
+            files += 1;
+        }
+    }
+    assert_eq!(lstat(&tree).nlink(), 5);
+    let out = std::process::Command::new("find")
+        .arg(&tree)
+        .args(["-type", "f"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "find failed");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), files);
+    let out = std::process::Command::new("find")
+        .arg(&tree)
+        .args(["-mindepth", "2", "-type", "d"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 9);
+    let out = std::process::Command::new("du")
+        .args(["-a", "--apparent-size", "-b"])
+        .arg(&tree)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "du failed");
+    // Every file and directory once, the tree itself last.
+    let lines = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(lines.lines().count(), files + 3 + 9 + 1, "{lines}");
 }

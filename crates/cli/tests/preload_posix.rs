@@ -7,7 +7,7 @@ mod common;
 mod helpers;
 
 use common::TestCluster;
-use helpers::{cli_cat, cli_ls, compile, run};
+use helpers::{cli_cat, cli_ls, compile, run, run_ok};
 
 #[test]
 fn c_program_exercises_every_call() {
@@ -96,4 +96,52 @@ fn c_program_exercises_every_call() {
     assert!(stat.contains("(0600/"), "{stat}");
     assert!(stat.contains("Links: 3"), "{stat}");
     assert!(tc.madfs_ok(["ls", "-l", "/c"]).contains("sym -> f"));
+}
+
+/// Creating, removing or renaming an entry under `madfs run` moves the
+/// parent directory's mtime and ctime on (both parents' for rename), as the
+/// process sees them at once (its metadata cache held the directory's older
+/// attributes) and as another client sees them; a directory's link count
+/// is 2 plus its subdirectories.
+#[test]
+fn directory_times_and_link_counts() {
+    common::need("python3", "python3");
+    let tc = TestCluster::start(3);
+    let script = r#"
+import os, time
+PAST = 1_000_000
+def age(d):
+    os.stat(d)                      # cached now
+    os.utime(d, (PAST, PAST))
+    st = os.stat(d)
+    assert st.st_mtime == PAST, st
+    while time.time_ns() <= st.st_ctime_ns:
+        pass
+    return st.st_ctime_ns
+def check(what, d, ctime):
+    st = os.stat(d)
+    assert st.st_mtime > PAST, (what, d, st)
+    assert st.st_ctime_ns > ctime, (what, d, st, ctime)
+d, e = "/madfs/d", "/madfs/e"
+os.mkdir(d); os.mkdir(e)
+for i in range(6):
+    t = age(d); open(f"{d}/f{i}", "w").close(); check("create", d, t)
+    t = age(d); os.mkdir(f"{d}/s{i}"); check("mkdir", d, t)
+    t = age(d); os.symlink("f0", f"{d}/l{i}"); check("symlink", d, t)
+    t = age(d); os.link(f"{d}/f{i}", f"{d}/h{i}"); check("link", d, t)
+    t = age(d); os.unlink(f"{d}/h{i}"); check("unlink", d, t)
+    t = age(d); os.rename(f"{d}/f{i}", f"{d}/g{i}"); check("rename", d, t)
+print(os.stat(d).st_nlink)
+td, te = age(d), age(e)
+os.rename(f"{d}/s0", f"{e}/s0")
+check("rename dir: source", d, td); check("rename dir: destination", e, te)
+print(os.stat(d).st_nlink, os.stat(e).st_nlink)
+t = age(d); os.rmdir(f"{d}/s1"); check("rmdir", d, t)
+print(os.stat(d).st_nlink)
+"#;
+    let out = run_ok(&tc, &["python3", "-c", script]);
+    assert_eq!(out, "8\n7 3\n6\n");
+    let other = tc.client().with_cache(madfs_client::CacheConfig::off());
+    let a = common::block_on_thread(other.stat("/d")).unwrap();
+    assert!(a.mtime.secs > 1_000_000 && a.nlink == 6, "{a:?}");
 }

@@ -117,6 +117,11 @@ enum Value {
     /// What a name in a directory is, or `None`: it does not exist.
     Entry(Option<(InodeId, FileKind)>),
     Attr(Attr),
+    /// A directory's attributes whose times and link count this client
+    /// changed since (an entry made or removed in it): still good for
+    /// permission checks on a walk (mode and owner did not change), not for
+    /// stat, which asks the owner.
+    DirChanged(Attr),
     Target(Vec<u8>),
 }
 
@@ -142,6 +147,17 @@ impl Inner {
     fn remove(&mut self, key: &Key) {
         if let Some(item) = self.map.remove(key) {
             self.bytes -= item.bytes;
+        }
+    }
+
+    /// An entry of `dir` was made or removed: its times and link count are
+    /// no longer known. Its expiry stays, so mode changes by others are
+    /// still seen within the TTL.
+    fn dir_changed(&mut self, dir: InodeId) {
+        if let Some(item) = self.map.get_mut(&Key::Attr(dir)) {
+            if let Value::Attr(a) = &item.value {
+                item.value = Value::DirChanged(a.clone());
+            }
         }
     }
 
@@ -288,11 +304,33 @@ impl MetaCache {
         }
     }
 
-    pub(crate) fn attr(&self, ino: InodeId) -> Option<Attr> {
+    /// An inode's attributes, all current as far as this client knows.
+    #[cfg(test)]
+    fn attr(&self, ino: InodeId) -> Option<Attr> {
         match self.get(&Key::Attr(ino))? {
             Value::Attr(a) => Some(a),
             _ => None,
         }
+    }
+
+    /// An inode's attributes for a permission check on a walk: also a
+    /// directory's whose times this client changed (`Value::DirChanged`;
+    /// see `dir_times_changed`).
+    pub(crate) fn attr_for_access(&self, ino: InodeId) -> Option<Attr> {
+        match self.get(&Key::Attr(ino))? {
+            Value::Attr(a) | Value::DirChanged(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// Whether this client changed `dir`'s entries since its cached
+    /// attributes were fetched (a stat must ask the owner).
+    pub(crate) fn dir_times_changed(&self, dir: InodeId) -> bool {
+        self.cfg.enabled()
+            && matches!(
+                self.lock().map.get(&Key::Attr(dir)).map(|i| &i.value),
+                Some(Value::DirChanged(_))
+            )
     }
 
     pub(crate) fn target(&self, ino: InodeId) -> Option<Vec<u8>> {
@@ -369,6 +407,7 @@ impl MetaCache {
     /// symlink, link, rename's target).
     pub(crate) fn made(&self, parent: InodeId, name: &FileName, attr: &Attr) {
         self.change(|inner, cfg, now| {
+            inner.dir_changed(parent);
             inner.insert(
                 cfg,
                 now,
@@ -384,6 +423,7 @@ impl MetaCache {
     /// (link count, ctime) changed too.
     pub(crate) fn removed(&self, parent: InodeId, name: &FileName, ino: Option<InodeId>) {
         self.change(|inner, cfg, now| {
+            inner.dir_changed(parent);
             inner.insert(
                 cfg,
                 now,
@@ -397,9 +437,12 @@ impl MetaCache {
     }
 
     /// Forget what `name` in `parent` is (an operation on it failed or
-    /// left it unknown).
+    /// left it unknown, so `parent` may have changed too).
     pub(crate) fn forget_entry(&self, parent: InodeId, name: &FileName) {
-        self.change(|inner, _, _| inner.remove(&Key::Entry(parent, name.clone())));
+        self.change(|inner, _, _| {
+            inner.dir_changed(parent);
+            inner.remove(&Key::Entry(parent, name.clone()))
+        });
     }
 
     /// This client changed an inode's attributes and knows the result.
@@ -547,6 +590,27 @@ mod tests {
         assert_eq!(c.attr(InodeId(1)), None);
         assert_eq!(c.entry(InodeId(1), &name("a")), None);
         assert_eq!(c.stats().entries, 0);
+    }
+
+    #[test]
+    fn own_changes_in_a_directory_keep_its_attributes_for_walks_only() {
+        let c = MetaCache::new(CacheConfig::default());
+        let mut dir = attr(5, 0);
+        dir.kind = FileKind::Dir;
+        c.learned_attr(c.epoch(), &dir);
+        assert!(!c.dir_times_changed(InodeId(5)));
+        c.made(InodeId(5), &name("f"), &attr(6, 0));
+        assert!(c.dir_times_changed(InodeId(5)));
+        assert_eq!(c.attr(InodeId(5)), None, "not for stat");
+        assert_eq!(c.attr_for_access(InodeId(5)), Some(dir.clone()));
+        // Fresh attributes from the owner replace the mark.
+        c.learned_attr(c.epoch(), &dir);
+        assert!(!c.dir_times_changed(InodeId(5)));
+        c.removed(InodeId(5), &name("f"), Some(InodeId(6)));
+        assert!(c.dir_times_changed(InodeId(5)));
+        c.learned_attr(c.epoch(), &dir);
+        c.forget_entry(InodeId(5), &name("g"));
+        assert!(c.dir_times_changed(InodeId(5)));
     }
 
     #[test]

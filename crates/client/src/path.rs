@@ -335,7 +335,9 @@ impl Client {
     /// What `name` in directory `dir` is: from the metadata cache unless
     /// `fresh` (then, or on a miss, one lookup). A cached answer is only
     /// given to a caller who may search `dir`, checked against its
-    /// attributes as the server would check them.
+    /// attributes as the server would check them. A directory's cached
+    /// attributes whose times this client changed are good enough to walk
+    /// on (`resolve_walk` asks again before it returns them).
     async fn step(&self, dir: &Node, name: &FileName, fresh: bool) -> Result<Attr> {
         if !fresh {
             if let Some(hit) = self.cache.entry(dir.ino, name) {
@@ -346,7 +348,7 @@ impl Client {
                 match hit {
                     None => return Err(ClientError::new(ErrorCode::NotFound, "")),
                     Some((ino, _)) => {
-                        if let Some(a) = self.cache.attr(ino) {
+                        if let Some(a) = self.cache.attr_for_access(ino) {
                             return Ok(a);
                         }
                     }
@@ -369,7 +371,7 @@ impl Client {
     async fn node_attr(&self, node: &Node) -> Result<Attr> {
         match &node.attr {
             Some(a) => Ok(a.clone()),
-            None => match self.cache.attr(node.ino) {
+            None => match self.cache.attr_for_access(node.ino) {
                 Some(a) => Ok(a),
                 None => self.getattr(node.ino).await,
             },
@@ -403,6 +405,12 @@ impl Client {
             // answer in the walk and now, and left the table of writes in
             // flight: the walk's size would be older than the write.
             return self.fstat(top.ino).await;
+        }
+        if self.cache.dir_times_changed(top.ino) {
+            // A directory this client made or removed entries in since the
+            // walk's attributes were fetched (or reached by ".."): its
+            // times and link count are the owner's to tell.
+            return self.getattr(top.ino).await;
         }
         let attr = match (&top.attr, fresh_last) {
             (Some(a), _) => a.clone(),

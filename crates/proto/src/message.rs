@@ -57,6 +57,7 @@ pub enum Opcode {
     RenameResolve = 43,
     PurgeChunks = 44,
     InvalidateDir = 45,
+    TouchDir = 46,
 }
 
 impl Opcode {
@@ -90,6 +91,7 @@ impl Opcode {
             43 => RenameResolve,
             44 => PurgeChunks,
             45 => InvalidateDir,
+            46 => TouchDir,
             _ => return None,
         })
     }
@@ -302,6 +304,18 @@ pub enum Op {
     InvalidateDir {
         dir: InodeId,
     },
+    /// Entries of `dir` were created, removed or renamed by the dentry
+    /// server `sender` (see touch.rs in the server): set its mtime and ctime
+    /// to at least `time` and add `nlink_delta` (subdirectories made minus
+    /// removed) to its link count. Sent to the directory's owner, which
+    /// applies each (`sender`, `seq`) at most once, so a retry is harmless.
+    TouchDir {
+        dir: InodeId,
+        sender: ServerId,
+        seq: u64,
+        time: Timestamp,
+        nlink_delta: i32,
+    },
 }
 
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -410,6 +424,7 @@ impl Op {
             Op::RenameResolve { .. } => Opcode::RenameResolve,
             Op::PurgeChunks { .. } => Opcode::PurgeChunks,
             Op::InvalidateDir { .. } => Opcode::InvalidateDir,
+            Op::TouchDir { .. } => Opcode::TouchDir,
         }
     }
 
@@ -560,6 +575,19 @@ impl Request {
             Op::AdjustLinks { ino, delta } => {
                 e.ino(*ino);
                 e.i32(*delta);
+            }
+            Op::TouchDir {
+                dir,
+                sender,
+                seq,
+                time,
+                nlink_delta,
+            } => {
+                e.ino(*dir);
+                e.u16(sender.0);
+                e.u64(*seq);
+                e.ts(*time);
+                e.i32(*nlink_delta);
             }
             Op::RenameInstall {
                 tx,
@@ -724,6 +752,13 @@ impl Request {
             Opcode::AdjustLinks => Op::AdjustLinks {
                 ino: d.ino()?,
                 delta: d.i32()?,
+            },
+            Opcode::TouchDir => Op::TouchDir {
+                dir: d.ino()?,
+                sender: ServerId(d.u16()?),
+                seq: d.u64()?,
+                time: d.ts()?,
+                nlink_delta: d.i32()?,
             },
             Opcode::RenameInstall => Op::RenameInstall {
                 tx: TxId(d.u64()?),
@@ -1095,6 +1130,13 @@ mod tests {
                 action: SealAction::Removed,
             },
             Op::AdjustLinks { ino, delta: -1 },
+            Op::TouchDir {
+                dir: ino,
+                sender: ServerId(3),
+                seq: 77,
+                time: Timestamp { secs: 5, nanos: 6 },
+                nlink_delta: -2,
+            },
             Op::RenameInstall {
                 tx: TxId(9),
                 coordinator: ServerId(2),

@@ -9,8 +9,10 @@
 //! ORPH ino                      -> freed inode whose chunk files still need purging
 //! RNTX tx                       -> rename intent, on the coordinating server
 //! RNDN coordinator tx           -> rename installed, on the destination server
+//! DTCH dir sender               -> u64 last directory touch applied from that server
 //! META "next_inode"             -> u64 inode counter (a high-water mark)
 //! META "next_tx"                -> u64 rename transaction counter (likewise)
+//! META "next_touch"             -> u64 directory touch counter (likewise)
 //! META "format"                 -> u32 on-disk format version
 //! ```
 
@@ -22,8 +24,10 @@ pub const DENTRY: &[u8; 4] = b"DENT";
 pub const ORPHAN: &[u8; 4] = b"ORPH";
 pub const RENAME_INTENT: &[u8; 4] = b"RNTX";
 pub const RENAME_DONE: &[u8; 4] = b"RNDN";
+pub const DIR_TOUCH: &[u8; 4] = b"DTCH";
 pub const META_NEXT_INODE: &[u8] = b"METAnext_inode";
 pub const META_NEXT_TX: &[u8] = b"METAnext_tx";
+pub const META_NEXT_TOUCH: &[u8] = b"METAnext_touch";
 pub const META_FORMAT: &[u8] = b"METAformat";
 /// Bumped when a record layout changes; a server refuses a newer format.
 pub const FORMAT_VERSION: u32 = 1;
@@ -68,6 +72,14 @@ pub fn rename_done(coordinator: ServerId, tx: TxId) -> Vec<u8> {
     let mut k = RENAME_DONE.to_vec();
     k.extend_from_slice(&coordinator.0.to_be_bytes());
     k.extend_from_slice(&tx.0.to_be_bytes());
+    k
+}
+
+/// The last touch of directory `dir` applied from server `sender`
+/// (touch.rs): a retried touch is applied once.
+pub fn dir_touch(dir: InodeId, sender: ServerId) -> Vec<u8> {
+    let mut k = with_ino(DIR_TOUCH, dir);
+    k.extend_from_slice(&sender.0.to_be_bytes());
     k
 }
 

@@ -18,6 +18,7 @@ mod rename;
 mod service;
 mod space;
 pub mod sync;
+mod touch;
 mod writeback;
 
 pub use service::Server;

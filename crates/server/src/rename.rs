@@ -16,9 +16,14 @@
 //!    says: a file over a file, an empty directory over an empty directory).
 //!    Crash of B before its batch: old name only; A's recovery sees "not
 //!    installed". Crash after: both names are on disk until step 4 or 6.
+//!    The destination directory's times and link count (touch.rs) change
+//!    in this batch when B holds it, else by a touch B waits for before it
+//!    answers; a retried install (marker found) changes nothing again.
 //! 4. A deletes the old dentry and the intent in one synced batch.
 //!    Crash before: A's recovery sees "installed" and finishes this step.
-//!    After: only the new name exists.
+//!    After: only the new name exists. Then, with its locks released, A
+//!    changes the source directory's times and link count (B may have
+//!    touched that directory on A during step 3, so A held no stripe of it).
 //! 5. A tells B to forget the marker (best effort; a stale marker is a few
 //!    bytes and harmless).
 //! 6. Recovery (at A's start, and after a failed step 3): for every intent,
@@ -36,12 +41,15 @@ use crate::keys;
 use crate::locks::LockKey;
 use crate::perm;
 use crate::service::{err, kv_err, Server};
+use crate::touch::DirChanges;
 use madfs_kv::WriteBatch;
 use madfs_proto::codec::{Decoder, Encoder};
 use madfs_proto::message::{Op, Reply, RENAME_EXCHANGE, RENAME_NOREPLACE};
 use madfs_proto::{ErrorCode, WireError};
 use madfs_rpc::log_warn;
-use madfs_types::{dentry_server, Credentials, FileKind, FileName, InodeId, ServerId, TxId};
+use madfs_types::{
+    dentry_server, Credentials, FileKind, FileName, InodeId, ServerId, Timestamp, TxId,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -140,6 +148,17 @@ fn install_into(
     }
     Server::put_dentry(b, dst_parent, dst_name, kind, ino);
     Ok(out)
+}
+
+/// A directory moved out of `dir` (-1) or into it (+1): its ".." link.
+fn dir_links(kind: FileKind) -> i64 {
+    i64::from(kind == FileKind::Dir)
+}
+
+/// What installing `kind` did to the destination directory's link count.
+fn install_changes(dp: InodeId, kind: FileKind, done: &Installed) -> DirChanges {
+    let replaced_dir = matches!(done.replaced, Some((_, FileKind::Dir)));
+    DirChanges::one(dp, dir_links(kind) - i64::from(replaced_dir))
 }
 
 /// Work after a committed install: free, unlink remotely, announce.
@@ -268,6 +287,9 @@ async fn rename_local(srv: &Arc<Server>, mv: &Intent, noreplace: bool) -> Result
         if let Some(t) = target {
             keys.push(LockKey::Inode(t));
         }
+        let mut parents = DirChanges::one(sp, 0);
+        parents.add(dp, 0);
+        keys.extend(parents.local_keys(srv.id));
         let guard = srv.locks.lock(&keys).await;
         if srv.load_dentry(sp, sn)? != Some((kind, ino)) {
             return Err(err(ErrorCode::TryAgain, "the source changed during rename"));
@@ -278,16 +300,21 @@ async fn rename_local(srv: &Arc<Server>, mv: &Intent, noreplace: bool) -> Result
         let mut b = WriteBatch::new();
         let done = install_into(srv, &mut b, dp, dn, ino, kind, noreplace, sealed)?;
         if done.same {
-            return Ok(done);
+            return Ok((done, DirChanges::default(), Timestamp::now()));
         }
         b.delete(&keys::dentry(sp, sn));
+        let mut changes = install_changes(dp, kind, &done);
+        changes.add(sp, -dir_links(kind));
+        let time = Timestamp::now();
+        srv.touch_local(&mut b, &changes, time)?;
         srv.kv.write(b, false).map_err(kv_err)?;
         drop(guard);
-        Ok(done)
+        Ok((done, changes, time))
     }
     .await;
     match result {
-        Ok(done) => {
+        Ok((done, changes, time)) => {
+            srv.touch_remote(&changes, time).await;
             after_install(srv, &done).await;
             Ok(())
         }
@@ -300,7 +327,7 @@ async fn rename_local(srv: &Arc<Server>, mv: &Intent, noreplace: bool) -> Result
     }
 }
 
-fn is_uncertain(e: &WireError) -> bool {
+pub(crate) fn is_uncertain(e: &WireError) -> bool {
     matches!(
         e.code,
         ErrorCode::Unavailable | ErrorCode::TimedOut | ErrorCode::Protocol
@@ -321,7 +348,8 @@ async fn rename_remote(
         intent.kind,
     );
     let b_server = dentry_server(dp, dn, srv.servers);
-    // Step 1.
+    // Step 1. Not the source directory's inode stripe: B may touch that
+    // directory (on this server) before it answers step 3.
     let guard = srv
         .locks
         .lock(&[LockKey::Dentry(sp, sn), LockKey::Inode(ino)])
@@ -367,12 +395,18 @@ async fn rename_remote(
             let same = matches!(reply, Reply::Installed { replaced: Some((r, _)) } if r == ino);
             // Step 4 (unless the target already was this inode).
             let mut b = WriteBatch::new();
+            let time = Timestamp::now();
             if !same {
                 b.delete(&keys::dentry(sp, sn));
             }
             b.delete(&keys::rename_intent(tx));
             srv.kv.write(b, true).map_err(kv_err)?;
             drop(guard);
+            if !same {
+                // The source directory, after the locks (see step 1).
+                srv.touch_after(&DirChanges::one(sp, -dir_links(kind)), time)
+                    .await;
+            }
             // Step 5.
             let me = srv.clone();
             tokio::spawn(async move {
@@ -433,6 +467,7 @@ pub(crate) async fn install(
         if let Some(t) = target {
             keys.push(LockKey::Inode(t));
         }
+        keys.extend(DirChanges::one(dp, 0).local_keys(srv.id));
         let guard = tokio::time::timeout(LOCK_WAIT, srv.locks.lock(&keys))
             .await
             .map_err(|_| err(ErrorCode::TryAgain, "destination busy"))?;
@@ -446,14 +481,23 @@ pub(crate) async fn install(
         } else {
             done.replaced
         };
+        // The source's server moves its directory's link down (step 4).
+        let changes = if done.same {
+            DirChanges::default()
+        } else {
+            install_changes(dp, kind, &done)
+        };
+        let time = Timestamp::now();
+        srv.touch_local(&mut b, &changes, time)?;
         b.put(&marker, &encode_marker(&Marker::Installed(ino, replaced)));
         srv.kv.write(b, true).map_err(kv_err)?;
         drop(guard);
-        Ok((done, replaced))
+        Ok((done, replaced, changes, time))
     }
     .await;
     match result {
-        Ok((done, replaced)) => {
+        Ok((done, replaced, changes, time)) => {
+            srv.touch_remote(&changes, time).await;
             after_install(srv, &done).await;
             Ok(replaced)
         }
@@ -537,11 +581,13 @@ async fn settle(srv: &Arc<Server>, tx: TxId, intent: Intent) {
         };
         match srv.call_peer(b_server, q).await {
             Ok(Reply::Resolved { installed }) => {
-                let _g = srv
-                    .locks
-                    .lock(&[LockKey::Dentry(intent.src_parent, &intent.src_name)])
-                    .await;
+                let changes = DirChanges::one(intent.src_parent, -dir_links(intent.kind));
+                let mut lock_keys = vec![LockKey::Dentry(intent.src_parent, &intent.src_name)];
+                lock_keys.extend(changes.local_keys(srv.id));
+                let g = srv.locks.lock(&lock_keys).await;
                 let mut b = WriteBatch::new();
+                let time = Timestamp::now();
+                let mut moved = false;
                 if installed
                     && srv
                         .load_dentry(intent.src_parent, &intent.src_name)
@@ -550,10 +596,15 @@ async fn settle(srv: &Arc<Server>, tx: TxId, intent: Intent) {
                         == Some((intent.kind, intent.ino))
                 {
                     b.delete(&keys::dentry(intent.src_parent, &intent.src_name));
+                    moved = srv.touch_local(&mut b, &changes, time).is_ok();
                 }
                 b.delete(&keys::rename_intent(tx));
                 match srv.kv.write(b, true) {
                     Ok(()) => {
+                        drop(g);
+                        if moved {
+                            srv.touch_remote(&changes, time).await;
+                        }
                         let _ = srv
                             .call_peer(
                                 b_server,
@@ -618,10 +669,11 @@ async fn exchange(
             "RENAME_EXCHANGE of names held by two servers is not supported yet",
         ));
     }
-    let _g = srv
-        .locks
-        .lock(&[LockKey::Dentry(sp, sn), LockKey::Dentry(dp, dn)])
-        .await;
+    let mut parents = DirChanges::one(sp, 0);
+    parents.add(dp, 0);
+    let mut lock_keys = vec![LockKey::Dentry(sp, sn), LockKey::Dentry(dp, dn)];
+    lock_keys.extend(parents.local_keys(srv.id));
+    let g = srv.locks.lock(&lock_keys).await;
     let (sk, si) = srv
         .load_dentry(sp, sn)?
         .ok_or_else(|| err(ErrorCode::NotFound, ""))?;
@@ -631,5 +683,13 @@ async fn exchange(
     let mut b = WriteBatch::new();
     Server::put_dentry(&mut b, sp, sn, dk, di);
     Server::put_dentry(&mut b, dp, dn, sk, si);
-    srv.kv.write(b, false).map_err(kv_err)
+    // Each directory loses the ".." of what left it and gains the other's.
+    let mut changes = DirChanges::one(sp, dir_links(dk) - dir_links(sk));
+    changes.add(dp, dir_links(sk) - dir_links(dk));
+    let time = Timestamp::now();
+    srv.touch_local(&mut b, &changes, time)?;
+    srv.kv.write(b, false).map_err(kv_err)?;
+    drop(g);
+    srv.touch_remote(&changes, time).await;
+    Ok(())
 }

@@ -14,6 +14,7 @@ use crate::locks::{LockKey, Locks};
 use crate::perm::{self, Owner};
 use crate::space::SpaceGauge;
 use crate::sync::SyncCoalescer;
+use crate::touch::DirChanges;
 use crate::{keys, RunOptions, ServerError};
 use madfs_kv::{KvStore, RocksStore, WriteBatch};
 use madfs_proto::auth::{ClusterKey, Role};
@@ -102,6 +103,8 @@ pub struct Server {
     seals: Mutex<HashMap<InodeId, SealState>>,
     seal_changed: Notify,
     pub(crate) tx_counter: Counter,
+    /// Directory times and link counts sent to other servers (touch.rs).
+    pub(crate) touches: crate::touch::Touches,
 }
 
 impl Server {
@@ -162,6 +165,7 @@ impl Server {
         let inode_counter =
             Counter::load(kv.as_ref(), keys::META_NEXT_INODE, 16).map_err(storage)?;
         let tx_counter = Counter::load(kv.as_ref(), keys::META_NEXT_TX, 1).map_err(storage)?;
+        let touches = crate::touch::Touches::load(kv.as_ref()).map_err(storage)?;
         let chunks = Arc::new(
             ChunkStore::open_cached(data_dir.join("chunks"), opts.cache_bytes)
                 .map_err(|e| ServerError::Storage(e.to_string()))?,
@@ -197,6 +201,7 @@ impl Server {
             seals: Mutex::new(HashMap::new()),
             seal_changed: Notify::new(),
             tx_counter,
+            touches,
         };
         if id == ServerId(0)
             && server
@@ -303,6 +308,9 @@ impl Server {
             (inode.attr.nlink as i64 + delta as i64).max(0) as u32
         };
         if nlink == 0 {
+            if inode.attr.kind == FileKind::Dir {
+                self.forget_touches(b, ino);
+            }
             b.delete(&keys::inode(ino));
             b.delete(&keys::inline_data(ino));
             if inode.may_have_chunk_files(self.chunk_size) {
@@ -765,6 +773,18 @@ impl Server {
             } => ok(Reply::Resolved {
                 installed: crate::rename::resolve(self, tx, coordinator, forget)?,
             }),
+            Op::TouchDir {
+                dir,
+                sender,
+                seq,
+                time,
+                nlink_delta,
+            } => {
+                debug_assert_eq!(ctx.role, Role::Peer);
+                ok(self
+                    .apply_touch(dir, sender, seq, time, nlink_delta)
+                    .await?)
+            }
             op @ (Op::Seal { .. } | Op::PurgeChunks { .. } | Op::InvalidateDir { .. }) => {
                 debug_assert_eq!(ctx.role, Role::Peer);
                 self.local_peer_op(op).await
@@ -836,7 +856,7 @@ impl Server {
     /// mknod(2): a FIFO, socket, device node or regular file that must
     /// not exist yet.
     async fn mknod(
-        &self,
+        self: &Arc<Self>,
         c: &Credentials,
         parent: InodeId,
         name: &FileName,
@@ -874,7 +894,7 @@ impl Server {
 
     #[allow(clippy::too_many_arguments)]
     async fn create(
-        &self,
+        self: &Arc<Self>,
         c: &Credentials,
         parent: InodeId,
         name: &FileName,
@@ -908,10 +928,13 @@ impl Server {
             ));
         }
         self.wait_unsealed(parent).await?;
-        let _gate = self.locks.gate(parent).read().await;
+        let gate = self.locks.gate(parent).read().await;
         self.wait_unsealed(parent).await?;
         let dir = self.dir_owner(parent).await?;
-        let _g = self.locks.lock(&[LockKey::Dentry(parent, name)]).await;
+        let changes = DirChanges::one(parent, i64::from(kind == FileKind::Dir));
+        let mut lock_keys = vec![LockKey::Dentry(parent, name)];
+        lock_keys.extend(changes.local_keys(self.id));
+        let g = self.locks.lock(&lock_keys).await;
         if let Some((ekind, eino)) = self.load_dentry(parent, name)? {
             perm::check(&dir, c, perm::EXEC)?;
             if exclusive || kind != FileKind::File {
@@ -963,8 +986,13 @@ impl Server {
         }
         b.put(&keys::inode(ino), &inode.encode());
         Self::put_dentry(&mut b, parent, name, kind, ino);
+        let now = inode.attr.ctime;
+        self.touch_local(&mut b, &changes, now)?;
         self.kv.write(b, false).map_err(kv_err)?;
+        drop(g);
+        drop(gate);
         self.inode_count.fetch_add(1, Ordering::Relaxed);
+        self.touch_remote(&changes, now).await;
         Ok(Reply::Created {
             entry: Entry {
                 ino,
@@ -1002,10 +1030,10 @@ impl Server {
             // gate, which creators take before their dentry locks.
             self.seal_empty_dir(ino).await?;
         }
-        let guard = self
-            .locks
-            .lock(&[LockKey::Dentry(parent, name), LockKey::Inode(ino)])
-            .await;
+        let changes = DirChanges::one(parent, -i64::from(kind == FileKind::Dir));
+        let mut lock_keys = vec![LockKey::Dentry(parent, name), LockKey::Inode(ino)];
+        lock_keys.extend(changes.local_keys(self.id));
+        let guard = self.locks.lock(&lock_keys).await;
         let now = self.load_dentry(parent, name)?;
         if now != Some((kind, ino)) {
             drop(guard);
@@ -1028,8 +1056,11 @@ impl Server {
                 }
             }
         }
+        let time = Timestamp::now();
+        self.touch_local(&mut b, &changes, time)?;
         self.kv.write(b, false).map_err(kv_err)?;
         drop(guard);
+        self.touch_remote(&changes, time).await;
         if let Some(inode) = &freed {
             self.after_free(inode);
         } else if ino.owner() != self.id {
@@ -1087,7 +1118,7 @@ impl Server {
         name: &FileName,
     ) -> Result<Reply, WireError> {
         self.wait_unsealed(parent).await?;
-        let _gate = self.locks.gate(parent).read().await;
+        let gate = self.locks.gate(parent).read().await;
         let dir = self.dir_owner(parent).await?;
         perm::check_dir_write(&dir, c)?;
         let attr = self.attr_of(ino).await?;
@@ -1098,14 +1129,16 @@ impl Server {
             ));
         }
         let local = ino.owner() == self.id;
-        let _g = self
-            .locks
-            .lock(&[LockKey::Dentry(parent, name), LockKey::Inode(ino)])
-            .await;
+        let changes = DirChanges::one(parent, 0);
+        let mut lock_keys = vec![LockKey::Dentry(parent, name), LockKey::Inode(ino)];
+        lock_keys.extend(changes.local_keys(self.id));
+        let g = self.locks.lock(&lock_keys).await;
         if self.load_dentry(parent, name)?.is_some() {
             return Err(err(ErrorCode::Exists, ""));
         }
         let mut b = WriteBatch::new();
+        let time = Timestamp::now();
+        self.touch_local(&mut b, &changes, time)?;
         let mut attr_out = None;
         if local {
             let mut inode = self.must_inode(ino)?;
@@ -1128,6 +1161,9 @@ impl Server {
             }
             return Err(kv_err(e));
         }
+        drop(g);
+        drop(gate);
+        self.touch_remote(&changes, time).await;
         Ok(Reply::Entry(Entry {
             ino,
             kind: attr.kind,

@@ -1,0 +1,229 @@
+//! Guards directory times and link counts through the client library on a
+//! 4-server cluster: every operation that makes, removes or renames an
+//! entry moves its parent directory's (both parents' for rename) mtime and
+//! ctime on, whether the directory's inode lives on the entry's server
+//! (updated in the entry's own batch) or on another one (a touch sent
+//! server to server), as seen at once by the client that did it (its
+//! metadata cache must not answer with the directory's older times) and by
+//! another client; a directory's link count is 2 plus its subdirectories,
+//! also under concurrent mkdirs (coalesced touches), and a touch the owner
+//! sees twice (a retry) counts once. Before, directory times never moved
+//! and link counts stayed 2.
+
+mod common;
+
+use common::TestCluster;
+use madfs_client::{Attr, CacheConfig, Client, FileName, OpenOptions, TimeSet, Timestamp};
+use madfs_types::dentry_server;
+
+const SERVERS: usize = 4;
+const PAST: Timestamp = Timestamp {
+    secs: 1_000_000,
+    nanos: 0,
+};
+
+/// Names `prefix<i>` in directory `dir` whose entry lives on the
+/// directory's own server (`local`) or on another one.
+fn names_on(c_dir: &Attr, prefix: &str, local: bool, count: usize) -> Vec<String> {
+    let owner = c_dir.ino.owner();
+    (0..10_000)
+        .map(|i| format!("{prefix}{i}"))
+        .filter(|n| {
+            let home = dentry_server(c_dir.ino, &FileName::new(n.as_bytes()).unwrap(), SERVERS);
+            (home == owner) == local
+        })
+        .take(count)
+        .collect()
+}
+
+/// Set `dir`'s times to the past; returns its ctime (now).
+async fn age(c: &Client, dir: &str) -> Timestamp {
+    let a = c
+        .set_times(dir, TimeSet::At(PAST), TimeSet::At(PAST))
+        .await
+        .unwrap();
+    assert_eq!(a.mtime, PAST);
+    // The operations below must get a strictly later time.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while Timestamp::now() <= a.ctime {
+        assert!(std::time::Instant::now() < deadline, "clock stands still");
+        std::thread::yield_now();
+    }
+    a.ctime
+}
+
+/// Both clients see `dir`'s times after `ctime` (and past `PAST`) and the
+/// same link count; returns it.
+async fn touched(cs: &[&Client], dir: &str, ctime: Timestamp, what: &str) -> u32 {
+    let mut nlink = None;
+    for (i, c) in cs.iter().enumerate() {
+        let a = c.stat(dir).await.unwrap();
+        assert!(a.mtime > PAST, "{what}: mtime of {dir} (client {i})");
+        assert!(a.ctime > ctime, "{what}: ctime of {dir} (client {i})");
+        assert!(a.mtime >= ctime, "{what}: mtime of {dir} (client {i})");
+        assert_eq!(*nlink.get_or_insert(a.nlink), a.nlink, "{what}: nlink");
+    }
+    nlink.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entry_changes_move_parent_times_and_link_counts() {
+    let tc = TestCluster::start(SERVERS);
+    // The other client asks the servers every time (its cache would show
+    // what it saw up to a TTL ago, as designed).
+    let (c, other) = (tc.client(), tc.client().with_cache(CacheConfig::off()));
+    let all = [&c, &other];
+    let d = c.mkdir("/d", 0o755).await.unwrap();
+    let e = c.mkdir("/e", 0o755).await.unwrap();
+    assert_eq!(c.stat("/").await.unwrap().nlink, 4);
+    for local in [true, false] {
+        let tag = if local { "local" } else { "remote" };
+        let n = names_on(&d, &format!("{tag}-"), local, 8);
+        let p = |i: usize| format!("/d/{}", n[i]);
+        let mut subdirs = c.stat("/d").await.unwrap().nlink;
+
+        let t = age(&c, "/d").await;
+        c.open(p(0), OpenOptions::new().write(true).create(true))
+            .await
+            .unwrap()
+            .close()
+            .await
+            .unwrap();
+        touched(&all, "/d", t, &format!("create ({tag})")).await;
+
+        let t = age(&c, "/d").await;
+        c.mkdir(p(1), 0o755).await.unwrap();
+        subdirs += 1;
+        assert_eq!(
+            touched(&all, "/d", t, &format!("mkdir ({tag})")).await,
+            subdirs
+        );
+
+        let t = age(&c, "/d").await;
+        c.symlink("x", p(2)).await.unwrap();
+        touched(&all, "/d", t, &format!("symlink ({tag})")).await;
+
+        let t = age(&c, "/d").await;
+        c.hard_link(p(0), p(3)).await.unwrap();
+        touched(&all, "/d", t, &format!("link ({tag})")).await;
+
+        let t = age(&c, "/d").await;
+        c.remove_file(p(3)).await.unwrap();
+        touched(&all, "/d", t, &format!("unlink ({tag})")).await;
+
+        let t = age(&c, "/d").await;
+        c.rename(p(0), p(4)).await.unwrap();
+        touched(&all, "/d", t, &format!("rename in one directory ({tag})")).await;
+
+        // A directory into another directory: both parents, link counts.
+        let (td, te) = (age(&c, "/d").await, age(&c, "/e").await);
+        let e_links = c.stat("/e").await.unwrap().nlink;
+        let moved = format!("/e/{}", n[5]);
+        c.rename(p(1), &moved).await.unwrap();
+        subdirs -= 1;
+        let what = format!("rename of a directory ({tag})");
+        assert_eq!(touched(&all, "/d", td, &what).await, subdirs);
+        assert_eq!(touched(&all, "/e", te, &what).await, e_links + 1);
+        // ... and back, over an empty directory that goes.
+        c.mkdir(p(6), 0o755).await.unwrap();
+        c.rename(&moved, p(6)).await.unwrap();
+        assert_eq!(c.stat("/e").await.unwrap().nlink, e_links);
+        assert_eq!(other.stat("/d").await.unwrap().nlink, subdirs + 1);
+
+        let t = age(&c, "/d").await;
+        c.remove_dir(p(6)).await.unwrap();
+        assert_eq!(
+            touched(&all, "/d", t, &format!("rmdir ({tag})")).await,
+            subdirs
+        );
+        for i in [2, 4] {
+            c.remove_file(p(i)).await.unwrap();
+        }
+    }
+    assert_eq!(other.stat("/d").await.unwrap().nlink, 2);
+    assert_eq!(other.stat("/").await.unwrap().nlink, 4);
+    let _ = e;
+}
+
+/// Many concurrent creates and mkdirs in one directory whose inode lives
+/// elsewhere (coalesced touches): none of the link count changes is lost
+/// or counted twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_mkdirs_count_exactly() {
+    let tc = TestCluster::start(SERVERS);
+    let c = tc.client();
+    c.mkdir("/shared", 0o755).await.unwrap();
+    let tasks: Vec<_> = (0..8)
+        .map(|t| {
+            let c = tc.client();
+            tokio::spawn(async move {
+                for i in 0..25 {
+                    c.mkdir(format!("/shared/t{t}-d{i}"), 0o755).await.unwrap();
+                    c.write_file(format!("/shared/t{t}-f{i}"), b"x")
+                        .await
+                        .unwrap();
+                }
+                for i in 0..10 {
+                    c.remove_dir(format!("/shared/t{t}-d{i}")).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(tc.client().stat("/shared").await.unwrap().nlink, 2 + 8 * 15);
+}
+
+/// A touch the owner already applied (its answer lost, so the sender sends
+/// it again with the same seq) is not applied twice, nor is an older one;
+/// a touch's time never moves the directory's times back.
+#[test]
+fn a_retried_touch_is_applied_once() {
+    use common::{frame, key_of, Raw};
+    use madfs_proto::auth::Role;
+    use madfs_proto::message::{Op, Request};
+    use madfs_proto::Opcode;
+    use madfs_types::{Credentials, ServerId};
+
+    let tc = TestCluster::start(SERVERS);
+    let c = tc.client().with_cache(CacheConfig::off());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let d = rt.block_on(c.mkdir("/r", 0o755)).unwrap();
+    let mut raw = Raw::connect(&tc, d.ino.owner().0 as usize);
+    assert_eq!(raw.handshake_as(&key_of(&tc), Role::Peer), 0);
+    let mut id = 0;
+    let mut touch = |seq: u64, time: Timestamp, nlink_delta: i32| {
+        id += 1;
+        let body = Request {
+            creds: Credentials::root(),
+            op: Op::TouchDir {
+                dir: d.ino,
+                sender: ServerId(1),
+                // Far above what server 1's counter hands out here.
+                seq: (1 << 40) + seq,
+                time,
+                nlink_delta,
+            },
+        }
+        .encode();
+        raw.send(&frame(Opcode::TouchDir, id, &body, 0));
+        raw.send(&body);
+        let (h, _, _) = raw.read_frame().unwrap();
+        assert_eq!(h.status, 0, "touch {seq}");
+    };
+    let later = Timestamp {
+        secs: d.mtime.secs + 100,
+        nanos: 0,
+    };
+    touch(5, later, 3);
+    touch(5, later, 3); // the retry
+    touch(4, later, 3); // older
+    let a = rt.block_on(c.stat("/r")).unwrap();
+    assert_eq!((a.nlink, a.mtime, a.ctime), (5, later, later));
+    touch(6, PAST, -3);
+    let a = rt.block_on(c.stat("/r")).unwrap();
+    assert_eq!((a.nlink, a.mtime, a.ctime), (2, later, later));
+    // The directory goes with its touch records.
+    rt.block_on(c.remove_dir("/r")).unwrap();
+}

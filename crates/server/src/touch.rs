@@ -1,0 +1,390 @@
+//! Directory times and link counts: what creating, removing or renaming an
+//! entry does to its parent directory (mtime and ctime set to the
+//! operation's time, the link count moved by subdirectories made or
+//! removed), as ext4 does.
+//!
+//! The entry's dentry server does the operation, but the directory's inode
+//! usually lives on another server. Where the directory is this server's,
+//! the change goes into the operation's own RocksDB batch (`touch_local`):
+//! atomic with the entry, exactly once. Otherwise, after its batch is
+//! written, the operation hands the change to the directory's queue here
+//! (`touch_remote`) and replies once a touch carrying it was applied by the
+//! owner, so a stat of the directory from any client right after the reply
+//! sees it. The queue coalesces (group commit): at most one `TouchDir` per
+//! directory is in flight from this server; changes arriving meanwhile
+//! wait for the next one, which carries the latest time and their summed
+//! link delta. Concurrent creates in one shared directory (mdtest-hard)
+//! then cost one peer request per round trip, not one each. An operation
+//! that finds nothing in flight sends its own touch from its task; only
+//! what queues meanwhile gets a sending task (a hand-off costs wakeups).
+//!
+//! Exactly once across retries: each touch carries (sender, seq) with `seq`
+//! from a persisted counter (counter.rs, never reused across restarts); the
+//! owner records the last seq applied per sender in `DTCH dir sender`, in
+//! the batch that applies it, and ignores a touch whose seq is not above
+//! it. A sender retries a touch with its same seq while the owner is
+//! unreachable, so a touch applied whose answer was lost is not applied
+//! twice.
+//!
+//! No operation waits for a touch while it holds a lock or gate, and an
+//! owner applies a touch under the directory's inode stripe alone. The one
+//! wait left is a cross-server rename's step 3 (rename.rs): the destination
+//! server touches its directory before it answers while the coordinator
+//! holds its stripes of the source name and inode; should one of them be
+//! the directory's (same stripe, about 2 in 1024 when that directory lives
+//! on the coordinator), the install replies after `TOUCH_WAIT` and the
+//! touch lands once the coordinator is done: a delay, never a deadlock.
+//!
+//! What a crash leaves: the entry is written before its touch is sent, and
+//! the pending touch lives in the sender's memory only. A crash (or kill)
+//! of the sender between the two loses the touches not yet applied: the
+//! directory's times miss those operations (the next change to the
+//! directory moves them on again) and its link count is off by at most the
+//! subdirectories made or removed in that window, none of which had been
+//! acknowledged to its client. Nothing recounts at start (an fsck-like
+//! recount would have to scan every server's dentries of the directory).
+//! Metadata writes are not synced (docs/ARCHITECTURE.md), so a power cut
+//! may likewise lose either side. A link count is never taken below 2.
+//! Times only move forward (max-merge): touches from several servers may
+//! arrive in any order.
+
+use crate::counter::Counter;
+use crate::keys;
+use crate::locks::LockKey;
+use crate::service::{err, kv_err, Server};
+use madfs_kv::{KvStore, WriteBatch};
+use madfs_proto::message::{Op, Reply};
+use madfs_proto::{ErrorCode, WireError};
+use madfs_rpc::log_warn;
+use madfs_types::{Attr, FileKind, InodeId, ServerId, Timestamp};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// An operation waits this long at most for its touch before it replies
+/// anyway (the owner is unreachable; the touch is still retried). Below
+/// the clients' 30 s call timeout.
+const TOUCH_WAIT: Duration = Duration::from_secs(5);
+/// A touch is retried while its owner is unreachable for this long, then
+/// dropped (logged).
+const TOUCH_RETRY_FOR: Duration = Duration::from_secs(300);
+const TOUCH_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// What one operation does to its parent directories: at most two (rename).
+#[derive(Default, Debug, Clone)]
+pub(crate) struct DirChanges {
+    items: Vec<(InodeId, i64)>,
+}
+
+impl DirChanges {
+    pub(crate) fn one(dir: InodeId, nlink_delta: i64) -> DirChanges {
+        let mut c = DirChanges::default();
+        c.add(dir, nlink_delta);
+        c
+    }
+
+    /// `dir` changes, its link count by `nlink_delta`.
+    pub(crate) fn add(&mut self, dir: InodeId, nlink_delta: i64) {
+        match self.items.iter_mut().find(|(d, _)| *d == dir) {
+            Some((_, n)) => *n += nlink_delta,
+            None => self.items.push((dir, nlink_delta)),
+        }
+    }
+
+    /// Inode lock stripes of the directories this server holds: the caller
+    /// takes them with its other locks, before `touch_local`.
+    pub(crate) fn local_keys<'k>(&self, me: ServerId) -> Vec<LockKey<'k>> {
+        self.items
+            .iter()
+            .filter(|(d, _)| d.owner() == me)
+            .map(|(d, _)| LockKey::Inode(*d))
+            .collect()
+    }
+}
+
+/// The directory's new times and link count.
+pub(crate) fn touch_attr(a: &mut Attr, time: Timestamp, nlink_delta: i64) {
+    a.mtime = a.mtime.max(time);
+    a.ctime = a.ctime.max(time);
+    a.nlink = (a.nlink as i64 + nlink_delta).clamp(2, u32::MAX as i64) as u32;
+}
+
+/// An operation's place in a directory's queue.
+enum Turn {
+    Lead,
+    Wait(oneshot::Receiver<()>),
+}
+
+/// Changes waiting for the next touch of one directory.
+struct Group {
+    time: Timestamp,
+    nlink_delta: i64,
+    waiters: Vec<oneshot::Sender<()>>,
+}
+
+pub(crate) struct Touches {
+    /// Directories with a touch in flight, and what waits for the next one.
+    /// A directory is here exactly while its sending task runs.
+    queues: Mutex<HashMap<InodeId, Option<Group>>>,
+    seq: Counter,
+}
+
+impl Touches {
+    pub(crate) fn load(kv: &dyn KvStore) -> Result<Touches, madfs_kv::KvError> {
+        Ok(Touches {
+            queues: Mutex::new(HashMap::new()),
+            seq: Counter::load(kv, keys::META_NEXT_TOUCH, 1)?,
+        })
+    }
+}
+
+impl Server {
+    /// Put the new times and link counts of the directories of `changes`
+    /// this server holds into `b`; their inode stripes must be held. A
+    /// directory already gone is skipped.
+    pub(crate) fn touch_local(
+        &self,
+        b: &mut WriteBatch,
+        changes: &DirChanges,
+        time: Timestamp,
+    ) -> Result<(), WireError> {
+        for &(dir, delta) in &changes.items {
+            if dir.owner() != self.id {
+                continue;
+            }
+            if let Some(mut inode) = self.load_inode(dir)? {
+                if inode.attr.kind == FileKind::Dir {
+                    touch_attr(&mut inode.attr, time, delta);
+                    b.put(&keys::inode(dir), &inode.encode());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// After the operation's batch is written: have the owners of the other
+    /// directories of `changes` apply them, and wait until they did (at
+    /// most `TOUCH_WAIT`).
+    pub(crate) async fn touch_remote(self: &Arc<Self>, changes: &DirChanges, time: Timestamp) {
+        for &(dir, delta) in &changes.items {
+            if dir.owner() == self.id {
+                continue;
+            }
+            match self.queue_touch(dir, time, delta) {
+                // Nothing in flight for `dir`: send this change from this
+                // task (no hand-off to another, which costs a wakeup), and
+                // leave what queued meanwhile to a task of its own.
+                Turn::Lead => {
+                    let me = self.clone();
+                    let mut send = Box::pin(async move {
+                        me.send_touch(dir, time, delta).await;
+                        me.next_group(dir);
+                    });
+                    if tokio::time::timeout(TOUCH_WAIT, &mut send).await.is_err() {
+                        tokio::spawn(send); // the owner is slow: retry in the background
+                    }
+                }
+                Turn::Wait(rx) => {
+                    let _ = tokio::time::timeout(TOUCH_WAIT, rx).await;
+                }
+            }
+        }
+    }
+
+    /// For an operation whose batch is written and whose locks are
+    /// released (it could not hold a directory's stripe while it waited on
+    /// a peer): apply `changes` to this server's directories in a batch of
+    /// their own, and have the owners of the others apply theirs.
+    pub(crate) async fn touch_after(self: &Arc<Self>, changes: &DirChanges, time: Timestamp) {
+        let local: Vec<_> = changes.local_keys(self.id);
+        if !local.is_empty() {
+            let _g = self.locks.lock(&local).await;
+            let mut b = WriteBatch::new();
+            let written = self
+                .touch_local(&mut b, changes, time)
+                .and_then(|()| self.kv.write(b, false).map_err(kv_err));
+            if let Err(e) = written {
+                log_warn!("touching a directory: {e}");
+            }
+        }
+        self.touch_remote(changes, time).await;
+    }
+
+    /// Join `dir`'s queue: lead (nothing in flight: send it now) or wait
+    /// for the next touch, which will carry this change too.
+    fn queue_touch(self: &Arc<Self>, dir: InodeId, time: Timestamp, nlink_delta: i64) -> Turn {
+        let mut queues = self
+            .touches
+            .queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match queues.get_mut(&dir) {
+            Some(next) => {
+                let (tx, rx) = oneshot::channel();
+                let g = next.get_or_insert_with(|| Group {
+                    time,
+                    nlink_delta: 0,
+                    waiters: Vec::new(),
+                });
+                g.time = g.time.max(time);
+                g.nlink_delta += nlink_delta;
+                g.waiters.push(tx);
+                Turn::Wait(rx)
+            }
+            None => {
+                queues.insert(dir, None);
+                Turn::Lead
+            }
+        }
+    }
+
+    /// A touch of `dir` is done: hand what queued meanwhile to a sending
+    /// task, or mark the directory idle.
+    fn next_group(self: &Arc<Self>, dir: InodeId) {
+        let mut queues = self
+            .touches
+            .queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match queues.get_mut(&dir).and_then(Option::take) {
+            Some(next) => {
+                let me = self.clone();
+                tokio::spawn(async move { me.send_touches(dir, next).await });
+            }
+            None => {
+                queues.remove(&dir);
+            }
+        }
+    }
+
+    /// The sending task of one directory's queued changes: one touch at a
+    /// time, until no change waits.
+    async fn send_touches(self: Arc<Self>, dir: InodeId, mut group: Group) {
+        loop {
+            self.send_touch(dir, group.time, group.nlink_delta).await;
+            for w in group.waiters.drain(..) {
+                let _ = w.send(());
+            }
+            let mut queues = self
+                .touches
+                .queues
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            match queues.get_mut(&dir).and_then(Option::take) {
+                Some(next) => group = next,
+                None => {
+                    queues.remove(&dir);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Send one touch until its owner answers, with one seq throughout.
+    async fn send_touch(&self, dir: InodeId, time: Timestamp, nlink_delta: i64) {
+        let seq = match self.touches.seq.next(self.kv.as_ref()) {
+            Ok(s) => s,
+            Err(e) => {
+                log_warn!("touching directory {dir}: no touch id: {e}");
+                return;
+            }
+        };
+        let op = Op::TouchDir {
+            dir,
+            sender: self.id,
+            seq,
+            time,
+            nlink_delta: nlink_delta.clamp(i32::MIN as i64, i32::MAX as i64) as i32,
+        };
+        let give_up = Instant::now() + TOUCH_RETRY_FOR;
+        let mut wait = Duration::from_millis(50);
+        loop {
+            match self.call_peer(dir.owner(), op.clone()).await {
+                Ok(_) => return,
+                // Removed meanwhile: nothing left to touch.
+                Err(e) if e.code == ErrorCode::NotFound => return,
+                Err(e) if crate::rename::is_uncertain(&e) && Instant::now() < give_up => {
+                    log_warn!("touching directory {dir} on its owner (will retry): {e}");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(TOUCH_BACKOFF_MAX);
+                }
+                Err(e) => {
+                    log_warn!("touching directory {dir} on its owner, dropped: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// `Op::TouchDir` on the directory's owner.
+    pub(crate) async fn apply_touch(
+        &self,
+        dir: InodeId,
+        sender: ServerId,
+        seq: u64,
+        time: Timestamp,
+        nlink_delta: i32,
+    ) -> Result<Reply, WireError> {
+        {
+            let _g = self.locks.lock(&[LockKey::Inode(dir)]).await;
+            let mut inode = self.must_inode(dir)?;
+            if inode.attr.kind != FileKind::Dir {
+                return Err(err(ErrorCode::NotDir, format!("inode {dir}")));
+            }
+            let key = keys::dir_touch(dir, sender);
+            if let Some(v) = self.kv.get(&key).map_err(kv_err)? {
+                let last = v
+                    .as_slice()
+                    .try_into()
+                    .map(u64::from_le_bytes)
+                    .map_err(|_| err(ErrorCode::Io, "corrupt directory touch record"))?;
+                if seq <= last {
+                    return Ok(Reply::Empty); // a retry of one applied
+                }
+            }
+            touch_attr(&mut inode.attr, time, nlink_delta as i64);
+            let mut b = WriteBatch::new();
+            b.put(&keys::inode(dir), &inode.encode());
+            b.put(&key, &seq.to_le_bytes());
+            self.kv.write(b, false).map_err(kv_err)?;
+            Ok(Reply::Empty)
+        }
+    }
+
+    /// Records of a freed directory's touches, deleted with its inode.
+    pub(crate) fn forget_touches(&self, b: &mut WriteBatch, dir: InodeId) {
+        for s in 0..self.servers {
+            b.delete(&keys::dir_touch(dir, ServerId(s as u16)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_only_move_forward_and_links_stay_at_least_two() {
+        let mut a =
+            crate::inode::Inode::new(InodeId(5), FileKind::Dir, 0o755, 0, 0, Vec::new()).attr;
+        let t0 = a.mtime;
+        let past = Timestamp { secs: 1, nanos: 0 };
+        touch_attr(&mut a, past, 1);
+        assert_eq!((a.mtime, a.ctime, a.nlink), (t0, t0, 3));
+        let later = Timestamp {
+            secs: t0.secs + 10,
+            nanos: 0,
+        };
+        touch_attr(&mut a, later, -5);
+        assert_eq!((a.mtime, a.ctime, a.nlink), (later, later, 2));
+    }
+
+    #[test]
+    fn changes_to_one_directory_merge() {
+        let mut c = DirChanges::one(InodeId(7), -1);
+        c.add(InodeId(7), 1);
+        c.add(InodeId(9), 1);
+        assert_eq!(c.items, vec![(InodeId(7), 0), (InodeId(9), 1)]);
+    }
+}
