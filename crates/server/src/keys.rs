@@ -7,6 +7,7 @@
 //! DATA ino                      -> inline bytes of chunk 0 (small files)
 //! DENT parent name              -> dentry: kind u8, ino u64
 //! ORPH ino                      -> freed inode whose chunk files still need purging
+//! HELD ino                      -> unlinked inode kept for a client that has it open
 //! RNTX tx                       -> rename intent, on the coordinating server
 //! RNDN coordinator tx           -> rename installed, on the destination server
 //! META "next_inode"             -> u64 inode counter (a high-water mark)
@@ -20,6 +21,10 @@ pub const INODE: &[u8; 4] = b"INOD";
 pub const INLINE_DATA: &[u8; 4] = b"DATA";
 pub const DENTRY: &[u8; 4] = b"DENT";
 pub const ORPHAN: &[u8; 4] = b"ORPH";
+/// An inode whose last link went while a client held it open (value: the
+/// time it was held, seconds since the epoch, u64 LE); freed by that
+/// client's Release, or at the owner's next start.
+pub const HELD: &[u8; 4] = b"HELD";
 pub const RENAME_INTENT: &[u8; 4] = b"RNTX";
 pub const RENAME_DONE: &[u8; 4] = b"RNDN";
 pub const META_NEXT_INODE: &[u8] = b"METAnext_inode";
@@ -47,6 +52,10 @@ pub fn orphan(ino: InodeId) -> Vec<u8> {
     with_ino(ORPHAN, ino)
 }
 
+pub fn held(ino: InodeId) -> Vec<u8> {
+    with_ino(HELD, ino)
+}
+
 /// Prefix of all dentries of one directory.
 pub fn dentry_prefix(parent: InodeId) -> Vec<u8> {
     with_ino(DENTRY, parent)
@@ -71,7 +80,7 @@ pub fn rename_done(coordinator: ServerId, tx: TxId) -> Vec<u8> {
     k
 }
 
-/// Inode id from an INOD/ORPH key.
+/// Inode id from an INOD/ORPH/HELD key.
 pub fn ino_from_key(key: &[u8]) -> Option<InodeId> {
     let b: [u8; 8] = key.get(4..12)?.try_into().ok()?;
     Some(InodeId(u64::from_be_bytes(b)))
