@@ -302,7 +302,11 @@ fn truncated_write_and_peer_ops_from_a_client_are_harmless() {
     );
     let body = Request {
         creds: Credentials::root(),
-        op: Op::AdjustLinks { ino, delta: -1 },
+        op: Op::AdjustLinks {
+            ino,
+            delta: -1,
+            hold: false,
+        },
     }
     .encode();
     raw.send(&frame(Opcode::AdjustLinks, 6, &body, 0));

@@ -276,6 +276,7 @@ async fn rename_after_a_quick_restart_never_loses_the_file() {
                 ino: old_ino,
                 kind: FileKind::File,
                 noreplace: false,
+                hold: Default::default(),
             },
         }
         .encode();

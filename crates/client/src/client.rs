@@ -13,7 +13,7 @@ use crate::join::{join_bounded, try_join_bounded, IN_FLIGHT_PER_CALL};
 use crate::open_files::OpenFiles;
 use crate::writebehind::{self, Budget};
 use madfs_proto::auth::{ClusterKey, Role};
-use madfs_proto::message::{DirEntry, Entry, FsStats, SetAttrs};
+use madfs_proto::message::{DirEntry, Entry, FsStats, Hold, SetAttrs};
 use madfs_proto::{ErrorCode, Op, Reply, Request};
 use madfs_rpc::pool::Timeouts;
 use madfs_rpc::{ClusterConfig, Pool, Response};
@@ -608,11 +608,23 @@ impl Client {
             parent,
             name: name.clone(),
             dir,
+            // The inodes open here: the last name of one of them goes, but
+            // the file stays until its last close (`Hold`).
+            hold: if dir {
+                Hold::Nothing
+            } else {
+                self.open_files.hold()
+            },
         };
         match self.call(self.dentry_server(parent, name), op).await {
             Ok(reply) => {
                 let ino = match reply {
-                    Reply::Removed { ino, .. } => Some(ino),
+                    Reply::Removed { ino, held, .. } => {
+                        if held {
+                            self.held(ino).await;
+                        }
+                        Some(ino)
+                    }
                     _ => None,
                 };
                 self.cache.removed(parent, name, ino);
@@ -627,6 +639,59 @@ impl Client {
                 Err(e)
             }
         }
+    }
+
+    /// The owner keeps `ino` for this client (it lost its last name while
+    /// open here): release it at the last close of its handles, or now if
+    /// none is open (any more: it closed while the removal was under way).
+    async fn held(&self, ino: InodeId) {
+        self.cache.forget_attr(ino);
+        if !self.open_files.mark_held(ino) {
+            let _ = self.release(ino).await;
+        }
+    }
+
+    async fn release(&self, ino: InodeId) -> Result<()> {
+        self.cache.forget_attr(ino);
+        match self.call(ino.owner(), Op::Release { ino }).await? {
+            Reply::Empty => Ok(()),
+            other => Err(ClientError::unexpected("release", &other)),
+        }
+    }
+
+    /// Free the files unlinked while open here whose last handle has
+    /// closed (`Op::Release`; their chunks are purged by their owners). A
+    /// handle dropped inside a runtime does this itself in the background;
+    /// callers that drop handles outside one (or must know it is done
+    /// before they go on, as the interception library at close) call it.
+    /// Returns the first failure; an inode not released stays until its
+    /// owner's next start.
+    pub async fn release_unlinked(&self) -> Result<()> {
+        let mut first = Ok(());
+        for ino in self.open_files.take_releases() {
+            if let Err(e) = self.release(ino).await {
+                first = first.and(Err(e));
+            }
+        }
+        first
+    }
+
+    /// Whether files unlinked while open wait for `release_unlinked`.
+    pub fn has_unlinked_to_release(&self) -> bool {
+        self.open_files.has_releases()
+    }
+
+    /// Release every file unlinked while open here, closed or not: the
+    /// process is ending and its handles with it (the interception library
+    /// at exit). Handles still open of them read ENOENT after this.
+    pub async fn release_all_unlinked(&self) -> Result<()> {
+        let mut first = Ok(());
+        for ino in self.open_files.take_all_held() {
+            if let Err(e) = self.release(ino).await {
+                first = first.and(Err(e));
+            }
+        }
+        first
     }
 
     pub async fn unlink(&self, parent: InodeId, name: &FileName) -> Result<()> {
@@ -652,6 +717,8 @@ impl Client {
             dst_parent,
             dst_name: dst_name.clone(),
             flags,
+            // A replaced target open here stays until its last close.
+            hold: self.open_files.hold(),
         };
         // The inodes involved change too (ctime; a replaced target loses a
         // link): forget what is known of them.
@@ -670,6 +737,12 @@ impl Client {
         // the same inode does nothing, as POSIX says; RENAME_EXCHANGE).
         self.cache.forget_entry(dst_parent, dst_name);
         self.cache.forget_entry(src_parent, src_name);
+        if let Ok(Reply::Removed {
+            ino, held: true, ..
+        }) = r
+        {
+            self.held(ino).await;
+        }
         r.map(|_| ())
     }
 

@@ -333,6 +333,8 @@ impl File {
             size_epoch: client.cache.epoch(),
         }));
         let behind = (opts.write_behind && opts.writes()).then(|| Arc::new(WriteBehind::new()));
+        // Every handle counts for keeping the file after an unlink.
+        client.open_files.opened(attr.ino);
         if opts.writes() {
             // Only writers can know a size their owner does not.
             client
@@ -784,7 +786,10 @@ impl Drop for File {
     /// A handle dropped without `close` inside a runtime still publishes
     /// its size, in the background and best effort: nobody is left to
     /// report an error to. It leaves the client's table of open files once
-    /// nothing of it is left to publish.
+    /// nothing of it is left to publish; if it was the last handle of a
+    /// file unlinked while open, the file is released then (in the
+    /// background inside a runtime; otherwise by the caller's
+    /// `Client::release_unlinked`).
     fn drop(&mut self) {
         let ino = self.attr.ino;
         // With write-behind, writes may still be in flight: the size is
@@ -794,6 +799,12 @@ impl Drop for File {
         let (true, Ok(rt)) = (publish, rt) else {
             if self.write {
                 self.client.open_files.release(ino, &self.state);
+            }
+            if self.client.open_files.closed(ino) {
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    let client = self.client.clone();
+                    rt.spawn(async move { client.release_unlinked().await });
+                }
             }
             return;
         };
@@ -810,6 +821,9 @@ impl Drop for File {
                 let _ = client.update_size(ino, size, Timestamp::now()).await;
             }
             client.open_files.release(ino, &state);
+            if client.open_files.closed(ino) {
+                let _ = client.release_unlinked().await;
+            }
         });
     }
 }

@@ -7,9 +7,16 @@
 //! the path-level `stat`). A truncate through one handle, or by path, tells
 //! every handle of the inode, so none publishes its older, larger size at
 //! close (sizes are merged as a maximum on the owner).
+//!
+//! It also counts every open handle (readers too) per inode, for files
+//! unlinked while open: a removal sends the inodes open here (`hold`), the
+//! owner keeps such an inode when its last name goes (`Hold`), and the
+//! last handle of a held inode to close queues it for `Op::Release`
+//! (`Client::release_unlinked`).
 
 use crate::file::FileState;
 use crate::writebehind::WriteBehind;
+use madfs_proto::message::{Hold, HOLD_INODES_MAX};
 use madfs_types::InodeId;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -32,10 +39,22 @@ impl Handle {
 /// write-behind.
 type LiveHandle = (Arc<Mutex<FileState>>, Option<Arc<WriteBehind>>);
 
+/// Handles of one inode open through this client.
+#[derive(Default)]
+struct Opens {
+    handles: u32,
+    /// Its owner keeps it for us after its last unlink: release it at the
+    /// last close.
+    held: bool,
+}
+
 #[derive(Default)]
 struct Table {
     by_ino: HashMap<InodeId, Vec<Handle>>,
     registrations: u64,
+    opens: HashMap<InodeId, Opens>,
+    /// Held inodes whose last handle closed, to release.
+    to_release: Vec<InodeId>,
 }
 
 #[derive(Default)]
@@ -83,6 +102,76 @@ impl OpenFiles {
                 t.by_ino.remove(&ino);
             }
         }
+    }
+
+    /// A handle of `ino` (any access mode) was opened.
+    pub(crate) fn opened(&self, ino: InodeId) {
+        self.lock().opens.entry(ino).or_default().handles += 1;
+    }
+
+    /// A handle of `ino` is gone; returns true when it was the last one of
+    /// a held inode, which is then queued for release.
+    pub(crate) fn closed(&self, ino: InodeId) -> bool {
+        let mut t = self.lock();
+        let Some(o) = t.opens.get_mut(&ino) else {
+            return false;
+        };
+        o.handles = o.handles.saturating_sub(1);
+        if o.handles > 0 {
+            return false;
+        }
+        let held = o.held;
+        t.opens.remove(&ino);
+        if held {
+            t.to_release.push(ino);
+        }
+        held
+    }
+
+    /// What a removal sent now should ask the owner to hold: the inodes
+    /// open here (nothing when none is).
+    pub(crate) fn hold(&self) -> Hold {
+        let t = self.lock();
+        match t.opens.len() {
+            0 => Hold::Nothing,
+            n if n <= HOLD_INODES_MAX => Hold::Inodes(t.opens.keys().copied().collect()),
+            _ => Hold::Any,
+        }
+    }
+
+    /// The owner held `ino` for this client: mark it, to be released at
+    /// its last close. False if no handle of it is open (any more, or
+    /// ever: `Hold::Any`): the caller releases it now.
+    pub(crate) fn mark_held(&self, ino: InodeId) -> bool {
+        match self.lock().opens.get_mut(&ino) {
+            Some(o) => {
+                o.held = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Held inodes whose last handle closed, now the caller's to release.
+    pub(crate) fn take_releases(&self) -> Vec<InodeId> {
+        std::mem::take(&mut self.lock().to_release)
+    }
+
+    pub(crate) fn has_releases(&self) -> bool {
+        !self.lock().to_release.is_empty()
+    }
+
+    /// Every held inode, open or not, forgotten: the process is ending
+    /// and its handles with it (`Client::release_all_unlinked`).
+    pub(crate) fn take_all_held(&self) -> Vec<InodeId> {
+        let mut t = self.lock();
+        let mut all = std::mem::take(&mut t.to_release);
+        for (ino, o) in t.opens.iter_mut() {
+            if std::mem::take(&mut o.held) {
+                all.push(*ino);
+            }
+        }
+        all
     }
 
     fn live(&self, ino: InodeId) -> Vec<LiveHandle> {

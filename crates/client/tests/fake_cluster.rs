@@ -156,7 +156,9 @@ impl FakeServer {
                     vec![],
                 ))
             }
-            Op::Remove { parent, name, dir } => {
+            Op::Remove {
+                parent, name, dir, ..
+            } => {
                 self.route(dentry_server(parent, &name, n))?;
                 let (kind, ino) = *fs
                     .dentries
@@ -177,7 +179,14 @@ impl FakeServer {
                     fs.inodes.remove(&ino);
                     fs.chunks.retain(|(i, _), _| *i != ino);
                 }
-                Ok((Reply::Removed { ino, kind }, vec![]))
+                Ok((
+                    Reply::Removed {
+                        ino,
+                        kind,
+                        held: false,
+                    },
+                    vec![],
+                ))
             }
             Op::Read {
                 ino,
@@ -249,6 +258,7 @@ impl FakeServer {
                 dst_parent,
                 dst_name,
                 flags,
+                ..
             } => {
                 self.route(dentry_server(src_parent, &src_name, n))?;
                 let src = *fs

@@ -769,6 +769,11 @@ impl Inner {
                 madfs_rpc::log_warn!("madfs fuse: closing inode {} at unmount: {e}", f.ino);
             }
         }
+        // Files unlinked while open, now closed: free them before the
+        // runtime goes (a task spawned by their drop might not run).
+        if let Err(e) = self.client.release_unlinked().await {
+            madfs_rpc::log_warn!("madfs fuse: freeing unlinked files at unmount: {e}");
+        }
     }
 }
 
@@ -1310,6 +1315,16 @@ impl Filesystem for MadFs {
             match f.wb.take_error() {
                 Some(e) => reply.error(convert::errno(&e)),
                 None => reply.ok(),
+            }
+            // The last handle of a file unlinked while open frees it
+            // (dropped here, off any runtime: the file only queues that).
+            drop(f);
+            if self.inner.client.has_unlinked_to_release() {
+                self.spawn(req, |_fs, c| async move {
+                    if let Err(e) = c.release_unlinked().await {
+                        madfs_rpc::log_warn!("madfs fuse: freeing unlinked files: {e}");
+                    }
+                });
             }
             return;
         }

@@ -104,6 +104,16 @@ pub fn report_stats() {
     ));
 }
 
+/// At exit: free the files this process unlinked while it had them open
+/// (its descriptors close with it; `Client::release_all_unlinked`). A
+/// process killed before this leaves them to their owners' next start.
+pub fn release_unlinked_at_exit() {
+    let Some(c) = *CONN.lock().unwrap_or_else(|e| e.into_inner()) else {
+        return;
+    };
+    let _ = c.block_on(c.client.release_all_unlinked());
+}
+
 /// Our threads take no signals: the program's handlers run on its own threads.
 pub fn block_signals() {
     // SAFETY: a full set, applied to this thread only.

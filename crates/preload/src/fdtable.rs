@@ -453,6 +453,16 @@ impl Drop for Desc {
                     let _ = c.block_on(f.close());
                 }
             }
+            // The last handle of a file unlinked while open: free it now
+            // (dropped off the runtime, the file only queued that).
+            drop(f);
+            if !crate::config::foreign_child() {
+                if let Ok(c) = conn::get() {
+                    if c.client.has_unlinked_to_release() {
+                        let _ = c.block_on(c.client.release_unlinked());
+                    }
+                }
+            }
         }
     }
 }

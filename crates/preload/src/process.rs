@@ -225,6 +225,9 @@ extern "C" fn at_exit() {
         // SAFETY: flushing every C stream before harvesting.
         unsafe { real::fflush(std::ptr::null_mut()) };
         flush_all();
+        if !config::foreign_child() {
+            crate::conn::release_unlinked_at_exit();
+        }
         if config::get().stats && !config::foreign_child() {
             crate::conn::report_stats();
         }

@@ -50,6 +50,7 @@ pub enum Opcode {
     Find = 26,
     Open = 27,
     Mknod = 28,
+    Release = 29,
     // Between servers only (a client connection may not send these).
     Seal = 40,
     AdjustLinks = 41,
@@ -85,6 +86,7 @@ impl Opcode {
             26 => Find,
             27 => Open,
             28 => Mknod,
+            29 => Release,
             40 => Seal,
             41 => AdjustLinks,
             42 => RenameInstall,
@@ -133,6 +135,76 @@ impl Default for SetAttrs {
             mtime: TimeSet::Omit,
             via_writable_handle: false,
         }
+    }
+}
+
+/// Inodes a request's sender holds open, sent with every removal of a
+/// name (`Op::Remove`, the target of `Op::Rename`): when a removal takes
+/// the last link of a regular file it covers, the owner keeps the inode
+/// (link count 0, readable and writable by inode) until the client sends
+/// `Op::Release`, as a local file system keeps an unlinked file open
+/// until its last close. Only the client knows what it has open; the
+/// servers keep no per-client state.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub enum Hold {
+    /// The sender has no file open: nothing is held.
+    #[default]
+    Nothing,
+    /// Exactly these (at most `HOLD_INODES_MAX`).
+    Inodes(Vec<InodeId>),
+    /// Any inode (the sender has more open than a list would carry).
+    Any,
+}
+
+/// Longest list a `Hold` carries (8 bytes each); a client with more
+/// inodes open sends `Hold::Any` and releases at once what it turns out
+/// not to have open.
+pub const HOLD_INODES_MAX: usize = 256;
+
+impl Hold {
+    /// Whether the last link of `ino` is to be held.
+    pub fn covers(&self, ino: InodeId) -> bool {
+        match self {
+            Hold::Nothing => false,
+            Hold::Inodes(list) => list.contains(&ino),
+            Hold::Any => true,
+        }
+    }
+
+    fn encode(&self, e: &mut Encoder) {
+        match self {
+            Hold::Nothing => e.u8(0),
+            Hold::Inodes(list) => {
+                e.u8(1);
+                e.u16(list.len() as u16);
+                for &ino in list {
+                    e.ino(ino);
+                }
+            }
+            Hold::Any => e.u8(2),
+        }
+    }
+
+    fn decode(d: &mut Decoder<'_>) -> Result<Hold, ProtoError> {
+        Ok(match d.u8()? {
+            0 => Hold::Nothing,
+            1 => {
+                let n = d.u16()? as usize;
+                if n > HOLD_INODES_MAX {
+                    return Err(ProtoError::BadValue("hold list length"));
+                }
+                if n.saturating_mul(8) > d.remaining() {
+                    return Err(ProtoError::Truncated);
+                }
+                let mut list = Vec::with_capacity(n);
+                for _ in 0..n {
+                    list.push(d.ino()?);
+                }
+                Hold::Inodes(list)
+            }
+            2 => Hold::Any,
+            _ => return Err(ProtoError::BadValue("hold")),
+        })
     }
 }
 
@@ -203,10 +275,13 @@ pub enum Op {
         rdev: u32,
     },
     /// unlink (`dir` false) or rmdir (`dir` true). Sent to the dentry server.
+    /// The reply is `Reply::Removed`, whose `held` says the inode lost its
+    /// last link but is kept for the sender (`hold`, see `Hold`).
     Remove {
         parent: InodeId,
         name: FileName,
         dir: bool,
+        hold: Hold,
     },
     /// Check `mask` (ACCESS_* bits) against the inode; used by open and
     /// access(2). Sent to the owner; returns the attributes.
@@ -244,12 +319,16 @@ pub enum Op {
         max_entries: u32,
     },
     /// Sent to the dentry server of the source name, which coordinates.
+    /// Replies `Reply::Empty`, or `Reply::Removed` with `held` when the
+    /// replaced target lost its last link and is kept for the sender
+    /// (`hold`, see `Hold`).
     Rename {
         src_parent: InodeId,
         src_name: FileName,
         dst_parent: InodeId,
         dst_name: FileName,
         flags: u32,
+        hold: Hold,
     },
     /// A new name for an existing inode. Sent to the new name's server.
     Link {
@@ -266,6 +345,13 @@ pub enum Op {
         size: u64,
     },
     StatFs,
+    /// The sender's last handle of `ino`, an inode held for it at its last
+    /// unlink (`Hold`), is closed: free it and its chunks. Sent to the
+    /// owner; nothing happens to an inode that is not held (released
+    /// already, freed by a restart of its owner, or linked).
+    Release {
+        ino: InodeId,
+    },
     /// One page of this server's whole shard of dentries, in key order,
     /// after `after` (see find.rs): every directory, and every entry that
     /// passes `query` (or needs its remote inode checked).
@@ -278,9 +364,11 @@ pub enum Op {
         dir: InodeId,
         action: SealAction,
     },
+    /// `hold`: the removal's sender holds the inode open (`Hold`).
     AdjustLinks {
         ino: InodeId,
         delta: i32,
+        hold: bool,
     },
     /// Phase 2 of a cross-server rename: write the new dentry.
     RenameInstall {
@@ -291,6 +379,7 @@ pub enum Op {
         ino: InodeId,
         kind: FileKind,
         noreplace: bool,
+        hold: Hold,
     },
     /// Ask whether `tx` was installed; `forget` drops its record.
     RenameResolve {
@@ -362,6 +451,9 @@ pub enum Reply {
     Removed {
         ino: InodeId,
         kind: FileKind,
+        /// The inode lost its last link and is kept until the sender's
+        /// `Op::Release` (see `Hold`).
+        held: bool,
     },
     DirPage {
         entries: Vec<DirEntry>,
@@ -379,6 +471,8 @@ pub enum Reply {
     },
     Installed {
         replaced: Option<(InodeId, FileKind)>,
+        /// The replaced inode lost its last link and is held (`Hold`).
+        held: bool,
     },
     Resolved {
         installed: bool,
@@ -417,6 +511,7 @@ impl Op {
             Op::ReadLink { .. } => Opcode::ReadLink,
             Op::TruncateChunks { .. } => Opcode::TruncateChunks,
             Op::StatFs => Opcode::StatFs,
+            Op::Release { .. } => Opcode::Release,
             Op::Find { .. } => Opcode::Find,
             Op::Seal { .. } => Opcode::Seal,
             Op::AdjustLinks { .. } => Opcode::AdjustLinks,
@@ -457,7 +552,10 @@ impl Request {
                 e.name(name);
                 e.u32(*data_max);
             }
-            Op::GetAttr { ino } | Op::ReadLink { ino } | Op::PurgeChunks { ino } => e.ino(*ino),
+            Op::GetAttr { ino }
+            | Op::ReadLink { ino }
+            | Op::PurgeChunks { ino }
+            | Op::Release { ino } => e.ino(*ino),
             Op::InvalidateDir { dir } => e.ino(*dir),
             Op::SetAttr { ino, changes } => {
                 e.ino(*ino);
@@ -497,10 +595,16 @@ impl Request {
                 e.u32(*perm);
                 e.u32(*rdev);
             }
-            Op::Remove { parent, name, dir } => {
+            Op::Remove {
+                parent,
+                name,
+                dir,
+                hold,
+            } => {
                 e.ino(*parent);
                 e.name(name);
                 e.bool(*dir);
+                hold.encode(&mut e);
             }
             Op::Access { ino, mask } => {
                 e.ino(*ino);
@@ -552,12 +656,14 @@ impl Request {
                 dst_parent,
                 dst_name,
                 flags,
+                hold,
             } => {
                 e.ino(*src_parent);
                 e.name(src_name);
                 e.ino(*dst_parent);
                 e.name(dst_name);
                 e.u32(*flags);
+                hold.encode(&mut e);
             }
             Op::Link { ino, parent, name } => {
                 e.ino(*ino);
@@ -572,9 +678,10 @@ impl Request {
                 e.ino(*dir);
                 e.u8(*action as u8);
             }
-            Op::AdjustLinks { ino, delta } => {
+            Op::AdjustLinks { ino, delta, hold } => {
                 e.ino(*ino);
                 e.i32(*delta);
+                e.bool(*hold);
             }
             Op::TouchDir {
                 dir,
@@ -597,6 +704,7 @@ impl Request {
                 ino,
                 kind,
                 noreplace,
+                hold,
             } => {
                 e.u64(tx.0);
                 e.u16(coordinator.0);
@@ -605,6 +713,7 @@ impl Request {
                 e.ino(*ino);
                 e.kind(*kind);
                 e.bool(*noreplace);
+                hold.encode(&mut e);
             }
             Op::RenameResolve {
                 tx,
@@ -653,6 +762,7 @@ impl Request {
             Opcode::GetAttr => Op::GetAttr { ino: d.ino()? },
             Opcode::ReadLink => Op::ReadLink { ino: d.ino()? },
             Opcode::PurgeChunks => Op::PurgeChunks { ino: d.ino()? },
+            Opcode::Release => Op::Release { ino: d.ino()? },
             Opcode::InvalidateDir => Op::InvalidateDir { dir: d.ino()? },
             Opcode::SetAttr => Op::SetAttr {
                 ino: d.ino()?,
@@ -685,6 +795,7 @@ impl Request {
                 parent: d.ino()?,
                 name: d.name()?,
                 dir: d.bool()?,
+                hold: Hold::decode(&mut d)?,
             },
             Opcode::Access => Op::Access {
                 ino: d.ino()?,
@@ -730,6 +841,7 @@ impl Request {
                 dst_parent: d.ino()?,
                 dst_name: d.name()?,
                 flags: d.u32()?,
+                hold: Hold::decode(&mut d)?,
             },
             Opcode::Link => Op::Link {
                 ino: d.ino()?,
@@ -752,6 +864,7 @@ impl Request {
             Opcode::AdjustLinks => Op::AdjustLinks {
                 ino: d.ino()?,
                 delta: d.i32()?,
+                hold: d.bool()?,
             },
             Opcode::TouchDir => Op::TouchDir {
                 dir: d.ino()?,
@@ -768,6 +881,7 @@ impl Request {
                 ino: d.ino()?,
                 kind: d.kind()?,
                 noreplace: d.bool()?,
+                hold: Hold::decode(&mut d)?,
             },
             Opcode::RenameResolve => Op::RenameResolve {
                 tx: TxId(d.u64()?),
@@ -843,10 +957,11 @@ impl Reply {
                 e.u8(tag::ATTR);
                 e.attr(a);
             }
-            Reply::Removed { ino, kind } => {
+            Reply::Removed { ino, kind, held } => {
                 e.u8(tag::REMOVED);
                 e.ino(*ino);
                 e.kind(*kind);
+                e.bool(*held);
             }
             Reply::DirPage { entries, more } => {
                 e.u8(tag::DIR_PAGE);
@@ -879,7 +994,7 @@ impl Reply {
                 e.u8(tag::LINKS);
                 e.u32(*nlink);
             }
-            Reply::Installed { replaced } => {
+            Reply::Installed { replaced, held } => {
                 e.u8(tag::INSTALLED);
                 match replaced {
                     None => e.u8(0),
@@ -889,6 +1004,7 @@ impl Reply {
                         e.kind(*kind);
                     }
                 }
+                e.bool(*held);
             }
             Reply::Resolved { installed } => {
                 e.u8(tag::RESOLVED);
@@ -921,6 +1037,7 @@ impl Reply {
             tag::REMOVED => Reply::Removed {
                 ino: d.ino()?,
                 kind: d.kind()?,
+                held: d.bool()?,
             },
             tag::DIR_PAGE => {
                 let n = d.u32()?;
@@ -962,6 +1079,7 @@ impl Reply {
                 } else {
                     None
                 },
+                held: d.bool()?,
             },
             tag::RESOLVED => Reply::Resolved {
                 installed: d.bool()?,
@@ -1077,7 +1195,15 @@ mod tests {
                 parent: ino,
                 name: name("x"),
                 dir: true,
+                hold: Hold::Nothing,
             },
+            Op::Remove {
+                parent: ino,
+                name: name("y"),
+                dir: false,
+                hold: Hold::Inodes(vec![InodeId(7), ino]),
+            },
+            Op::Release { ino },
             Op::Access {
                 ino,
                 mask: ACCESS_READ | ACCESS_WRITE,
@@ -1116,6 +1242,7 @@ mod tests {
                 dst_parent: InodeId::ROOT,
                 dst_name: name("b"),
                 flags: RENAME_NOREPLACE,
+                hold: Hold::Any,
             },
             Op::Link {
                 ino,
@@ -1129,7 +1256,11 @@ mod tests {
                 dir: ino,
                 action: SealAction::Removed,
             },
-            Op::AdjustLinks { ino, delta: -1 },
+            Op::AdjustLinks {
+                ino,
+                delta: -1,
+                hold: true,
+            },
             Op::TouchDir {
                 dir: ino,
                 sender: ServerId(3),
@@ -1145,6 +1276,7 @@ mod tests {
                 ino: InodeId(5),
                 kind: FileKind::Dir,
                 noreplace: false,
+                hold: Hold::Inodes(vec![InodeId(5)]),
             },
             Op::RenameResolve {
                 tx: TxId(9),
@@ -1229,6 +1361,7 @@ mod tests {
             Reply::Removed {
                 ino: InodeId(1),
                 kind: FileKind::File,
+                held: true,
             },
             Reply::DirPage {
                 entries: vec![DirEntry {
@@ -1251,8 +1384,12 @@ mod tests {
             Reply::Links { nlink: 3 },
             Reply::Installed {
                 replaced: Some((InodeId(8), FileKind::File)),
+                held: true,
             },
-            Reply::Installed { replaced: None },
+            Reply::Installed {
+                replaced: None,
+                held: false,
+            },
             Reply::Resolved { installed: true },
             Reply::FindPage {
                 dirs: vec![],
@@ -1338,6 +1475,28 @@ mod tests {
             Request::decode(Opcode::StatFs as u16, &e.into_bytes()),
             Err(ProtoError::BadValue("group count"))
         );
+    }
+
+    #[test]
+    fn hold_lists_are_bounded() {
+        let list = Hold::Inodes((0..=HOLD_INODES_MAX as u64).map(InodeId).collect());
+        let req = Request {
+            creds: Credentials::root(),
+            op: Op::Remove {
+                parent: InodeId::ROOT,
+                name: name("f"),
+                dir: false,
+                hold: list,
+            },
+        };
+        assert_eq!(
+            Request::decode(Opcode::Remove as u16, &req.encode()),
+            Err(ProtoError::BadValue("hold list length"))
+        );
+        assert!(Hold::Any.covers(InodeId(3)));
+        assert!(!Hold::Nothing.covers(InodeId(3)));
+        assert!(Hold::Inodes(vec![InodeId(3)]).covers(InodeId(3)));
+        assert!(!Hold::Inodes(vec![InodeId(4)]).covers(InodeId(3)));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! DATA ino                      -> inline bytes of chunk 0 (small files)
 //! DENT parent name              -> dentry: kind u8, ino u64
 //! ORPH ino                      -> freed inode whose chunk files still need purging
+//! HELD ino                      -> unlinked inode kept for a client that has it open
 //! RNTX tx                       -> rename intent, on the coordinating server
 //! RNDN coordinator tx           -> rename installed, on the destination server
 //! DTCH dir sender               -> u64 last directory touch applied from that server
@@ -22,6 +23,10 @@ pub const INODE: &[u8; 4] = b"INOD";
 pub const INLINE_DATA: &[u8; 4] = b"DATA";
 pub const DENTRY: &[u8; 4] = b"DENT";
 pub const ORPHAN: &[u8; 4] = b"ORPH";
+/// An inode whose last link went while a client held it open (value: the
+/// time it was held, seconds since the epoch, u64 LE); freed by that
+/// client's Release, or at the owner's next start.
+pub const HELD: &[u8; 4] = b"HELD";
 pub const RENAME_INTENT: &[u8; 4] = b"RNTX";
 pub const RENAME_DONE: &[u8; 4] = b"RNDN";
 pub const DIR_TOUCH: &[u8; 4] = b"DTCH";
@@ -49,6 +54,10 @@ pub fn inline_data(ino: InodeId) -> Vec<u8> {
 
 pub fn orphan(ino: InodeId) -> Vec<u8> {
     with_ino(ORPHAN, ino)
+}
+
+pub fn held(ino: InodeId) -> Vec<u8> {
+    with_ino(HELD, ino)
 }
 
 /// Prefix of all dentries of one directory.
@@ -83,7 +92,7 @@ pub fn dir_touch(dir: InodeId, sender: ServerId) -> Vec<u8> {
     k
 }
 
-/// Inode id from an INOD/ORPH key.
+/// Inode id from an INOD/ORPH/HELD key.
 pub fn ino_from_key(key: &[u8]) -> Option<InodeId> {
     let b: [u8; 8] = key.get(4..12)?.try_into().ok()?;
     Some(InodeId(u64::from_be_bytes(b)))

@@ -44,7 +44,7 @@ use crate::service::{err, kv_err, Server};
 use crate::touch::DirChanges;
 use madfs_kv::WriteBatch;
 use madfs_proto::codec::{Decoder, Encoder};
-use madfs_proto::message::{Op, Reply, RENAME_EXCHANGE, RENAME_NOREPLACE};
+use madfs_proto::message::{Hold, Op, Reply, RENAME_EXCHANGE, RENAME_NOREPLACE};
 use madfs_proto::{ErrorCode, WireError};
 use madfs_rpc::log_warn;
 use madfs_types::{
@@ -104,6 +104,9 @@ struct Installed {
     replaced: Option<(InodeId, FileKind)>,
     /// The replaced inode was local and lost its last link.
     freed: Option<Inode>,
+    /// The replaced inode lost its last link and is held for the client
+    /// (`Hold`): locally here, or by its owner (`after_install`).
+    held: bool,
 }
 
 /// Put `(dst_parent, dst_name) -> ino` into `b`, replacing what is there as
@@ -118,6 +121,7 @@ fn install_into(
     kind: FileKind,
     noreplace: bool,
     sealed: Option<InodeId>,
+    hold: &Hold,
 ) -> Result<Installed, WireError> {
     let mut out = Installed::default();
     if let Some((dk, dino)) = srv.load_dentry(dst_parent, dst_name)? {
@@ -139,7 +143,9 @@ fn install_into(
         }
         if dino.owner() == srv.id {
             if let Some(mut victim) = srv.load_inode(dino)? {
-                if srv.unlink_inode(b, &mut victim, -1) == 0 {
+                let (nlink, held) = srv.unlink_inode_holding(b, &mut victim, -1, hold.covers(dino));
+                out.held = held;
+                if nlink == 0 && !held {
                     out.freed = Some(victim);
                 }
             }
@@ -162,29 +168,36 @@ fn install_changes(dp: InodeId, kind: FileKind, done: &Installed) -> DirChanges 
 }
 
 /// Work after a committed install: free, unlink remotely, announce.
-async fn after_install(srv: &Arc<Server>, done: &Installed) {
+/// Returns whether the replaced inode is held for the client (`Hold`).
+async fn after_install(srv: &Arc<Server>, done: &Installed, hold: &Hold) -> bool {
+    let mut held = done.held;
     if let Some(victim) = &done.freed {
         srv.after_free(victim);
     }
     if let Some((dino, dk)) = done.replaced {
         if dino.owner() != srv.id {
-            if let Err(e) = srv
+            let hold = dk == FileKind::File && hold.covers(dino);
+            match srv
                 .call_peer(
                     dino.owner(),
                     Op::AdjustLinks {
                         ino: dino,
                         delta: -1,
+                        hold,
                     },
                 )
                 .await
             {
-                log_warn!("dropping a link of replaced {dino}: {e}");
+                Ok(Reply::Links { nlink: 0 }) => held = hold,
+                Ok(_) => {}
+                Err(e) => log_warn!("dropping a link of replaced {dino}: {e}"),
             }
         }
         if dk == FileKind::Dir {
             srv.announce_removed(dino).await;
         }
     }
+    held
 }
 
 /// If the destination is a directory that `kind` may replace, seal it empty.
@@ -206,6 +219,7 @@ async fn seal_target(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn rename(
     srv: &Arc<Server>,
     c: &Credentials,
@@ -214,7 +228,8 @@ pub(crate) async fn rename(
     dp: InodeId,
     dn: &FileName,
     flags: u32,
-) -> Result<(), WireError> {
+    hold: &Hold,
+) -> Result<Option<(InodeId, FileKind)>, WireError> {
     if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
         || flags & RENAME_NOREPLACE != 0 && flags & RENAME_EXCHANGE != 0
     {
@@ -229,7 +244,7 @@ pub(crate) async fn rename(
         .load_dentry(sp, sn)?
         .ok_or_else(|| err(ErrorCode::NotFound, ""))?;
     if sp == dp && sn == dn {
-        return Ok(());
+        return Ok(None);
     }
     if dp == ino {
         return Err(err(
@@ -255,7 +270,7 @@ pub(crate) async fn rename(
         }
     }
     if flags & RENAME_EXCHANGE != 0 {
-        return exchange(srv, sp, sn, dp, dn).await;
+        return exchange(srv, sp, sn, dp, dn).await.map(|()| None);
     }
     let mv = Intent {
         src_parent: sp,
@@ -266,13 +281,22 @@ pub(crate) async fn rename(
         kind,
     };
     if dentry_server(dp, dn, srv.servers) == srv.id {
-        rename_local(srv, &mv, noreplace).await
+        rename_local(srv, &mv, noreplace, hold).await
     } else {
-        rename_remote(srv, mv, noreplace).await
+        rename_remote(srv, mv, noreplace, hold).await
     }
 }
 
-async fn rename_local(srv: &Arc<Server>, mv: &Intent, noreplace: bool) -> Result<(), WireError> {
+/// A rename's outcome for its client: the replaced target, if it lost its
+/// last link and is held for the client (`Hold`).
+type HeldVictim = Option<(InodeId, FileKind)>;
+
+async fn rename_local(
+    srv: &Arc<Server>,
+    mv: &Intent,
+    noreplace: bool,
+    hold: &Hold,
+) -> Result<HeldVictim, WireError> {
     let (sp, sn, dp, dn) = (mv.src_parent, &mv.src_name, mv.dst_parent, &mv.dst_name);
     let (ino, kind) = (mv.ino, mv.kind);
     let (sealed, target) = seal_target(srv, dp, dn, ino, kind, noreplace).await?;
@@ -298,7 +322,7 @@ async fn rename_local(srv: &Arc<Server>, mv: &Intent, noreplace: bool) -> Result
             return Err(err(ErrorCode::TryAgain, "the target changed during rename"));
         }
         let mut b = WriteBatch::new();
-        let done = install_into(srv, &mut b, dp, dn, ino, kind, noreplace, sealed)?;
+        let done = install_into(srv, &mut b, dp, dn, ino, kind, noreplace, sealed, hold)?;
         if done.same {
             return Ok((done, DirChanges::default(), Timestamp::now()));
         }
@@ -315,8 +339,8 @@ async fn rename_local(srv: &Arc<Server>, mv: &Intent, noreplace: bool) -> Result
     match result {
         Ok((done, changes, time)) => {
             srv.touch_remote(&changes, time).await;
-            after_install(srv, &done).await;
-            Ok(())
+            let held = after_install(srv, &done, hold).await;
+            Ok(done.replaced.filter(|_| held))
         }
         Err(e) => {
             if let Some(d) = sealed {
@@ -338,7 +362,8 @@ async fn rename_remote(
     srv: &Arc<Server>,
     intent: Intent,
     noreplace: bool,
-) -> Result<(), WireError> {
+    hold: &Hold,
+) -> Result<HeldVictim, WireError> {
     // Owned copies: `intent` itself moves into the recovery task if B is silent.
     let (sn, dn) = (&intent.src_name.clone(), &intent.dst_name.clone());
     let (sp, dp, ino, kind) = (
@@ -371,6 +396,7 @@ async fn rename_remote(
         ino,
         kind,
         noreplace,
+        hold: hold.clone(),
     };
     match srv.call_peer(b_server, install).await {
         Err(e) if is_uncertain(&e) => {
@@ -392,7 +418,14 @@ async fn rename_remote(
             Err(e)
         }
         Ok(reply) => {
-            let same = matches!(reply, Reply::Installed { replaced: Some((r, _)) } if r == ino);
+            let same = matches!(reply, Reply::Installed { replaced: Some((r, _)), .. } if r == ino);
+            let held = match reply {
+                Reply::Installed {
+                    replaced: Some(victim),
+                    held: true,
+                } if !same => Some(victim),
+                _ => None,
+            };
             // Step 4 (unless the target already was this inode).
             let mut b = WriteBatch::new();
             let time = Timestamp::now();
@@ -421,7 +454,7 @@ async fn rename_remote(
                     )
                     .await;
             });
-            Ok(())
+            Ok(held)
         }
     }
 }
@@ -437,13 +470,16 @@ pub(crate) async fn install(
     ino: InodeId,
     kind: FileKind,
     noreplace: bool,
-) -> Result<Option<(InodeId, FileKind)>, WireError> {
+    hold: &Hold,
+) -> Result<(Option<(InodeId, FileKind)>, bool), WireError> {
     let marker = keys::rename_done(coordinator, tx);
     if let Some(v) = srv.kv.get(&marker).map_err(kv_err)? {
         return match decode_marker(&v) {
             Some(Marker::Aborted) => Err(err(ErrorCode::Stale, "rename was aborted")),
-            // A retry of this very install: already done.
-            Some(Marker::Installed(done, r)) if done == ino => Ok(r),
+            // A retry of this very install: already done (whether it held
+            // the target is not recorded; a held target missed here is
+            // freed at its owner's next start).
+            Some(Marker::Installed(done, r)) if done == ino => Ok((r, false)),
             // Same id, another inode: never install on a stale record.
             Some(Marker::Installed(..)) => Err(err(
                 ErrorCode::Stale,
@@ -475,7 +511,7 @@ pub(crate) async fn install(
             return Err(err(ErrorCode::TryAgain, "the target changed during rename"));
         }
         let mut b = WriteBatch::new();
-        let done = install_into(srv, &mut b, dp, dn, ino, kind, noreplace, sealed)?;
+        let done = install_into(srv, &mut b, dp, dn, ino, kind, noreplace, sealed, hold)?;
         let replaced = if done.same {
             Some((ino, kind))
         } else {
@@ -498,8 +534,8 @@ pub(crate) async fn install(
     match result {
         Ok((done, replaced, changes, time)) => {
             srv.touch_remote(&changes, time).await;
-            after_install(srv, &done).await;
-            Ok(replaced)
+            let held = after_install(srv, &done, hold).await;
+            Ok((replaced, held))
         }
         Err(e) => {
             if let Some(d) = sealed {

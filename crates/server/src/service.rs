@@ -18,11 +18,11 @@ use crate::touch::DirChanges;
 use crate::{keys, RunOptions, ServerError};
 use madfs_kv::{KvStore, RocksStore, WriteBatch};
 use madfs_proto::auth::{ClusterKey, Role};
-use madfs_proto::message::{DirEntry, Entry, FsStats, Op, Reply, SealAction, SetAttrs};
+use madfs_proto::message::{DirEntry, Entry, FsStats, Hold, Op, Reply, SealAction, SetAttrs};
 use madfs_proto::{ErrorCode, Request, WireError};
 use madfs_rpc::pool::Timeouts;
 use madfs_rpc::serve::{CallContext, Handler};
-use madfs_rpc::{log_warn, ClusterConfig, Pool, RpcError};
+use madfs_rpc::{log_info, log_warn, ClusterConfig, Pool, RpcError};
 use madfs_types::{
     dentry_server, limits, Attr, ChunkIndex, Credentials, FileKind, FileName, InodeId, ServerId,
     TimeSet, Timestamp,
@@ -171,6 +171,10 @@ impl Server {
                 .map_err(|e| ServerError::Storage(e.to_string()))?,
         );
         chunks.set_direct_io(opts.direct_io);
+        let held = free_held_inodes(kv.as_ref()).map_err(storage)?;
+        if held > 0 {
+            log_info!("server {id}: freed {held} unlinked inodes held open before the restart");
+        }
         let mut inodes = 0u64;
         let mut start = keys::INODE.to_vec();
         loop {
@@ -301,7 +305,34 @@ impl Server {
     /// Put the records that drop one link of `inode` into `b`; returns the
     /// new link count (0: freed; the caller then runs `after_free`).
     pub(crate) fn unlink_inode(&self, b: &mut WriteBatch, inode: &mut Inode, delta: i32) -> u32 {
+        self.unlink_inode_holding(b, inode, delta, false).0
+    }
+
+    /// `unlink_inode`, for a removal whose client holds the inode open
+    /// (`hold`): a regular file losing its last link is kept, link count
+    /// 0, with a HELD record, until that client's `Op::Release` (or this
+    /// server's next start). Returns the new link count and whether it was
+    /// held (then the caller does not run `after_free`).
+    pub(crate) fn unlink_inode_holding(
+        &self,
+        b: &mut WriteBatch,
+        inode: &mut Inode,
+        delta: i32,
+        hold: bool,
+    ) -> (u32, bool) {
         let ino = inode.attr.ino;
+        let last = (inode.attr.kind == FileKind::Dir && delta < 0)
+            || inode.attr.nlink as i64 + delta as i64 <= 0;
+        if hold && last && inode.attr.kind == FileKind::File && inode.attr.nlink > 0 {
+            inode.attr.nlink = 0;
+            inode.attr.ctime = Timestamp::now();
+            b.put(&keys::inode(ino), &inode.encode());
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            b.put(&keys::held(ino), &now.to_le_bytes());
+            return (0, true);
+        }
         let nlink = if inode.attr.kind == FileKind::Dir && delta < 0 {
             0 // a directory has exactly one name
         } else {
@@ -321,7 +352,40 @@ impl Server {
             inode.attr.ctime = Timestamp::now();
             b.put(&keys::inode(ino), &inode.encode());
         }
-        nlink
+        (nlink, false)
+    }
+
+    /// `Op::Release`: the client that held `ino` at its last unlink closed
+    /// it. Free it and purge its chunks everywhere (unconditionally: the
+    /// size the owner knows may not cover every chunk a writer left).
+    /// Anything else (not held, gone, linked again) is left alone.
+    async fn release_held(self: &Arc<Self>, ino: InodeId) -> Result<Reply, WireError> {
+        if ino.owner() != self.id {
+            return Err(err(
+                ErrorCode::Stale,
+                format!("inode {ino} is not held by server {}", self.id),
+            ));
+        }
+        let _g = self.locks.lock(&[LockKey::Inode(ino)]).await;
+        if self.kv.get(&keys::held(ino)).map_err(kv_err)?.is_none() {
+            return Ok(Reply::Empty);
+        }
+        let mut b = WriteBatch::new();
+        b.delete(&keys::held(ino));
+        let freed = match self.load_inode(ino)? {
+            Some(mut inode) if inode.attr.nlink == 0 => {
+                self.unlink_inode(&mut b, &mut inode, -1);
+                inode.chunk0_in_file = true; // purge whatever was written
+                b.put(&keys::orphan(ino), &[]);
+                Some(inode)
+            }
+            _ => None,
+        };
+        self.kv.write(b, false).map_err(kv_err)?;
+        if let Some(inode) = &freed {
+            self.after_free(inode);
+        }
+        Ok(Reply::Empty)
     }
 
     /// After a freed inode's records are written: count it, and purge its
@@ -667,9 +731,13 @@ impl Server {
                 perm,
                 rdev,
             } => ok(self.mknod(c, parent, &name, kind, perm, rdev).await?),
-            Op::Remove { parent, name, dir } => {
-                ok(retry_races(|| self.remove(c, parent, &name, dir)).await?)
-            }
+            Op::Remove {
+                parent,
+                name,
+                dir,
+                hold,
+            } => ok(retry_races(|| self.remove(c, parent, &name, dir, &hold)).await?),
+            Op::Release { ino } => ok(self.release_held(ino).await?),
             Op::Access { ino, mask } => {
                 let inode = self.must_inode(ino)?;
                 perm::check(&owner_of(&inode.attr), c, mask)?;
@@ -705,14 +773,23 @@ impl Server {
                 dst_parent,
                 dst_name,
                 flags,
+                hold,
             } => {
-                retry_races(|| {
+                let held = retry_races(|| {
                     crate::rename::rename(
-                        self, c, src_parent, &src_name, dst_parent, &dst_name, flags,
+                        self, c, src_parent, &src_name, dst_parent, &dst_name, flags, &hold,
                     )
                 })
                 .await?;
-                ok(Reply::Empty)
+                // A replaced target held for the client: it must release it.
+                ok(match held {
+                    Some((ino, kind)) => Reply::Removed {
+                        ino,
+                        kind,
+                        held: true,
+                    },
+                    None => Reply::Empty,
+                })
             }
             Op::Link { ino, parent, name } => ok(self.link(c, ino, parent, &name).await?),
             Op::ReadLink { ino } => {
@@ -743,7 +820,7 @@ impl Server {
                 .map_err(|e| err(ErrorCode::Io, format!("find task failed: {e}")))??;
                 ok(page)
             }
-            Op::AdjustLinks { ino, delta } => ok(self.adjust_links(ino, delta).await?),
+            Op::AdjustLinks { ino, delta, hold } => ok(self.adjust_links(ino, delta, hold).await?),
             Op::RenameInstall {
                 tx,
                 coordinator,
@@ -752,8 +829,9 @@ impl Server {
                 ino,
                 kind,
                 noreplace,
+                hold,
             } => {
-                let replaced = crate::rename::install(
+                let (replaced, held) = crate::rename::install(
                     self,
                     tx,
                     coordinator,
@@ -762,9 +840,10 @@ impl Server {
                     ino,
                     kind,
                     noreplace,
+                    &hold,
                 )
                 .await?;
-                ok(Reply::Installed { replaced })
+                ok(Reply::Installed { replaced, held })
             }
             Op::RenameResolve {
                 tx,
@@ -1009,6 +1088,7 @@ impl Server {
         parent: InodeId,
         name: &FileName,
         want_dir: bool,
+        hold: &Hold,
     ) -> Result<Reply, WireError> {
         let dir = self.dir_owner(parent).await?;
         perm::check_dir_write(&dir, c)?;
@@ -1049,9 +1129,13 @@ impl Server {
         let mut b = WriteBatch::new();
         b.delete(&keys::dentry(parent, name));
         let mut freed = None;
+        let hold = !want_dir && hold.covers(ino);
+        let mut held = false;
         if ino.owner() == self.id {
             if let Some(mut inode) = self.load_inode(ino)? {
-                if self.unlink_inode(&mut b, &mut inode, -1) == 0 {
+                let nlink;
+                (nlink, held) = self.unlink_inode_holding(&mut b, &mut inode, -1, hold);
+                if nlink == 0 && !held {
                     freed = Some(inode);
                 }
             }
@@ -1065,28 +1149,48 @@ impl Server {
             self.after_free(inode);
         } else if ino.owner() != self.id {
             // The name is gone; a failure here only leaks the inode.
-            if let Err(e) = self
-                .call_peer(ino.owner(), Op::AdjustLinks { ino, delta: -1 })
+            match self
+                .call_peer(
+                    ino.owner(),
+                    Op::AdjustLinks {
+                        ino,
+                        delta: -1,
+                        hold,
+                    },
+                )
                 .await
             {
-                log_warn!("dropping a link of {ino} on its owner: {e}");
+                // The owner holds a regular file it was asked to at 0.
+                Ok(Reply::Links { nlink: 0 }) => held = hold && kind == FileKind::File,
+                Ok(_) => {}
+                Err(e) => log_warn!("dropping a link of {ino} on its owner: {e}"),
             }
         }
         if want_dir {
             self.announce_removed(ino).await;
         }
-        Ok(Reply::Removed { ino, kind })
+        Ok(Reply::Removed { ino, kind, held })
     }
 
     pub(crate) async fn adjust_links(
         self: &Arc<Self>,
         ino: InodeId,
         delta: i32,
+        hold: bool,
     ) -> Result<Reply, WireError> {
         let _g = self.locks.lock(&[LockKey::Inode(ino)]).await;
         let mut inode = self.must_inode(ino)?;
         let mut b = WriteBatch::new();
+        let mut held = false;
         let nlink = if delta > 0 {
+            if inode.attr.nlink == 0 {
+                // Held open after its last unlink: no new names (as
+                // linkat of an unlinked file without O_TMPFILE).
+                return Err(err(
+                    ErrorCode::NotFound,
+                    format!("inode {ino} has no links"),
+                ));
+            }
             if inode.attr.kind == FileKind::Dir {
                 return Err(err(
                     ErrorCode::NotPermitted,
@@ -1101,10 +1205,12 @@ impl Server {
             b.put(&keys::inode(ino), &inode.encode());
             inode.attr.nlink
         } else {
-            self.unlink_inode(&mut b, &mut inode, delta)
+            let nlink;
+            (nlink, held) = self.unlink_inode_holding(&mut b, &mut inode, delta, hold);
+            nlink
         };
         self.kv.write(b, false).map_err(kv_err)?;
-        if nlink == 0 {
+        if nlink == 0 && !held {
             self.after_free(&inode);
         }
         Ok(Reply::Links { nlink })
@@ -1142,6 +1248,12 @@ impl Server {
         let mut attr_out = None;
         if local {
             let mut inode = self.must_inode(ino)?;
+            if inode.attr.nlink == 0 {
+                return Err(err(
+                    ErrorCode::NotFound,
+                    format!("inode {ino} has no links"),
+                ));
+            }
             inode.attr.nlink += 1;
             inode.attr.ctime = Timestamp::now();
             b.put(&keys::inode(ino), &inode.encode());
@@ -1149,14 +1261,28 @@ impl Server {
         } else {
             // Count the link first: a crash before the name is written leaks
             // a link count, never leaves a name without an inode.
-            self.call_peer(ino.owner(), Op::AdjustLinks { ino, delta: 1 })
-                .await?;
+            self.call_peer(
+                ino.owner(),
+                Op::AdjustLinks {
+                    ino,
+                    delta: 1,
+                    hold: false,
+                },
+            )
+            .await?;
         }
         Self::put_dentry(&mut b, parent, name, attr.kind, ino);
         if let Err(e) = self.kv.write(b, false) {
             if !local {
                 let _ = self
-                    .call_peer(ino.owner(), Op::AdjustLinks { ino, delta: -1 })
+                    .call_peer(
+                        ino.owner(),
+                        Op::AdjustLinks {
+                            ino,
+                            delta: -1,
+                            hold: false,
+                        },
+                    )
                     .await;
             }
             return Err(kv_err(e));
@@ -1509,6 +1635,40 @@ impl Server {
     /// Is `name` in `parent` held by this server?
     pub(crate) fn holds_dentry(&self, parent: InodeId, name: &FileName) -> bool {
         dentry_server(parent, name, self.servers) == self.id
+    }
+}
+
+/// Free every inode held for a client at its last unlink (`Hold`): the
+/// process that held it may be gone, and a restart forgets who held what.
+/// Runs before the server serves, so a hold made after the start is never
+/// taken; their chunks are purged by the orphan recovery that follows
+/// (always: a writer that died may have left chunks past the size the
+/// owner knows). Returns how many were freed.
+fn free_held_inodes(kv: &dyn KvStore) -> Result<usize, madfs_kv::KvError> {
+    let mut freed = 0;
+    loop {
+        let page = kv.scan(keys::HELD, keys::HELD, 10_000)?;
+        if page.is_empty() {
+            return Ok(freed);
+        }
+        let mut b = WriteBatch::new();
+        for (k, _) in &page {
+            b.delete(k);
+            let Some(ino) = keys::ino_from_key(k) else {
+                continue;
+            };
+            let unlinked = match kv.get(&keys::inode(ino))? {
+                Some(v) => Inode::decode(&v).is_ok_and(|i| i.attr.nlink == 0),
+                None => false,
+            };
+            if unlinked {
+                b.delete(&keys::inode(ino));
+                b.delete(&keys::inline_data(ino));
+                b.put(&keys::orphan(ino), &[]);
+                freed += 1;
+            }
+        }
+        kv.write(b, true)?;
     }
 }
 

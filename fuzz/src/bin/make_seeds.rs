@@ -3,7 +3,7 @@
 //! Run: `cd fuzz && cargo run --bin make_seeds`
 
 use madfs_proto::auth::{Challenge, Hello, Role};
-use madfs_proto::message::{encode_error_message, DirEntry, Entry, Op, SetAttrs};
+use madfs_proto::message::{encode_error_message, DirEntry, Entry, Hold, Op, SetAttrs};
 use madfs_proto::{ErrorCode, FrameHeader, Reply, Request};
 use madfs_types::{
     Attr, ChunkIndex, Credentials, FileKind, FileName, InodeId, RequestId, ServerId, TimeSet,
@@ -115,6 +115,34 @@ fn main() {
                     perm: 0o620,
                     rdev: (136 << 8) | 5,
                 },
+                &[],
+            ),
+        ),
+        (
+            "request-remove-hold",
+            request(
+                Op::Remove {
+                    parent: InodeId::ROOT,
+                    name: name("tmp"),
+                    dir: false,
+                    hold: Hold::Inodes(vec![ino, InodeId(43)]),
+                },
+                &[],
+            ),
+        ),
+        ("request-release", request(Op::Release { ino }, &[])),
+        (
+            "reply-removed-held",
+            frame(
+                true,
+                14,
+                0,
+                &Reply::Removed {
+                    ino,
+                    kind: FileKind::File,
+                    held: true,
+                }
+                .encode(),
                 &[],
             ),
         ),
