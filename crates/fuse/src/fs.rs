@@ -217,6 +217,18 @@ impl MadFs {
                         .client
                         .with_credentials(inner.groups.credentials(who.uid, who.gid, who.pid));
                     local.rt.block_on(op(inner.clone(), c));
+                    // The request may have dropped the last handle of a file
+                    // unlinked while open (a FLUSH racing the RELEASE on
+                    // another thread): the release the handle queued must
+                    // not wait for this thread's runtime to run again.
+                    if inner.client.has_unlinked_to_release() {
+                        let client = inner.client.clone();
+                        self.rt.spawn(async move {
+                            if let Err(e) = client.release_unlinked().await {
+                                madfs_rpc::log_warn!("madfs fuse: freeing unlinked files: {e}");
+                            }
+                        });
+                    }
                     None
                 }
                 None => Some(op),
@@ -1350,6 +1362,9 @@ impl Filesystem for MadFs {
         self.spawn(req, move |fs, _c| async move {
             let r = async {
                 let f = fs.file(fh)?;
+                // fsync(2) is about the file: writes through the inode's
+                // other handles (mmap writeback picks any) must land first.
+                fs.drain_ino(f.ino).await;
                 fs.settle(&f).await?;
                 Ok(f.file.fsync().await?)
             }

@@ -52,6 +52,9 @@ const SEALS_MAX: usize = 100_000;
 /// long (a copy of about 0.4 ms); longer ones copy on the blocking pool.
 const CACHED_READ_INLINE_MAX_BYTES: u32 = 4 << 20;
 
+/// How long a purge of freed chunks keeps asking servers it cannot reach.
+const PURGE_RETRY_FOR: Duration = Duration::from_secs(600);
+
 pub(crate) fn err(code: ErrorCode, msg: impl Into<String>) -> WireError {
     WireError::new(code, msg)
 }
@@ -395,24 +398,58 @@ impl Server {
         if inode.may_have_chunk_files(self.chunk_size) {
             let me = self.clone();
             let ino = inode.attr.ino;
-            tokio::spawn(async move { me.purge_everywhere(ino).await });
+            tokio::spawn(async move { me.purge_everywhere(vec![ino]).await });
         }
     }
 
-    async fn purge_everywhere(&self, ino: InodeId) {
-        let mut all_ok = true;
-        for s in self.peers.servers() {
-            if let Err(e) = self.call_peer(s, Op::PurgeChunks { ino }).await {
-                log_warn!("purging chunks of {ino} on server {s}: {e}");
-                all_ok = false;
+    /// Drop the chunk files of freed inodes on every server, then their
+    /// ORPH records. A server that cannot be reached (restarting, say) is
+    /// asked again with backoff for `PURGE_RETRY_FOR`; what is still left
+    /// then keeps its ORPH record and is purged at this server's next start.
+    async fn purge_everywhere(&self, inos: Vec<InodeId>) {
+        let all: Vec<ServerId> = self.peers.servers().collect();
+        let mut pending: Vec<(InodeId, Vec<ServerId>)> =
+            inos.into_iter().map(|ino| (ino, all.clone())).collect();
+        let deadline = Instant::now() + PURGE_RETRY_FOR;
+        let mut delay = Duration::from_millis(100);
+        let mut round = 0u32;
+        loop {
+            let mut left = Vec::new();
+            for (ino, servers) in pending {
+                let mut failed = Vec::new();
+                for s in servers {
+                    if let Err(e) = self.call_peer(s, Op::PurgeChunks { ino }).await {
+                        if round == 0 {
+                            log_warn!("purging chunks of {ino} on server {s}: {e} (retrying)");
+                        }
+                        failed.push(s);
+                    }
+                }
+                if failed.is_empty() {
+                    let mut b = WriteBatch::new();
+                    b.delete(&keys::orphan(ino));
+                    if let Err(e) = self.kv.write(b, false) {
+                        log_warn!("clearing orphan {ino}: {e}");
+                    }
+                } else {
+                    left.push((ino, failed));
+                }
             }
-        }
-        if all_ok {
-            let mut b = WriteBatch::new();
-            b.delete(&keys::orphan(ino));
-            if let Err(e) = self.kv.write(b, false) {
-                log_warn!("clearing orphan {ino}: {e}");
+            if left.is_empty() {
+                return;
             }
+            if Instant::now() >= deadline {
+                log_warn!(
+                    "{} freed inodes keep chunk files on unreachable servers; \
+                     purged at this server's next start",
+                    left.len()
+                );
+                return;
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(5));
+            round += 1;
+            pending = left;
         }
     }
 
@@ -420,11 +457,11 @@ impl Server {
         let Ok(list) = self.kv.scan(keys::ORPHAN, keys::ORPHAN, 100_000) else {
             return;
         };
-        for (k, _) in list {
-            if let Some(ino) = keys::ino_from_key(&k) {
-                self.purge_everywhere(ino).await;
-            }
-        }
+        let inos = list
+            .iter()
+            .filter_map(|(k, _)| keys::ino_from_key(k))
+            .collect();
+        self.purge_everywhere(inos).await;
     }
 
     // ---- peers ------------------------------------------------------------
