@@ -227,3 +227,39 @@ fn a_retried_touch_is_applied_once() {
     // The directory goes with its touch records.
     rt.block_on(c.remove_dir("/r")).unwrap();
 }
+
+/// rename(2) stamps the moved inode's ctime (ext4 does; pjdfstest
+/// rename/22), whether the inode lives on the server of its new name or
+/// not; before, only the parents' times moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rename_stamps_the_moved_inode_ctime() {
+    let tc = TestCluster::start(SERVERS);
+    let (c, other) = (tc.client(), tc.client().with_cache(CacheConfig::off()));
+    let d = c.mkdir("/d", 0o755).await.unwrap();
+    for local in [true, false] {
+        let n = names_on(&d, if local { "l-" } else { "r-" }, local, 4);
+        let (src, dst) = (format!("/d/{}", n[0]), format!("/d/{}", n[1]));
+        c.open(&src, OpenOptions::new().write(true).create(true))
+            .await
+            .unwrap()
+            .close()
+            .await
+            .unwrap();
+        let (sdir, ddir) = (format!("/d/{}", n[2]), format!("/d/{}", n[3]));
+        c.mkdir(&sdir, 0o755).await.unwrap();
+        for (from, to) in [(&src, &dst), (&sdir, &ddir)] {
+            let before = other.stat(from).await.unwrap().ctime;
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while Timestamp::now() <= before {
+                assert!(std::time::Instant::now() < deadline, "clock stands still");
+                std::thread::yield_now();
+            }
+            c.rename(from, to).await.unwrap();
+            let after = other.stat(to).await.unwrap().ctime;
+            assert!(
+                after > before,
+                "{from} -> {to}: ctime {after:?} not after {before:?}"
+            );
+        }
+    }
+}

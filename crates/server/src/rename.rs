@@ -280,10 +280,36 @@ pub(crate) async fn rename(
         ino,
         kind,
     };
-    if dentry_server(dp, dn, srv.servers) == srv.id {
-        rename_local(srv, &mv, noreplace, hold).await
+    let held = if dentry_server(dp, dn, srv.servers) == srv.id {
+        rename_local(srv, &mv, noreplace, hold).await?
     } else {
-        rename_remote(srv, mv, noreplace, hold).await
+        rename_remote(srv, mv, noreplace, hold).await?
+    };
+    touch_moved(srv, ino).await;
+    Ok(held)
+}
+
+/// The moved inode's ctime, as ext4 sets it at rename: on its owner, after
+/// the names moved (best effort: the rename happened whatever this does).
+async fn touch_moved(srv: &Arc<Server>, ino: InodeId) {
+    let r = if ino.owner() == srv.id {
+        srv.adjust_links(ino, 0, false).await
+    } else {
+        srv.call_peer(
+            ino.owner(),
+            Op::AdjustLinks {
+                ino,
+                delta: 0,
+                hold: false,
+            },
+        )
+        .await
+    };
+    match r {
+        // Removed by another client meanwhile: nothing to stamp.
+        Err(e) if e.code == ErrorCode::NotFound => {}
+        Err(e) => log_warn!("ctime of renamed {ino}: {e}"),
+        Ok(_) => {}
     }
 }
 

@@ -1218,6 +1218,19 @@ impl Server {
         let _g = self.locks.lock(&[LockKey::Inode(ino)]).await;
         let mut inode = self.must_inode(ino)?;
         let mut b = WriteBatch::new();
+        if delta == 0 {
+            // No link changes: a rename moved one of its names (POSIX lets
+            // rename(2) update the inode's ctime; ext4 does). An inode held
+            // open after its last unlink has no name to move.
+            if inode.attr.nlink > 0 {
+                inode.attr.ctime = Timestamp::now();
+                b.put(&keys::inode(ino), &inode.encode());
+                self.kv.write(b, false).map_err(kv_err)?;
+            }
+            return Ok(Reply::Links {
+                nlink: inode.attr.nlink,
+            });
+        }
         let mut held = false;
         let nlink = if delta > 0 {
             if inode.attr.nlink == 0 {
