@@ -202,6 +202,20 @@ impl MadFs {
     /// While a reader thread runs a request the others keep reading; none
     /// waits here for anything but servers and writes in flight, never for
     /// another FUSE request, so they cannot deadlock.
+    /// Send the Release of files unlinked while open whose last handle is
+    /// gone, if any wait, from a task of the mount's runtime (the one that
+    /// always runs; Release asks no permission).
+    fn release_unlinked_soon(&self) {
+        if self.inner.client.has_unlinked_to_release() {
+            let client = self.inner.client.clone();
+            self.rt.spawn(async move {
+                if let Err(e) = client.release_unlinked().await {
+                    madfs_rpc::log_warn!("madfs fuse: freeing unlinked files: {e}");
+                }
+            });
+        }
+    }
+
     fn here<F, Fut>(&self, req: &Request, op: F)
     where
         F: FnOnce(Arc<Inner>, Client) -> Fut + Send + 'static,
@@ -221,14 +235,7 @@ impl MadFs {
                     // unlinked while open (a FLUSH racing the RELEASE on
                     // another thread): the release the handle queued must
                     // not wait for this thread's runtime to run again.
-                    if inner.client.has_unlinked_to_release() {
-                        let client = inner.client.clone();
-                        self.rt.spawn(async move {
-                            if let Err(e) = client.release_unlinked().await {
-                                madfs_rpc::log_warn!("madfs fuse: freeing unlinked files: {e}");
-                            }
-                        });
-                    }
+                    self.release_unlinked_soon();
                     None
                 }
                 None => Some(op),
@@ -1331,13 +1338,7 @@ impl Filesystem for MadFs {
             // The last handle of a file unlinked while open frees it
             // (dropped here, off any runtime: the file only queues that).
             drop(f);
-            if self.inner.client.has_unlinked_to_release() {
-                self.spawn(req, |_fs, c| async move {
-                    if let Err(e) = c.release_unlinked().await {
-                        madfs_rpc::log_warn!("madfs fuse: freeing unlinked files: {e}");
-                    }
-                });
-            }
+            self.release_unlinked_soon();
             return;
         }
         self.spawn(req, move |fs, _c| async move {

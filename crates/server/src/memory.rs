@@ -31,17 +31,20 @@ impl MemInfo {
     }
 }
 
+/// One field of /proc/meminfo's text, in KiB as the file gives it.
+pub(crate) fn meminfo_kb(meminfo: &str, field: &str) -> Option<u64> {
+    meminfo
+        .lines()
+        .find(|l| l.starts_with(field) && l[field.len()..].starts_with(':'))?
+        .split_whitespace()
+        .nth(1)?
+        .parse::<u64>()
+        .ok()
+}
+
 /// From /proc/meminfo's text; None if a field is missing.
 pub fn parse(meminfo: &str) -> Option<MemInfo> {
-    let kb = |field: &str| -> Option<u64> {
-        meminfo
-            .lines()
-            .find(|l| l.starts_with(field) && l[field.len()..].starts_with(':'))?
-            .split_whitespace()
-            .nth(1)?
-            .parse::<u64>()
-            .ok()
-    };
+    let kb = |field: &str| meminfo_kb(meminfo, field);
     Some(MemInfo {
         total: kb("MemTotal")?.checked_mul(1024)?,
         available: kb("MemAvailable")?.checked_mul(1024)?,

@@ -65,15 +65,7 @@ impl EarlyWriteback {
 /// threshold? The kernel's threshold is a share of "dirtyable" memory,
 /// which is about free plus file-backed pages.
 fn below_background(meminfo: &str, background_bytes: u64, ratio: u64) -> Option<bool> {
-    let kb = |field: &str| -> Option<u64> {
-        meminfo
-            .lines()
-            .find(|l| l.starts_with(field) && l[field.len()..].starts_with(':'))?
-            .split_whitespace()
-            .nth(1)?
-            .parse::<u64>()
-            .ok()
-    };
+    let kb = |field: &str| crate::memory::meminfo_kb(meminfo, field);
     let pending = (kb("Dirty")? + kb("Writeback")?) * 1024;
     let threshold = if background_bytes > 0 {
         background_bytes
