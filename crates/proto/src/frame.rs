@@ -25,8 +25,9 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"MDFS");
 /// Bumped when an encoding changes, so that a client and a server of
 /// different versions refuse each other with a clear reason instead of
 /// misreading fields. 2: attributes carry `rdev`, SetAttr carries
-/// `via_writable_handle` (and Mknod exists).
-pub const PROTOCOL_VERSION: u8 = 2;
+/// `via_writable_handle` (and Mknod exists). 3: replies of namespace
+/// changes carry touch tokens, GetAttr carries the touches to wait for.
+pub const PROTOCOL_VERSION: u8 = 3;
 /// Largest message body: a full readdir page of long names fits.
 pub const BODY_MAX_BYTES: u32 = 2 * 1024 * 1024;
 /// Largest bulk payload: one whole chunk at the largest chunk size.

@@ -23,7 +23,9 @@
 //!    Crash before: A's recovery sees "installed" and finishes this step.
 //!    After: only the new name exists. Then, with its locks released, A
 //!    changes the source directory's times and link count (B may have
-//!    touched that directory on A during step 3, so A held no stripe of it).
+//!    touched that directory on A during step 3, so A held no stripe of it):
+//!    in a batch if A holds it, else by a queued touch whose token A's
+//!    reply carries (touch.rs).
 //! 5. A tells B to forget the marker (best effort; a stale marker is a few
 //!    bytes and harmless).
 //! 6. Recovery (at A's start, and after a failed step 3): for every intent,
@@ -44,7 +46,7 @@ use crate::service::{err, kv_err, Server};
 use crate::touch::DirChanges;
 use madfs_kv::WriteBatch;
 use madfs_proto::codec::{Decoder, Encoder};
-use madfs_proto::message::{Op, Reply, RENAME_EXCHANGE, RENAME_NOREPLACE};
+use madfs_proto::message::{Op, Reply, TouchToken, RENAME_EXCHANGE, RENAME_NOREPLACE};
 use madfs_proto::{ErrorCode, WireError};
 use madfs_rpc::log_warn;
 use madfs_types::{
@@ -214,7 +216,7 @@ pub(crate) async fn rename(
     dp: InodeId,
     dn: &FileName,
     flags: u32,
-) -> Result<(), WireError> {
+) -> Result<Vec<TouchToken>, WireError> {
     if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
         || flags & RENAME_NOREPLACE != 0 && flags & RENAME_EXCHANGE != 0
     {
@@ -229,7 +231,7 @@ pub(crate) async fn rename(
         .load_dentry(sp, sn)?
         .ok_or_else(|| err(ErrorCode::NotFound, ""))?;
     if sp == dp && sn == dn {
-        return Ok(());
+        return Ok(Vec::new());
     }
     if dp == ino {
         return Err(err(
@@ -272,7 +274,11 @@ pub(crate) async fn rename(
     }
 }
 
-async fn rename_local(srv: &Arc<Server>, mv: &Intent, noreplace: bool) -> Result<(), WireError> {
+async fn rename_local(
+    srv: &Arc<Server>,
+    mv: &Intent,
+    noreplace: bool,
+) -> Result<Vec<TouchToken>, WireError> {
     let (sp, sn, dp, dn) = (mv.src_parent, &mv.src_name, mv.dst_parent, &mv.dst_name);
     let (ino, kind) = (mv.ino, mv.kind);
     let (sealed, target) = seal_target(srv, dp, dn, ino, kind, noreplace).await?;
@@ -314,9 +320,9 @@ async fn rename_local(srv: &Arc<Server>, mv: &Intent, noreplace: bool) -> Result
     .await;
     match result {
         Ok((done, changes, time)) => {
-            srv.touch_remote(&changes, time).await;
+            let touched = srv.touch_queued(&changes, time);
             after_install(srv, &done).await;
-            Ok(())
+            Ok(touched)
         }
         Err(e) => {
             if let Some(d) = sealed {
@@ -338,7 +344,7 @@ async fn rename_remote(
     srv: &Arc<Server>,
     intent: Intent,
     noreplace: bool,
-) -> Result<(), WireError> {
+) -> Result<Vec<TouchToken>, WireError> {
     // Owned copies: `intent` itself moves into the recovery task if B is silent.
     let (sn, dn) = (&intent.src_name.clone(), &intent.dst_name.clone());
     let (sp, dp, ino, kind) = (
@@ -402,11 +408,13 @@ async fn rename_remote(
             b.delete(&keys::rename_intent(tx));
             srv.kv.write(b, true).map_err(kv_err)?;
             drop(guard);
-            if !same {
+            let touched = if same {
+                Vec::new()
+            } else {
                 // The source directory, after the locks (see step 1).
                 srv.touch_after(&DirChanges::one(sp, -dir_links(kind)), time)
-                    .await;
-            }
+                    .await
+            };
             // Step 5.
             let me = srv.clone();
             tokio::spawn(async move {
@@ -421,7 +429,7 @@ async fn rename_remote(
                     )
                     .await;
             });
-            Ok(())
+            Ok(touched)
         }
     }
 }
@@ -662,7 +670,7 @@ async fn exchange(
     sn: &FileName,
     dp: InodeId,
     dn: &FileName,
-) -> Result<(), WireError> {
+) -> Result<Vec<TouchToken>, WireError> {
     if !srv.holds_dentry(dp, dn) {
         return Err(err(
             ErrorCode::NotSupported,
@@ -690,6 +698,5 @@ async fn exchange(
     srv.touch_local(&mut b, &changes, time)?;
     srv.kv.write(b, false).map_err(kv_err)?;
     drop(g);
-    srv.touch_remote(&changes, time).await;
-    Ok(())
+    Ok(srv.touch_queued(&changes, time))
 }

@@ -399,7 +399,7 @@ impl Server {
                     .remove(&dir);
                 Ok((Reply::Empty, Vec::new()))
             }
-            Op::GetAttr { ino } => Ok((Reply::Attr(self.must_inode(ino)?.attr), Vec::new())),
+            Op::GetAttr { ino, .. } => Ok((Reply::Attr(self.must_inode(ino)?.attr), Vec::new())),
             other => Err(err(
                 ErrorCode::Protocol,
                 format!("{:?} is not a local peer op", other.opcode()),
@@ -412,7 +412,8 @@ impl Server {
         if ino.owner() == self.id {
             return Ok(self.must_inode(ino)?.attr);
         }
-        match self.call_peer(ino.owner(), Op::GetAttr { ino }).await? {
+        let op = Op::GetAttr { ino, after: vec![] };
+        match self.call_peer(ino.owner(), op).await? {
             Reply::Attr(a) => Ok(a),
             other => Err(err(
                 ErrorCode::Protocol,
@@ -630,7 +631,13 @@ impl Server {
                 name,
                 data_max,
             } => self.open_lookup(c, parent, &name, data_max).await,
-            Op::GetAttr { ino } => ok(Reply::Attr(self.must_inode(ino)?.attr)),
+            Op::GetAttr { ino, after } => {
+                // The client's own changes to a directory: their touches first.
+                if !after.is_empty() {
+                    self.wait_touches(ino, &after).await;
+                }
+                ok(Reply::Attr(self.must_inode(ino)?.attr))
+            }
             Op::SetAttr { ino, changes } => ok(Reply::Attr(self.setattr(c, ino, changes).await?)),
             Op::Create {
                 parent,
@@ -706,13 +713,13 @@ impl Server {
                 dst_name,
                 flags,
             } => {
-                retry_races(|| {
+                let touched = retry_races(|| {
                     crate::rename::rename(
                         self, c, src_parent, &src_name, dst_parent, &dst_name, flags,
                     )
                 })
                 .await?;
-                ok(Reply::Empty)
+                ok(Reply::Renamed { touched })
             }
             Op::Link { ino, parent, name } => ok(self.link(c, ino, parent, &name).await?),
             Op::ReadLink { ino } => {
@@ -955,6 +962,7 @@ impl Server {
                     attr,
                 },
                 created: false,
+                touched: Vec::new(),
             });
         }
         perm::check_dir_write(&dir, c)?;
@@ -992,7 +1000,7 @@ impl Server {
         drop(g);
         drop(gate);
         self.inode_count.fetch_add(1, Ordering::Relaxed);
-        self.touch_remote(&changes, now).await;
+        let touched = self.touch_queued(&changes, now);
         Ok(Reply::Created {
             entry: Entry {
                 ino,
@@ -1000,6 +1008,7 @@ impl Server {
                 attr: Some(inode.attr),
             },
             created: true,
+            touched,
         })
     }
 
@@ -1060,7 +1069,7 @@ impl Server {
         self.touch_local(&mut b, &changes, time)?;
         self.kv.write(b, false).map_err(kv_err)?;
         drop(guard);
-        self.touch_remote(&changes, time).await;
+        let touched = self.touch_queued(&changes, time);
         if let Some(inode) = &freed {
             self.after_free(inode);
         } else if ino.owner() != self.id {
@@ -1075,7 +1084,7 @@ impl Server {
         if want_dir {
             self.announce_removed(ino).await;
         }
-        Ok(Reply::Removed { ino, kind })
+        Ok(Reply::Removed { ino, kind, touched })
     }
 
     pub(crate) async fn adjust_links(
@@ -1163,12 +1172,15 @@ impl Server {
         }
         drop(g);
         drop(gate);
-        self.touch_remote(&changes, time).await;
-        Ok(Reply::Entry(Entry {
-            ino,
-            kind: attr.kind,
-            attr: attr_out,
-        }))
+        let touched = self.touch_queued(&changes, time);
+        Ok(Reply::Linked {
+            entry: Entry {
+                ino,
+                kind: attr.kind,
+                attr: attr_out,
+            },
+            touched,
+        })
     }
 
     async fn setattr(
