@@ -70,9 +70,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
-/// An operation waits this long at most for its touch before it replies
-/// anyway (the owner is unreachable; the touch is still retried). Below
-/// the clients' 30 s call timeout.
+/// A GetAttr waits this long at most for the touches its tokens name, and
+/// a rename's install for its touch, before they answer anyway (the
+/// sender or owner is unreachable; the touch is still retried). Below the
+/// clients' 30 s call timeout.
 const TOUCH_WAIT: Duration = Duration::from_secs(5);
 /// A touch is retried while its owner is unreachable for this long, then
 /// dropped (logged).
