@@ -316,7 +316,7 @@ fn truncated_write_and_peer_ops_from_a_client_are_harmless() {
     // The connection is still good for ordinary requests.
     let body = Request {
         creds: Credentials::root(),
-        op: Op::GetAttr { ino },
+        op: Op::GetAttr { ino, after: vec![] },
     }
     .encode();
     raw.send(&frame(Opcode::GetAttr, 7, &body, 0));

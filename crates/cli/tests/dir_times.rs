@@ -172,7 +172,100 @@ async fn concurrent_mkdirs_count_exactly() {
     for t in tasks {
         t.await.unwrap();
     }
-    assert_eq!(tc.client().stat("/shared").await.unwrap().nlink, 2 + 8 * 15);
+    // A client that made none of the changes sees them once their touches
+    // landed (the last ones may still be in flight as the tasks end).
+    let fresh = tc.client().with_cache(CacheConfig::off());
+    let nlink = poll(&fresh, "/shared", |a| a.nlink == 2 + 8 * 15)
+        .await
+        .nlink;
+    assert_eq!(nlink, 2 + 8 * 15);
+    // ... and no late touch moves it further.
+    assert_eq!(fresh.stat("/shared").await.unwrap().nlink, 2 + 8 * 15);
+}
+
+/// Stat `path` through `c` until `done` holds (at most 10 s; touches land
+/// within milliseconds, or `TOUCH_DELAY` late in the test that delays them).
+async fn poll(c: &Client, path: &str, done: impl Fn(&Attr) -> bool) -> Attr {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let a = c.stat(path).await.unwrap();
+        if done(&a) {
+            return a;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{path} never showed the change: {a:?}"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Every touch is sent this late in `a_slow_touch_holds_up_only_its_own_clients_stat`.
+const TOUCH_DELAY: std::time::Duration = std::time::Duration::from_millis(700);
+
+/// Operations reply before their parent's touch is applied (the reply
+/// carries a token naming it): with every touch sent `TOUCH_DELAY` late,
+/// a create, mkdir or unlink still replies at once; the client that made
+/// the change sees it in the directory's attributes right after (its
+/// GetAttr waits for its token), with its metadata cache on and off;
+/// another client sees it once the touch lands, within a bounded wait.
+/// Guards against stat answering before the client's own change landed
+/// (the token lost or not waited for) and against the reply waiting for
+/// the touch again (the cost this design removes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_touch_holds_up_only_its_own_clients_stat() {
+    let tc = TestCluster::start_with(
+        SERVERS,
+        common::Options {
+            server_env: vec![(
+                "MADFS_TEST_TOUCH_DELAY_MS".to_string(),
+                TOUCH_DELAY.as_millis().to_string(),
+            )],
+            ..Default::default()
+        },
+    );
+    let other = tc.client().with_cache(CacheConfig::off());
+    for cached in [true, false] {
+        let c = if cached {
+            tc.client()
+        } else {
+            tc.client().with_cache(CacheConfig::off())
+        };
+        let dir = format!("/slow-{cached}");
+        let d = c.mkdir(&dir, 0o755).await.unwrap();
+        let n = names_on(&d, "e", false, 3);
+        let p = |i: usize| format!("{dir}/{}", n[i]);
+        c.write_file(p(2), b"x").await.unwrap();
+        c.stat(&dir).await.unwrap(); // that touch landed before `age`
+        for (what, subdirs) in [("mkdir", 3), ("create", 3), ("unlink", 3)] {
+            let t = age(&c, &dir).await;
+            let started = std::time::Instant::now();
+            match what {
+                "mkdir" => {
+                    c.mkdir(p(0), 0o755).await.unwrap();
+                }
+                "create" => c.write_file(p(1), b"x").await.unwrap(),
+                _ => c.remove_file(p(2)).await.unwrap(),
+            }
+            let took = started.elapsed();
+            assert!(took < TOUCH_DELAY, "{what} waited for its touch: {took:?}");
+            // The touch is still on its way: a client without the token
+            // sees the old times (only checked while that is certain).
+            let seen = other.stat(&dir).await.unwrap();
+            if started.elapsed() < TOUCH_DELAY / 2 {
+                assert_eq!(seen.mtime, PAST, "{what}: the touch was not delayed");
+            }
+            // The client that made the change sees it at once.
+            let a = c.stat(&dir).await.unwrap();
+            let tag = format!("{what} (cache {cached})");
+            assert!(a.mtime > PAST && a.ctime > t, "{tag}: {a:?}");
+            assert_eq!(a.nlink, subdirs, "{tag}");
+            // The other client sees it once the touch landed.
+            let a = poll(&other, &dir, |a| a.mtime > PAST).await;
+            assert!(a.ctime > t, "{tag}: {a:?}");
+            assert_eq!(a.nlink, subdirs, "{tag}");
+        }
+    }
 }
 
 /// A touch the owner already applied (its answer lost, so the sender sends

@@ -11,6 +11,7 @@ use crate::dir::{merge_pages, DirCursor, Page};
 use crate::error::{ClientError, Result};
 use crate::join::{join_bounded, try_join_bounded, IN_FLIGHT_PER_CALL};
 use crate::open_files::OpenFiles;
+use crate::touched::Touched;
 use crate::writebehind::{self, Budget};
 use madfs_proto::auth::{ClusterKey, Role};
 use madfs_proto::message::{DirEntry, Entry, FsStats, Hold, SetAttrs};
@@ -51,6 +52,9 @@ pub struct Client {
     /// Bytes held by read-only handles whose open brought the file along
     /// (`open_at`); past `PRELOAD_BUDGET_BYTES` opens stop asking for them.
     pub(crate) preload_bytes: Arc<std::sync::atomic::AtomicU64>,
+    /// Tokens of touches of this client's changes to directories not yet
+    /// seen applied (touched.rs): a GetAttr of the directory waits for them.
+    touched: Arc<Touched>,
 }
 
 /// Bytes of small files that open handles of one client may hold (see
@@ -128,6 +132,7 @@ impl Client {
             counts: Arc::new(Counters::new()),
             open_files: Arc::new(OpenFiles::default()),
             preload_bytes: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            touched: Arc::new(Touched::default()),
         })
     }
 
@@ -252,6 +257,11 @@ impl Client {
             name: name.clone(),
         };
         let r = match self.call(self.dentry_server(parent, name), op).await {
+            // A directory this client changed, whose touch may not have
+            // landed yet: its owner tells once it did.
+            Ok(Reply::Entry(e)) if e.kind == FileKind::Dir && self.touched.pending(e.ino) => {
+                self.getattr(e.ino).await
+            }
             Ok(Reply::Entry(e)) => self.entry_attr(e).await,
             Ok(other) => Err(ClientError::unexpected("lookup", &other)),
             Err(e) => Err(e),
@@ -311,11 +321,18 @@ impl Client {
     }
 
     /// An inode's attributes from its owner (always asks; the answer goes
-    /// into the metadata cache).
+    /// into the metadata cache). For a directory this client changed, the
+    /// owner answers once those changes' touches are applied (touched.rs).
     pub async fn getattr(&self, ino: InodeId) -> Result<Attr> {
         let since = self.cache.epoch();
-        match self.call(ino.owner(), Op::GetAttr { ino }).await? {
+        let after = self.touched.waits(ino);
+        let op = Op::GetAttr {
+            ino,
+            after: after.clone(),
+        };
+        match self.call(ino.owner(), op).await? {
             Reply::Attr(a) => {
+                self.touched.waited(ino, &after);
                 self.cache.learned_attr(since, &a);
                 Ok(a)
             }
@@ -469,7 +486,14 @@ impl Client {
                 .call_data(self.dentry_server(parent, name), op, data)
                 .await?;
             match resp.reply {
-                Reply::Created { entry, created } => Ok((self.entry_attr(entry).await?, created)),
+                Reply::Created {
+                    entry,
+                    created,
+                    touched,
+                } => {
+                    self.touched.record(&touched);
+                    Ok((self.entry_attr(entry).await?, created))
+                }
                 other => Err(ClientError::unexpected("create", &other)),
             }
         }
@@ -542,7 +566,10 @@ impl Client {
         };
         let r = async {
             match self.call(self.dentry_server(parent, name), op).await? {
-                Reply::Created { entry, .. } => self.entry_attr(entry).await,
+                Reply::Created { entry, touched, .. } => {
+                    self.touched.record(&touched);
+                    self.entry_attr(entry).await
+                }
                 other => Err(ClientError::unexpected("mknod", &other)),
             }
         }
@@ -619,7 +646,10 @@ impl Client {
         match self.call(self.dentry_server(parent, name), op).await {
             Ok(reply) => {
                 let ino = match reply {
-                    Reply::Removed { ino, held, .. } => {
+                    Reply::Removed {
+                        ino, held, touched, ..
+                    } => {
+                        self.touched.record(&touched);
                         if held {
                             self.held(ino).await;
                         }
@@ -737,11 +767,18 @@ impl Client {
         // the same inode does nothing, as POSIX says; RENAME_EXCHANGE).
         self.cache.forget_entry(dst_parent, dst_name);
         self.cache.forget_entry(src_parent, src_name);
-        if let Ok(Reply::Removed {
-            ino, held: true, ..
-        }) = r
-        {
-            self.held(ino).await;
+        match &r {
+            Ok(Reply::Renamed { touched }) => self.touched.record(touched),
+            Ok(Reply::Removed {
+                ino,
+                held: true,
+                touched,
+                ..
+            }) => {
+                self.touched.record(touched);
+                self.held(*ino).await;
+            }
+            _ => {}
         }
         r.map(|_| ())
     }
@@ -762,7 +799,10 @@ impl Client {
                 .call(self.dentry_server(new_parent, new_name), op)
                 .await?
             {
-                Reply::Entry(e) => self.entry_attr(e).await,
+                Reply::Linked { entry, touched } => {
+                    self.touched.record(&touched);
+                    self.entry_attr(entry).await
+                }
                 other => Err(ClientError::unexpected("link", &other)),
             }
         }

@@ -30,6 +30,7 @@ mod find;
 mod join;
 mod open_files;
 mod path;
+mod touched;
 pub mod writebehind;
 
 pub use blocking::{BlockingClient, BlockingFile};

@@ -85,7 +85,7 @@ impl FakeServer {
                     vec![],
                 ))
             }
-            Op::GetAttr { ino } | Op::Access { ino, .. } => {
+            Op::GetAttr { ino, .. } | Op::Access { ino, .. } => {
                 self.route(ino.owner())?;
                 let a = fs.inodes.get(&ino).ok_or_else(not_found)?.0.clone();
                 Ok((Reply::Attr(a), vec![]))
@@ -132,6 +132,7 @@ impl FakeServer {
                         Reply::Created {
                             entry,
                             created: false,
+                            touched: vec![],
                         },
                         vec![],
                     ));
@@ -152,6 +153,7 @@ impl FakeServer {
                     Reply::Created {
                         entry,
                         created: true,
+                        touched: vec![],
                     },
                     vec![],
                 ))
@@ -184,6 +186,7 @@ impl FakeServer {
                         ino,
                         kind,
                         held: false,
+                        touched: vec![],
                     },
                     vec![],
                 ))
@@ -275,7 +278,7 @@ impl FakeServer {
                 }
                 fs.dentries.remove(&(src_parent, src_name));
                 fs.dentries.insert((dst_parent, dst_name), src);
-                empty
+                Ok((Reply::Renamed { touched: vec![] }, vec![]))
             }
             Op::Link { ino, parent, name } => {
                 self.route(dentry_server(parent, &name, n))?;
@@ -288,7 +291,10 @@ impl FakeServer {
                 fs.dentries.insert((parent, name), (kind, ino));
                 let attr = self.attr_if_owned(fs, ino);
                 Ok((
-                    Reply::Entry(madfs_proto::message::Entry { ino, kind, attr }),
+                    Reply::Linked {
+                        entry: madfs_proto::message::Entry { ino, kind, attr },
+                        touched: vec![],
+                    },
                     vec![],
                 ))
             }

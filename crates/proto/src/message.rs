@@ -23,6 +23,34 @@ pub const ACCESS_READ: u8 = madfs_types::access::READ;
 pub const ACCESS_WRITE: u8 = madfs_types::access::WRITE;
 pub const ACCESS_EXEC: u8 = madfs_types::access::EXEC;
 
+/// Touch tokens a reply carries: one per remote parent directory (rename
+/// changes two).
+pub const TOUCH_TOKENS_PER_REPLY_MAX: usize = 2;
+/// Touches one GetAttr may wait for: one per server that changed the
+/// directory for this client (a client with more sends the first these).
+pub const GETATTR_WAITS_MAX: usize = 1024;
+
+/// A change to a directory's times or link count that its owner applies
+/// after the operation replied (see touch.rs in the server): the dentry
+/// server `sender` sends it as its touch number `seq` of `dir`. A client
+/// that made the change passes (`sender`, `seq`) with its next GetAttr of
+/// `dir`, and the owner answers once it applied that touch, so the client
+/// sees its own change.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub struct TouchToken {
+    pub dir: InodeId,
+    pub sender: ServerId,
+    pub seq: u64,
+}
+
+/// One touch a GetAttr waits for: (sender, seq) of a `TouchToken` of the
+/// inode asked for.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub struct TouchWait {
+    pub sender: ServerId,
+    pub seq: u64,
+}
+
 /// Operation numbers on the wire. Never renumber; add at the end of a group.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 #[repr(u16)]
@@ -240,9 +268,12 @@ pub enum Op {
         name: FileName,
         data_max: u32,
     },
-    /// Sent to the inode's owner.
+    /// Sent to the inode's owner. With `after`, a directory's owner
+    /// answers once it applied those touches (this client's own changes to
+    /// the directory), or after at most 5 s.
     GetAttr {
         ino: InodeId,
+        after: Vec<TouchWait>,
     },
     SetAttr {
         ino: InodeId,
@@ -446,6 +477,8 @@ pub enum Reply {
     Created {
         entry: Entry,
         created: bool,
+        /// The parent's touch, when it lives on another server.
+        touched: Vec<TouchToken>,
     },
     Attr(Attr),
     Removed {
@@ -454,6 +487,7 @@ pub enum Reply {
         /// The inode lost its last link and is kept until the sender's
         /// `Op::Release` (see `Hold`).
         held: bool,
+        touched: Vec<TouchToken>,
     },
     DirPage {
         entries: Vec<DirEntry>,
@@ -476,6 +510,15 @@ pub enum Reply {
     },
     Resolved {
         installed: bool,
+    },
+    /// Link: the new name's entry and the parent's touch.
+    Linked {
+        entry: Entry,
+        touched: Vec<TouchToken>,
+    },
+    /// Rename: the touches of the parents on other servers.
+    Renamed {
+        touched: Vec<TouchToken>,
     },
     FindPage {
         dirs: Vec<FindDir>,
@@ -552,10 +595,15 @@ impl Request {
                 e.name(name);
                 e.u32(*data_max);
             }
-            Op::GetAttr { ino }
-            | Op::ReadLink { ino }
-            | Op::PurgeChunks { ino }
-            | Op::Release { ino } => e.ino(*ino),
+            Op::GetAttr { ino, after } => {
+                e.ino(*ino);
+                e.u16(after.len() as u16);
+                for w in after {
+                    e.u16(w.sender.0);
+                    e.u64(w.seq);
+                }
+            }
+            Op::ReadLink { ino } | Op::PurgeChunks { ino } | Op::Release { ino } => e.ino(*ino),
             Op::InvalidateDir { dir } => e.ino(*dir),
             Op::SetAttr { ino, changes } => {
                 e.ino(*ino);
@@ -759,7 +807,24 @@ impl Request {
                 name: d.name()?,
                 data_max: d.u32()?,
             },
-            Opcode::GetAttr => Op::GetAttr { ino: d.ino()? },
+            Opcode::GetAttr => {
+                let ino = d.ino()?;
+                let n = d.u16()? as usize;
+                if n > GETATTR_WAITS_MAX {
+                    return Err(ProtoError::BadValue("touches to wait for"));
+                }
+                if n.saturating_mul(10) > d.remaining() {
+                    return Err(ProtoError::Truncated);
+                }
+                let mut after = Vec::with_capacity(n);
+                for _ in 0..n {
+                    after.push(TouchWait {
+                        sender: ServerId(d.u16()?),
+                        seq: d.u64()?,
+                    });
+                }
+                Op::GetAttr { ino, after }
+            }
             Opcode::ReadLink => Op::ReadLink { ino: d.ino()? },
             Opcode::PurgeChunks => Op::PurgeChunks { ino: d.ino()? },
             Opcode::Release => Op::Release { ino: d.ino()? },
@@ -918,6 +983,34 @@ mod tag {
     pub const INSTALLED: u8 = 11;
     pub const RESOLVED: u8 = 12;
     pub const FIND_PAGE: u8 = 13;
+    pub const LINKED: u8 = 14;
+    pub const RENAMED: u8 = 15;
+}
+
+fn encode_touched(e: &mut Encoder, touched: &[TouchToken]) {
+    debug_assert!(touched.len() <= TOUCH_TOKENS_PER_REPLY_MAX);
+    e.u8(touched.len() as u8);
+    for t in touched {
+        e.ino(t.dir);
+        e.u16(t.sender.0);
+        e.u64(t.seq);
+    }
+}
+
+fn decode_touched(d: &mut Decoder<'_>) -> Result<Vec<TouchToken>, ProtoError> {
+    let n = d.u8()? as usize;
+    if n > TOUCH_TOKENS_PER_REPLY_MAX {
+        return Err(ProtoError::BadValue("touch token count"));
+    }
+    let mut touched = Vec::with_capacity(n);
+    for _ in 0..n {
+        touched.push(TouchToken {
+            dir: d.ino()?,
+            sender: ServerId(d.u16()?),
+            seq: d.u64()?,
+        });
+    }
+    Ok(touched)
 }
 
 fn encode_entry(e: &mut Encoder, entry: &Entry) {
@@ -948,20 +1041,40 @@ impl Reply {
                 e.u8(tag::ENTRY);
                 encode_entry(&mut e, entry);
             }
-            Reply::Created { entry, created } => {
+            Reply::Created {
+                entry,
+                created,
+                touched,
+            } => {
                 e.u8(tag::CREATED);
                 encode_entry(&mut e, entry);
                 e.bool(*created);
+                encode_touched(&mut e, touched);
             }
             Reply::Attr(a) => {
                 e.u8(tag::ATTR);
                 e.attr(a);
             }
-            Reply::Removed { ino, kind, held } => {
+            Reply::Removed {
+                ino,
+                kind,
+                held,
+                touched,
+            } => {
                 e.u8(tag::REMOVED);
                 e.ino(*ino);
                 e.kind(*kind);
                 e.bool(*held);
+                encode_touched(&mut e, touched);
+            }
+            Reply::Linked { entry, touched } => {
+                e.u8(tag::LINKED);
+                encode_entry(&mut e, entry);
+                encode_touched(&mut e, touched);
+            }
+            Reply::Renamed { touched } => {
+                e.u8(tag::RENAMED);
+                encode_touched(&mut e, touched);
             }
             Reply::DirPage { entries, more } => {
                 e.u8(tag::DIR_PAGE);
@@ -1032,12 +1145,21 @@ impl Reply {
             tag::CREATED => Reply::Created {
                 entry: decode_entry(&mut d)?,
                 created: d.bool()?,
+                touched: decode_touched(&mut d)?,
             },
             tag::ATTR => Reply::Attr(d.attr()?),
             tag::REMOVED => Reply::Removed {
                 ino: d.ino()?,
                 kind: d.kind()?,
                 held: d.bool()?,
+                touched: decode_touched(&mut d)?,
+            },
+            tag::LINKED => Reply::Linked {
+                entry: decode_entry(&mut d)?,
+                touched: decode_touched(&mut d)?,
+            },
+            tag::RENAMED => Reply::Renamed {
+                touched: decode_touched(&mut d)?,
             },
             tag::DIR_PAGE => {
                 let n = d.u32()?;
@@ -1144,6 +1266,14 @@ mod tests {
         }
     }
 
+    fn token() -> TouchToken {
+        TouchToken {
+            dir: InodeId(1 << 48 | 7),
+            sender: ServerId(2),
+            seq: 1 << 40,
+        }
+    }
+
     fn all_ops() -> Vec<Op> {
         let ino = InodeId(42);
         vec![
@@ -1156,7 +1286,20 @@ mod tests {
                 name: name("a"),
                 data_max: 65536,
             },
-            Op::GetAttr { ino },
+            Op::GetAttr { ino, after: vec![] },
+            Op::GetAttr {
+                ino,
+                after: vec![
+                    TouchWait {
+                        sender: ServerId(1),
+                        seq: 9,
+                    },
+                    TouchWait {
+                        sender: ServerId(300),
+                        seq: u64::MAX,
+                    },
+                ],
+            },
             Op::SetAttr {
                 ino,
                 changes: SetAttrs {
@@ -1349,8 +1492,28 @@ mod tests {
                 ..entry.clone()
             }),
             Reply::Created {
-                entry,
+                entry: entry.clone(),
                 created: true,
+                touched: vec![],
+            },
+            Reply::Created {
+                entry: entry.clone(),
+                created: true,
+                touched: vec![token()],
+            },
+            Reply::Linked {
+                entry,
+                touched: vec![token()],
+            },
+            Reply::Renamed { touched: vec![] },
+            Reply::Renamed {
+                touched: vec![
+                    token(),
+                    TouchToken {
+                        dir: InodeId::ROOT,
+                        ..token()
+                    },
+                ],
             },
             Reply::Attr(attr()),
             Reply::Attr(Attr {
@@ -1362,6 +1525,7 @@ mod tests {
                 ino: InodeId(1),
                 kind: FileKind::File,
                 held: true,
+                touched: vec![token()],
             },
             Reply::DirPage {
                 entries: vec![DirEntry {
@@ -1475,6 +1639,30 @@ mod tests {
             Request::decode(Opcode::StatFs as u16, &e.into_bytes()),
             Err(ProtoError::BadValue("group count"))
         );
+        // A rename reply with three touch tokens; a GetAttr waiting for
+        // more touches than allowed, and for more than its body holds.
+        assert_eq!(
+            Reply::decode(&[tag::RENAMED, 3]),
+            Err(ProtoError::BadValue("touch token count"))
+        );
+        for (n, refused) in [
+            (
+                GETATTR_WAITS_MAX as u16 + 1,
+                ProtoError::BadValue("touches to wait for"),
+            ),
+            (5, ProtoError::Truncated),
+        ] {
+            let mut e = Encoder::new();
+            e.creds(&creds);
+            e.ino(InodeId::ROOT);
+            e.u16(n);
+            e.u16(1);
+            e.u64(1);
+            assert_eq!(
+                Request::decode(Opcode::GetAttr as u16, &e.into_bytes()),
+                Err(refused)
+            );
+        }
     }
 
     #[test]

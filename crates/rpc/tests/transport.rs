@@ -25,7 +25,7 @@ impl Handler for Echo {
         data: Vec<u8>,
     ) -> Result<(Reply, Vec<u8>), WireError> {
         match req.op {
-            Op::GetAttr { ino } => {
+            Op::GetAttr { ino, .. } => {
                 tokio::time::sleep(Duration::from_millis(100 - (ino.0 % 100))).await;
                 Err(WireError::new(ErrorCode::NotFound, ino.0.to_string()))
             }
@@ -79,7 +79,15 @@ async fn pipelined_requests_get_their_own_answers() {
     for i in 0..200u64 {
         let conn = conn.clone();
         tasks.push(tokio::spawn(async move {
-            let r = conn.call(&req(Op::GetAttr { ino: InodeId(i) }), &[]).await;
+            let r = conn
+                .call(
+                    &req(Op::GetAttr {
+                        ino: InodeId(i),
+                        after: vec![],
+                    }),
+                    &[],
+                )
+                .await;
             (i, r)
         }));
     }

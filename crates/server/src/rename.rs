@@ -23,7 +23,9 @@
 //!    Crash before: A's recovery sees "installed" and finishes this step.
 //!    After: only the new name exists. Then, with its locks released, A
 //!    changes the source directory's times and link count (B may have
-//!    touched that directory on A during step 3, so A held no stripe of it).
+//!    touched that directory on A during step 3, so A held no stripe of it):
+//!    in a batch if A holds it, else by a queued touch whose token A's
+//!    reply carries (touch.rs).
 //! 5. A tells B to forget the marker (best effort; a stale marker is a few
 //!    bytes and harmless).
 //! 6. Recovery (at A's start, and after a failed step 3): for every intent,
@@ -44,7 +46,7 @@ use crate::service::{err, kv_err, Server};
 use crate::touch::DirChanges;
 use madfs_kv::WriteBatch;
 use madfs_proto::codec::{Decoder, Encoder};
-use madfs_proto::message::{Hold, Op, Reply, RENAME_EXCHANGE, RENAME_NOREPLACE};
+use madfs_proto::message::{Hold, Op, Reply, TouchToken, RENAME_EXCHANGE, RENAME_NOREPLACE};
 use madfs_proto::{ErrorCode, WireError};
 use madfs_rpc::log_warn;
 use madfs_types::{
@@ -229,7 +231,7 @@ pub(crate) async fn rename(
     dn: &FileName,
     flags: u32,
     hold: &Hold,
-) -> Result<Option<(InodeId, FileKind)>, WireError> {
+) -> Result<(Vec<TouchToken>, HeldVictim), WireError> {
     if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
         || flags & RENAME_NOREPLACE != 0 && flags & RENAME_EXCHANGE != 0
     {
@@ -244,7 +246,7 @@ pub(crate) async fn rename(
         .load_dentry(sp, sn)?
         .ok_or_else(|| err(ErrorCode::NotFound, ""))?;
     if sp == dp && sn == dn {
-        return Ok(None);
+        return Ok((Vec::new(), None));
     }
     if dp == ino {
         return Err(err(
@@ -270,7 +272,7 @@ pub(crate) async fn rename(
         }
     }
     if flags & RENAME_EXCHANGE != 0 {
-        return exchange(srv, sp, sn, dp, dn).await.map(|()| None);
+        return exchange(srv, sp, sn, dp, dn).await.map(|t| (t, None));
     }
     let mv = Intent {
         src_parent: sp,
@@ -315,14 +317,14 @@ async fn touch_moved(srv: &Arc<Server>, ino: InodeId) {
 
 /// A rename's outcome for its client: the replaced target, if it lost its
 /// last link and is held for the client (`Hold`).
-type HeldVictim = Option<(InodeId, FileKind)>;
+pub(crate) type HeldVictim = Option<(InodeId, FileKind)>;
 
 async fn rename_local(
     srv: &Arc<Server>,
     mv: &Intent,
     noreplace: bool,
     hold: &Hold,
-) -> Result<HeldVictim, WireError> {
+) -> Result<(Vec<TouchToken>, HeldVictim), WireError> {
     let (sp, sn, dp, dn) = (mv.src_parent, &mv.src_name, mv.dst_parent, &mv.dst_name);
     let (ino, kind) = (mv.ino, mv.kind);
     let (sealed, target) = seal_target(srv, dp, dn, ino, kind, noreplace).await?;
@@ -364,9 +366,9 @@ async fn rename_local(
     .await;
     match result {
         Ok((done, changes, time)) => {
-            srv.touch_remote(&changes, time).await;
+            let touched = srv.touch_queued(&changes, time);
             let held = after_install(srv, &done, hold).await;
-            Ok(done.replaced.filter(|_| held))
+            Ok((touched, done.replaced.filter(|_| held)))
         }
         Err(e) => {
             if let Some(d) = sealed {
@@ -389,7 +391,7 @@ async fn rename_remote(
     intent: Intent,
     noreplace: bool,
     hold: &Hold,
-) -> Result<HeldVictim, WireError> {
+) -> Result<(Vec<TouchToken>, HeldVictim), WireError> {
     // Owned copies: `intent` itself moves into the recovery task if B is silent.
     let (sn, dn) = (&intent.src_name.clone(), &intent.dst_name.clone());
     let (sp, dp, ino, kind) = (
@@ -461,11 +463,13 @@ async fn rename_remote(
             b.delete(&keys::rename_intent(tx));
             srv.kv.write(b, true).map_err(kv_err)?;
             drop(guard);
-            if !same {
+            let touched = if same {
+                Vec::new()
+            } else {
                 // The source directory, after the locks (see step 1).
                 srv.touch_after(&DirChanges::one(sp, -dir_links(kind)), time)
-                    .await;
-            }
+                    .await
+            };
             // Step 5.
             let me = srv.clone();
             tokio::spawn(async move {
@@ -480,7 +484,7 @@ async fn rename_remote(
                     )
                     .await;
             });
-            Ok(held)
+            Ok((touched, held))
         }
     }
 }
@@ -724,7 +728,7 @@ async fn exchange(
     sn: &FileName,
     dp: InodeId,
     dn: &FileName,
-) -> Result<(), WireError> {
+) -> Result<Vec<TouchToken>, WireError> {
     if !srv.holds_dentry(dp, dn) {
         return Err(err(
             ErrorCode::NotSupported,
@@ -752,6 +756,5 @@ async fn exchange(
     srv.touch_local(&mut b, &changes, time)?;
     srv.kv.write(b, false).map_err(kv_err)?;
     drop(g);
-    srv.touch_remote(&changes, time).await;
-    Ok(())
+    Ok(srv.touch_queued(&changes, time))
 }

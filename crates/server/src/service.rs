@@ -500,7 +500,7 @@ impl Server {
                     .remove(&dir);
                 Ok((Reply::Empty, Vec::new()))
             }
-            Op::GetAttr { ino } => Ok((Reply::Attr(self.must_inode(ino)?.attr), Vec::new())),
+            Op::GetAttr { ino, .. } => Ok((Reply::Attr(self.must_inode(ino)?.attr), Vec::new())),
             other => Err(err(
                 ErrorCode::Protocol,
                 format!("{:?} is not a local peer op", other.opcode()),
@@ -513,7 +513,8 @@ impl Server {
         if ino.owner() == self.id {
             return Ok(self.must_inode(ino)?.attr);
         }
-        match self.call_peer(ino.owner(), Op::GetAttr { ino }).await? {
+        let op = Op::GetAttr { ino, after: vec![] };
+        match self.call_peer(ino.owner(), op).await? {
             Reply::Attr(a) => Ok(a),
             other => Err(err(
                 ErrorCode::Protocol,
@@ -731,7 +732,13 @@ impl Server {
                 name,
                 data_max,
             } => self.open_lookup(c, parent, &name, data_max).await,
-            Op::GetAttr { ino } => ok(Reply::Attr(self.must_inode(ino)?.attr)),
+            Op::GetAttr { ino, after } => {
+                // The client's own changes to a directory: their touches first.
+                if !after.is_empty() {
+                    self.wait_touches(ino, &after).await;
+                }
+                ok(Reply::Attr(self.must_inode(ino)?.attr))
+            }
             Op::SetAttr { ino, changes } => ok(Reply::Attr(self.setattr(c, ino, changes).await?)),
             Op::Create {
                 parent,
@@ -812,7 +819,7 @@ impl Server {
                 flags,
                 hold,
             } => {
-                let held = retry_races(|| {
+                let (touched, held) = retry_races(|| {
                     crate::rename::rename(
                         self, c, src_parent, &src_name, dst_parent, &dst_name, flags, &hold,
                     )
@@ -824,8 +831,9 @@ impl Server {
                         ino,
                         kind,
                         held: true,
+                        touched,
                     },
-                    None => Reply::Empty,
+                    None => Reply::Renamed { touched },
                 })
             }
             Op::Link { ino, parent, name } => ok(self.link(c, ino, parent, &name).await?),
@@ -1071,6 +1079,7 @@ impl Server {
                     attr,
                 },
                 created: false,
+                touched: Vec::new(),
             });
         }
         perm::check_dir_write(&dir, c)?;
@@ -1108,7 +1117,7 @@ impl Server {
         drop(g);
         drop(gate);
         self.inode_count.fetch_add(1, Ordering::Relaxed);
-        self.touch_remote(&changes, now).await;
+        let touched = self.touch_queued(&changes, now);
         Ok(Reply::Created {
             entry: Entry {
                 ino,
@@ -1116,6 +1125,7 @@ impl Server {
                 attr: Some(inode.attr),
             },
             created: true,
+            touched,
         })
     }
 
@@ -1181,7 +1191,7 @@ impl Server {
         self.touch_local(&mut b, &changes, time)?;
         self.kv.write(b, false).map_err(kv_err)?;
         drop(guard);
-        self.touch_remote(&changes, time).await;
+        let touched = self.touch_queued(&changes, time);
         if let Some(inode) = &freed {
             self.after_free(inode);
         } else if ino.owner() != self.id {
@@ -1206,7 +1216,12 @@ impl Server {
         if want_dir {
             self.announce_removed(ino).await;
         }
-        Ok(Reply::Removed { ino, kind, held })
+        Ok(Reply::Removed {
+            ino,
+            kind,
+            held,
+            touched,
+        })
     }
 
     pub(crate) async fn adjust_links(
@@ -1339,12 +1354,15 @@ impl Server {
         }
         drop(g);
         drop(gate);
-        self.touch_remote(&changes, time).await;
-        Ok(Reply::Entry(Entry {
-            ino,
-            kind: attr.kind,
-            attr: attr_out,
-        }))
+        let touched = self.touch_queued(&changes, time);
+        Ok(Reply::Linked {
+            entry: Entry {
+                ino,
+                kind: attr.kind,
+                attr: attr_out,
+            },
+            touched,
+        })
     }
 
     async fn setattr(

@@ -7,16 +7,22 @@
 //! usually lives on another server. Where the directory is this server's,
 //! the change goes into the operation's own RocksDB batch (`touch_local`):
 //! atomic with the entry, exactly once. Otherwise, after its batch is
-//! written, the operation hands the change to the directory's queue here
-//! (`touch_remote`) and replies once a touch carrying it was applied by the
-//! owner, so a stat of the directory from any client right after the reply
-//! sees it. The queue coalesces (group commit): at most one `TouchDir` per
-//! directory is in flight from this server; changes arriving meanwhile
-//! wait for the next one, which carries the latest time and their summed
-//! link delta. Concurrent creates in one shared directory (mdtest-hard)
-//! then cost one peer request per round trip, not one each. An operation
-//! that finds nothing in flight sends its own touch from its task; only
-//! what queues meanwhile gets a sending task (a hand-off costs wakeups).
+//! written, the operation queues the change for the directory's owner
+//! (`touch_queued`) and replies at once with a token naming the touch that
+//! will carry it: (this server, seq). The client's next GetAttr of the
+//! directory carries its tokens and the owner answers once it applied them
+//! (`wait_touches`, at most `TOUCH_WAIT`), so the client that made a change
+//! sees it right after; other clients see it once the touch lands
+//! (microseconds to milliseconds). The queue coalesces (group commit): at
+//! most one `TouchDir` per directory is in flight from this server;
+//! changes arriving meanwhile join the next one, which carries the latest
+//! time and their summed link delta, and whose seq is taken when it forms
+//! (so its token is known at once, and is above every earlier touch of
+//! the directory: "applied up to seq" covers every change it names).
+//! Concurrent creates in one shared directory (mdtest-hard) then cost one
+//! peer request per round trip, not one each. A cross-server rename's
+//! install (rename.rs, step 3) still waits for its touch (`touch_remote`):
+//! its answer goes to the coordinator, not to the client.
 //!
 //! Exactly once across retries: each touch carries (sender, seq) with `seq`
 //! from a persisted counter (counter.rs, never reused across restarts); the
@@ -34,14 +40,16 @@
 //! the directory's (same stripe, about 2 in 1024 when that directory lives
 //! on the coordinator), the install replies after `TOUCH_WAIT` and the
 //! touch lands once the coordinator is done: a delay, never a deadlock.
+//! A GetAttr waiting for tokens holds nothing.
 //!
 //! What a crash leaves: the entry is written before its touch is sent, and
 //! the pending touch lives in the sender's memory only. A crash (or kill)
 //! of the sender between the two loses the touches not yet applied: the
 //! directory's times miss those operations (the next change to the
 //! directory moves them on again) and its link count is off by at most the
-//! subdirectories made or removed in that window, none of which had been
-//! acknowledged to its client. Nothing recounts at start (an fsck-like
+//! subdirectories made or removed in that window (acknowledged to their
+//! clients: replies do not wait for touches; a GetAttr carrying their
+//! tokens waits `TOUCH_WAIT`, then answers without them). Nothing recounts at start (an fsck-like
 //! recount would have to scan every server's dentries of the directory).
 //! Metadata writes are not synced (docs/ARCHITECTURE.md), so a power cut
 //! may likewise lose either side. A link count is never taken below 2.
@@ -53,7 +61,7 @@ use crate::keys;
 use crate::locks::LockKey;
 use crate::service::{err, kv_err, Server};
 use madfs_kv::{KvStore, WriteBatch};
-use madfs_proto::message::{Op, Reply};
+use madfs_proto::message::{Op, Reply, TouchToken, TouchWait};
 use madfs_proto::{ErrorCode, WireError};
 use madfs_rpc::log_warn;
 use madfs_types::{Attr, FileKind, InodeId, ServerId, Timestamp};
@@ -62,9 +70,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
-/// An operation waits this long at most for its touch before it replies
-/// anyway (the owner is unreachable; the touch is still retried). Below
-/// the clients' 30 s call timeout.
+/// A GetAttr waits this long at most for the touches its tokens name, and
+/// a rename's install for its touch, before they answer anyway (the
+/// sender or owner is unreachable; the touch is still retried). Below the
+/// clients' 30 s call timeout.
 const TOUCH_WAIT: Duration = Duration::from_secs(5);
 /// A touch is retried while its owner is unreachable for this long, then
 /// dropped (logged).
@@ -110,31 +119,62 @@ pub(crate) fn touch_attr(a: &mut Attr, time: Timestamp, nlink_delta: i64) {
     a.nlink = (a.nlink as i64 + nlink_delta).clamp(2, u32::MAX as i64) as u32;
 }
 
-/// An operation's place in a directory's queue.
+/// An operation's place in a directory's queue, and the seq of the touch
+/// that will carry its change.
 enum Turn {
-    Lead,
-    Wait(oneshot::Receiver<()>),
+    /// Nothing in flight: send the change now, as touch `seq`.
+    Lead(u64),
+    /// Carried by the next touch, `seq`; woken once it was applied if the
+    /// operation asked to wait.
+    Join(u64, Option<oneshot::Receiver<()>>),
 }
 
 /// Changes waiting for the next touch of one directory.
 struct Group {
+    /// Allocated when the group forms, so an operation knows at once which
+    /// touch carries its change (the token it replies with); above the seq
+    /// of every touch of the directory sent before it.
+    seq: u64,
     time: Timestamp,
     nlink_delta: i64,
     waiters: Vec<oneshot::Sender<()>>,
 }
+
+/// GetAttrs waiting for touches of a directory from one sender: the seq
+/// each waits for.
+type Waiting = HashMap<(InodeId, ServerId), Vec<(u64, oneshot::Sender<()>)>>;
 
 pub(crate) struct Touches {
     /// Directories with a touch in flight, and what waits for the next one.
     /// A directory is here exactly while its sending task runs.
     queues: Mutex<HashMap<InodeId, Option<Group>>>,
     seq: Counter,
+    /// On the owner: GetAttrs waiting until a touch is applied.
+    waiting: Mutex<Waiting>,
+    /// Test knob (`MADFS_TEST_TOUCH_DELAY_MS`, read at start): every touch
+    /// is sent this much later, so tests can see what a slow touch does.
+    delay: Option<Duration>,
 }
+
+/// The environment variable that delays every touch a server sends (tests
+/// only: a slow network or owner, on demand).
+pub const TOUCH_DELAY_ENV: &str = "MADFS_TEST_TOUCH_DELAY_MS";
 
 impl Touches {
     pub(crate) fn load(kv: &dyn KvStore) -> Result<Touches, madfs_kv::KvError> {
+        let delay = std::env::var(TOUCH_DELAY_ENV)
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|&ms| ms > 0)
+            .map(Duration::from_millis);
+        if let Some(d) = delay {
+            log_warn!("{TOUCH_DELAY_ENV}: every directory touch is sent {d:?} late");
+        }
         Ok(Touches {
             queues: Mutex::new(HashMap::new()),
             seq: Counter::load(kv, keys::META_NEXT_TOUCH, 1)?,
+            waiting: Mutex::new(HashMap::new()),
+            delay,
         })
     }
 }
@@ -163,31 +203,67 @@ impl Server {
         Ok(())
     }
 
-    /// After the operation's batch is written: have the owners of the other
-    /// directories of `changes` apply them, and wait until they did (at
-    /// most `TOUCH_WAIT`).
+    /// After the operation's batch is written: queue touches of the other
+    /// directories of `changes` for their owners and return at once with
+    /// the tokens that name them (the operation's reply carries them; the
+    /// client's next GetAttr of a directory waits for its own).
+    pub(crate) fn touch_queued(
+        self: &Arc<Self>,
+        changes: &DirChanges,
+        time: Timestamp,
+    ) -> Vec<TouchToken> {
+        let mut tokens = Vec::new();
+        for &(dir, delta) in &changes.items {
+            if dir.owner() == self.id {
+                continue;
+            }
+            let seq = match self.queue_touch(dir, time, delta, false) {
+                Some(Turn::Lead(seq)) => {
+                    let me = self.clone();
+                    tokio::spawn(async move {
+                        me.send_touch(dir, seq, time, delta).await;
+                        me.next_group(dir);
+                    });
+                    seq
+                }
+                Some(Turn::Join(seq, _)) => seq,
+                None => continue,
+            };
+            tokens.push(TouchToken {
+                dir,
+                sender: self.id,
+                seq,
+            });
+        }
+        tokens
+    }
+
+    /// Like `touch_queued`, but wait until the owners applied the touches
+    /// (at most `TOUCH_WAIT`): for a cross-server rename's install, whose
+    /// answer goes to the coordinator, not to the client.
     pub(crate) async fn touch_remote(self: &Arc<Self>, changes: &DirChanges, time: Timestamp) {
         for &(dir, delta) in &changes.items {
             if dir.owner() == self.id {
                 continue;
             }
-            match self.queue_touch(dir, time, delta) {
+            match self.queue_touch(dir, time, delta, true) {
                 // Nothing in flight for `dir`: send this change from this
                 // task (no hand-off to another, which costs a wakeup), and
                 // leave what queued meanwhile to a task of its own.
-                Turn::Lead => {
+                Some(Turn::Lead(seq)) => {
                     let me = self.clone();
                     let mut send = Box::pin(async move {
-                        me.send_touch(dir, time, delta).await;
+                        me.send_touch(dir, seq, time, delta).await;
                         me.next_group(dir);
                     });
                     if tokio::time::timeout(TOUCH_WAIT, &mut send).await.is_err() {
                         tokio::spawn(send); // the owner is slow: retry in the background
                     }
                 }
-                Turn::Wait(rx) => {
+                Some(Turn::Join(_, Some(rx))) => {
                     let _ = tokio::time::timeout(TOUCH_WAIT, rx).await;
                 }
+                Some(Turn::Join(_, None)) | None => {}
             }
         }
     }
@@ -195,8 +271,12 @@ impl Server {
     /// For an operation whose batch is written and whose locks are
     /// released (it could not hold a directory's stripe while it waited on
     /// a peer): apply `changes` to this server's directories in a batch of
-    /// their own, and have the owners of the others apply theirs.
-    pub(crate) async fn touch_after(self: &Arc<Self>, changes: &DirChanges, time: Timestamp) {
+    /// their own, and queue touches of the others (`touch_queued`).
+    pub(crate) async fn touch_after(
+        self: &Arc<Self>,
+        changes: &DirChanges,
+        time: Timestamp,
+    ) -> Vec<TouchToken> {
         let local: Vec<_> = changes.local_keys(self.id);
         if !local.is_empty() {
             let _g = self.locks.lock(&local).await;
@@ -208,33 +288,58 @@ impl Server {
                 log_warn!("touching a directory: {e}");
             }
         }
-        self.touch_remote(changes, time).await;
+        self.touch_queued(changes, time)
     }
 
-    /// Join `dir`'s queue: lead (nothing in flight: send it now) or wait
-    /// for the next touch, which will carry this change too.
-    fn queue_touch(self: &Arc<Self>, dir: InodeId, time: Timestamp, nlink_delta: i64) -> Turn {
+    /// Join `dir`'s queue: lead (nothing in flight: send it now) or ride
+    /// on the next touch, which will carry this change too. None when no
+    /// touch id could be had (logged; the change is lost, as in a crash).
+    fn queue_touch(
+        self: &Arc<Self>,
+        dir: InodeId,
+        time: Timestamp,
+        nlink_delta: i64,
+        wait: bool,
+    ) -> Option<Turn> {
         let mut queues = self
             .touches
             .queues
             .lock()
             .unwrap_or_else(|e| e.into_inner());
+        // Seqs are taken under the lock: a touch of a directory sent after
+        // another always carries a higher seq, so "applied up to seq" on
+        // the owner means every change that seq names.
+        let fresh_seq = || match self.touches.seq.next(self.kv.as_ref()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                log_warn!("touching directory {dir}: no touch id: {e}");
+                None
+            }
+        };
         match queues.get_mut(&dir) {
             Some(next) => {
-                let (tx, rx) = oneshot::channel();
-                let g = next.get_or_insert_with(|| Group {
-                    time,
-                    nlink_delta: 0,
-                    waiters: Vec::new(),
-                });
+                let g = match next {
+                    Some(g) => g,
+                    None => next.insert(Group {
+                        seq: fresh_seq()?,
+                        time,
+                        nlink_delta: 0,
+                        waiters: Vec::new(),
+                    }),
+                };
                 g.time = g.time.max(time);
                 g.nlink_delta += nlink_delta;
-                g.waiters.push(tx);
-                Turn::Wait(rx)
+                let rx = wait.then(|| {
+                    let (tx, rx) = oneshot::channel();
+                    g.waiters.push(tx);
+                    rx
+                });
+                Some(Turn::Join(g.seq, rx))
             }
             None => {
+                let seq = fresh_seq()?;
                 queues.insert(dir, None);
-                Turn::Lead
+                Some(Turn::Lead(seq))
             }
         }
     }
@@ -262,7 +367,8 @@ impl Server {
     /// time, until no change waits.
     async fn send_touches(self: Arc<Self>, dir: InodeId, mut group: Group) {
         loop {
-            self.send_touch(dir, group.time, group.nlink_delta).await;
+            self.send_touch(dir, group.seq, group.time, group.nlink_delta)
+                .await;
             for w in group.waiters.drain(..) {
                 let _ = w.send(());
             }
@@ -281,15 +387,11 @@ impl Server {
         }
     }
 
-    /// Send one touch until its owner answers, with one seq throughout.
-    async fn send_touch(&self, dir: InodeId, time: Timestamp, nlink_delta: i64) {
-        let seq = match self.touches.seq.next(self.kv.as_ref()) {
-            Ok(s) => s,
-            Err(e) => {
-                log_warn!("touching directory {dir}: no touch id: {e}");
-                return;
-            }
-        };
+    /// Send touch `seq` until its owner answers.
+    async fn send_touch(&self, dir: InodeId, seq: u64, time: Timestamp, nlink_delta: i64) {
+        if let Some(d) = self.touches.delay {
+            tokio::time::sleep(d).await;
+        }
         let op = Op::TouchDir {
             dir,
             sender: self.id,
@@ -332,23 +434,103 @@ impl Server {
             if inode.attr.kind != FileKind::Dir {
                 return Err(err(ErrorCode::NotDir, format!("inode {dir}")));
             }
-            let key = keys::dir_touch(dir, sender);
-            if let Some(v) = self.kv.get(&key).map_err(kv_err)? {
-                let last = v
-                    .as_slice()
-                    .try_into()
-                    .map(u64::from_le_bytes)
-                    .map_err(|_| err(ErrorCode::Io, "corrupt directory touch record"))?;
-                if seq <= last {
-                    return Ok(Reply::Empty); // a retry of one applied
-                }
+            if seq > self.touch_applied(dir, sender)? {
+                touch_attr(&mut inode.attr, time, nlink_delta as i64);
+                let mut b = WriteBatch::new();
+                b.put(&keys::inode(dir), &inode.encode());
+                b.put(&keys::dir_touch(dir, sender), &seq.to_le_bytes());
+                self.kv.write(b, false).map_err(kv_err)?;
+            } // else a retry of one applied
+        }
+        self.touches_applied(dir, sender, seq);
+        Ok(Reply::Empty)
+    }
+
+    /// The last seq of `sender`'s touches applied to `dir` (0: none).
+    fn touch_applied(&self, dir: InodeId, sender: ServerId) -> Result<u64, WireError> {
+        match self.kv.get(&keys::dir_touch(dir, sender)).map_err(kv_err)? {
+            None => Ok(0),
+            Some(v) => v
+                .as_slice()
+                .try_into()
+                .map(u64::from_le_bytes)
+                .map_err(|_| err(ErrorCode::Io, "corrupt directory touch record")),
+        }
+    }
+
+    /// Wake the GetAttrs waiting for touches of `dir` from `sender` up to
+    /// `seq`.
+    fn touches_applied(&self, dir: InodeId, sender: ServerId, seq: u64) {
+        let mut waiting = self
+            .touches
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(list) = waiting.get_mut(&(dir, sender)) {
+            let (wake, keep) = std::mem::take(list)
+                .into_iter()
+                .partition::<Vec<_>, _>(|(s, _)| *s <= seq);
+            *list = keep;
+            for (_, tx) in wake {
+                let _ = tx.send(());
             }
-            touch_attr(&mut inode.attr, time, nlink_delta as i64);
-            let mut b = WriteBatch::new();
-            b.put(&keys::inode(dir), &inode.encode());
-            b.put(&key, &seq.to_le_bytes());
-            self.kv.write(b, false).map_err(kv_err)?;
-            Ok(Reply::Empty)
+            if list.is_empty() {
+                waiting.remove(&(dir, sender));
+            }
+        }
+    }
+
+    /// A GetAttr of `dir` with `after` (a client's tokens of its own
+    /// changes): return once this owner applied each of those touches, or
+    /// `TOUCH_WAIT` after the start (a sender that crashed before sending
+    /// never will), or at once if the directory is gone.
+    pub(crate) async fn wait_touches(&self, dir: InodeId, after: &[TouchWait]) {
+        let deadline = tokio::time::Instant::now() + TOUCH_WAIT;
+        for w in after {
+            if w.sender == self.id || usize::from(w.sender.0) >= self.servers {
+                continue; // never sent: this server's own changes are in their batch
+            }
+            let rx = {
+                let (tx, rx) = oneshot::channel();
+                self.touches
+                    .waiting
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry((dir, w.sender))
+                    .or_default()
+                    .push((w.seq, tx));
+                rx
+            };
+            // Registered before this look: a touch applied after it wakes rx.
+            let done = match (self.touch_applied(dir, w.sender), self.load_inode(dir)) {
+                (Ok(applied), Ok(Some(_))) => applied >= w.seq,
+                _ => true,
+            };
+            let timed_out = if done {
+                drop(rx);
+                false
+            } else {
+                tokio::time::timeout_at(deadline, rx).await.is_err()
+            };
+            self.forget_waits(dir, w.sender);
+            if timed_out {
+                return;
+            }
+        }
+    }
+
+    /// Drop waits for `dir`'s touches from `sender` whose GetAttr left.
+    fn forget_waits(&self, dir: InodeId, sender: ServerId) {
+        let mut waiting = self
+            .touches
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(list) = waiting.get_mut(&(dir, sender)) {
+            list.retain(|(_, tx)| !tx.is_closed());
+            if list.is_empty() {
+                waiting.remove(&(dir, sender));
+            }
         }
     }
 

@@ -3,7 +3,9 @@
 //! Run: `cd fuzz && cargo run --bin make_seeds`
 
 use madfs_proto::auth::{Challenge, Hello, Role};
-use madfs_proto::message::{encode_error_message, DirEntry, Entry, Hold, Op, SetAttrs};
+use madfs_proto::message::{
+    encode_error_message, DirEntry, Entry, Hold, Op, SetAttrs, TouchToken, TouchWait,
+};
 use madfs_proto::{ErrorCode, FrameHeader, Reply, Request};
 use madfs_types::{
     Attr, ChunkIndex, Credentials, FileKind, FileName, InodeId, RequestId, ServerId, TimeSet,
@@ -141,6 +143,7 @@ fn main() {
                     ino,
                     kind: FileKind::File,
                     held: true,
+                    touched: vec![],
                 }
                 .encode(),
                 &[],
@@ -157,6 +160,72 @@ fn main() {
                     rdev: (8 << 8) | 1,
                     ..attr.clone()
                 })
+                .encode(),
+                &[],
+            ),
+        ),
+        (
+            "request-getattr-after-touches",
+            request(
+                Op::GetAttr {
+                    ino,
+                    after: vec![
+                        TouchWait {
+                            sender: ServerId(1),
+                            seq: 4097,
+                        },
+                        TouchWait {
+                            sender: ServerId(3),
+                            seq: 12,
+                        },
+                    ],
+                },
+                &[],
+            ),
+        ),
+        (
+            "reply-created-touched",
+            frame(
+                true,
+                13,
+                0,
+                &Reply::Created {
+                    entry: Entry {
+                        ino,
+                        kind: FileKind::File,
+                        attr: Some(attr.clone()),
+                    },
+                    created: true,
+                    touched: vec![TouchToken {
+                        dir: InodeId::ROOT,
+                        sender: ServerId(2),
+                        seq: 4097,
+                    }],
+                }
+                .encode(),
+                &[],
+            ),
+        ),
+        (
+            "reply-renamed",
+            frame(
+                true,
+                21,
+                0,
+                &Reply::Renamed {
+                    touched: vec![
+                        TouchToken {
+                            dir: InodeId::ROOT,
+                            sender: ServerId(2),
+                            seq: 7,
+                        },
+                        TouchToken {
+                            dir: InodeId(43),
+                            sender: ServerId(2),
+                            seq: 8,
+                        },
+                    ],
+                }
                 .encode(),
                 &[],
             ),

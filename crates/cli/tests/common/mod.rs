@@ -52,6 +52,9 @@ pub struct Options {
     pub tmpfs_bytes: Option<u64>,
     /// More arguments for `madfs server` (e.g. `--find-index-mib 0`).
     pub server_args: Vec<String>,
+    /// More environment variables for `madfs server` (test knobs such as
+    /// `MADFS_TEST_TOUCH_DELAY_MS`).
+    pub server_env: Vec<(String, String)>,
 }
 
 /// The command prefix that starts a program in a fresh mount namespace with
@@ -253,6 +256,7 @@ impl TestCluster {
             .args(&self.opts.server_args)
             // Start, stop and find-index lines: the tests read some.
             .env("MADFS_LOG", "info")
+            .envs(self.opts.server_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log);
