@@ -9,13 +9,13 @@ use crate::chunk::{clamp_read, fill_piece, split_range};
 use crate::counts::{Counters, RequestCounts};
 use crate::dir::{merge_pages, DirCursor, Page};
 use crate::error::{ClientError, Result};
-use crate::join::{join_bounded, try_join_bounded, IN_FLIGHT_PER_CALL};
 use crate::open_files::OpenFiles;
 use crate::touched::Touched;
 use crate::writebehind::{self, Budget};
 use madfs_proto::auth::{ClusterKey, Role};
 use madfs_proto::message::{DirEntry, Entry, FsStats, Hold, SetAttrs};
 use madfs_proto::{ErrorCode, Op, Reply, Request};
+use madfs_rpc::join::{join_bounded, try_join_bounded};
 use madfs_rpc::pool::Timeouts;
 use madfs_rpc::{ClusterConfig, Pool, Response};
 use madfs_types::{
@@ -25,6 +25,11 @@ use madfs_types::{
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
+
+/// Concurrency of one read or write call: enough to keep every server of a
+/// large stripe busy, few enough that one huge call cannot monopolise a
+/// connection's in-flight slots.
+const IN_FLIGHT_PER_CALL: usize = 16;
 
 /// Requests a fan-out to every server keeps in flight at once: all of a
 /// typical cluster, without opening thousands of sockets at once on a huge one.

@@ -8,11 +8,11 @@
 
 use crate::client::{Client, FANOUT_MAX};
 use crate::error::{ClientError, Result};
-use crate::join::try_join_bounded;
 use crate::path::AsFsPath;
 use madfs_proto::find::{FindAttrs, FindDir, FindMatch, FindQuery, FIND_PAGE_ENTRIES_MAX};
 use madfs_proto::message::{ACCESS_EXEC, ACCESS_READ};
 use madfs_proto::{ErrorCode, Op, Reply};
+use madfs_rpc::join::try_join_bounded;
 use madfs_types::{Credentials, FileKind, FileName, InodeId, ServerId};
 use std::collections::{HashMap, HashSet};
 

@@ -27,7 +27,6 @@ mod dir;
 mod error;
 mod file;
 mod find;
-mod join;
 mod open_files;
 mod path;
 mod touched;

@@ -9,9 +9,9 @@
 use crate::client::Client;
 use crate::error::{ClientError, Result};
 use crate::file::{File, OpenOptions};
-use crate::join::try_join_bounded;
 use madfs_proto::message::{DirEntry, SetAttrs, ACCESS_EXEC};
 use madfs_proto::ErrorCode;
+use madfs_rpc::join::try_join_bounded;
 use madfs_types::{limits, Attr, FileKind, FileName, InodeId, TimeSet};
 use std::collections::VecDeque;
 use std::ffi::{OsStr, OsString};

@@ -7,10 +7,10 @@
 //! page carries.
 
 use crate::dentry_index::IndexedKv;
+use crate::errors::{err, kv_err};
 use crate::inode::{decode_dentry, Inode};
 use crate::inode_index::FindInode;
 use crate::keys;
-use crate::service::{err, kv_err};
 use madfs_kv::KvStore;
 use madfs_proto::find::{FindDir, FindMatch, FindQuery, FIND_PAGE_ENTRIES_MAX};
 use madfs_proto::{ErrorCode, Reply, WireError};

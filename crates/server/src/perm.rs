@@ -3,7 +3,7 @@
 
 use madfs_proto::message::{ACCESS_EXEC, ACCESS_READ, ACCESS_WRITE};
 use madfs_proto::{ErrorCode, WireError};
-use madfs_types::{Credentials, FileKind};
+use madfs_types::{Attr, Credentials, FileKind};
 
 /// The bits of an inode that decide access.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +45,16 @@ pub fn check_sticky(dir: &Owner, victim_uid: u32, creds: &Credentials) -> Result
 pub const READ: u8 = ACCESS_READ;
 pub const WRITE: u8 = ACCESS_WRITE;
 pub const EXEC: u8 = ACCESS_EXEC;
+
+/// The permission bits a check needs, from an inode's attributes.
+pub fn owner_of(a: &Attr) -> Owner {
+    Owner {
+        kind: a.kind,
+        perm: a.perm,
+        uid: a.uid,
+        gid: a.gid,
+    }
+}
 
 #[cfg(test)]
 mod tests {

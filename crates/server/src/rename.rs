@@ -38,11 +38,12 @@
 //! Whether a directory is moved into its own subtree is checked by the
 //! client on paths (and by the kernel for FUSE mounts).
 
+use crate::errors::{err, kv_err};
 use crate::inode::Inode;
 use crate::keys;
 use crate::locks::LockKey;
 use crate::perm;
-use crate::service::{err, kv_err, Server};
+use crate::service::Server;
 use crate::touch::DirChanges;
 use madfs_kv::WriteBatch;
 use madfs_proto::codec::{Decoder, Encoder};
@@ -262,7 +263,7 @@ pub(crate) async fn rename(
         perm::check_sticky(&sdir, a.uid, c)?;
         if kind == FileKind::Dir && sp != dp {
             // Its ".." entry changes: that needs write access to it.
-            perm::check(&crate::service::owner_of(&a), c, perm::WRITE)?;
+            perm::check(&perm::owner_of(&a), c, perm::WRITE)?;
         }
     }
     if ddir.perm & 0o1000 != 0 {

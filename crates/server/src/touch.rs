@@ -57,9 +57,10 @@
 //! arrive in any order.
 
 use crate::counter::Counter;
+use crate::errors::{err, kv_err};
 use crate::keys;
 use crate::locks::LockKey;
-use crate::service::{err, kv_err, Server};
+use crate::service::Server;
 use madfs_kv::{KvStore, WriteBatch};
 use madfs_proto::message::{Op, Reply, TouchToken, TouchWait};
 use madfs_proto::{ErrorCode, WireError};

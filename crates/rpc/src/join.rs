@@ -1,5 +1,6 @@
 //! Run many futures at once within one task, at most `limit` at a time, and
-//! collect their outputs in input order.
+//! collect their outputs in input order. Clients use it for the pieces of
+//! one read or write, servers for their broadcasts to every server.
 //!
 //! Why not `tokio::spawn`: the futures borrow the caller's buffers (a write's
 //! data is sent straight from the caller's slice), so they are not 'static.
@@ -10,16 +11,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::Poll;
 
-/// Concurrency of one read or write call: enough to keep every server of a
-/// large stripe busy, few enough that one huge call cannot monopolise a
-/// connection's in-flight slots.
-pub(crate) const IN_FLIGHT_PER_CALL: usize = 16;
-
+/// Run `futures` concurrently, at most `limit` at a time, and return their
+/// outputs in input order.
 ///
 /// Takes a `Vec`, not an iterator: a `Map` iterator held across the await
 /// makes the caller's future not provably `Send` (rustc's higher-ranked
 /// closure limitation), so callers collect first.
-pub(crate) async fn join_bounded<F: Future>(futures: Vec<F>, limit: usize) -> Vec<F::Output> {
+pub async fn join_bounded<F: Future>(futures: Vec<F>, limit: usize) -> Vec<F::Output> {
     let limit = limit.max(1);
     let mut pending = futures.into_iter();
     let mut active: Vec<(usize, Pin<Box<F>>)> = Vec::new();
@@ -62,7 +60,7 @@ pub(crate) async fn join_bounded<F: Future>(futures: Vec<F>, limit: usize) -> Ve
 
 /// Like `join_bounded`, for fallible futures: waits for all of them (so no
 /// request is abandoned half-sent) and returns the first error in input order.
-pub(crate) async fn try_join_bounded<F, T, E>(futures: Vec<F>, limit: usize) -> Result<Vec<T>, E>
+pub async fn try_join_bounded<F, T, E>(futures: Vec<F>, limit: usize) -> Result<Vec<T>, E>
 where
     F: Future<Output = Result<T, E>>,
 {

@@ -1,0 +1,256 @@
+//! The one table from opcode to handler (`Server::dispatch`), the server's
+//! side of the RPC layer (`Handler`), and the background work a start runs.
+
+use crate::errors::{err, io_err, OpResult};
+use crate::perm::owner_of;
+use crate::perm::{self};
+use crate::service::{blocking, Server};
+use madfs_proto::auth::Role;
+use madfs_proto::message::{Op, Reply};
+use madfs_proto::{ErrorCode, Request, WireError};
+use madfs_rpc::serve::{CallContext, Handler};
+use madfs_types::FileKind;
+use std::future::Future;
+use std::sync::Arc;
+
+impl Server {
+    /// Background work: finish renames and chunk purges a crash interrupted.
+    pub fn start_background(self: Arc<Self>) {
+        tokio::spawn(async move {
+            crate::rename::recover(&self).await;
+            self.recover_orphans().await;
+        });
+    }
+
+    pub(crate) async fn dispatch(
+        self: &Arc<Self>,
+        ctx: CallContext,
+        req: Request,
+        data: Vec<u8>,
+    ) -> OpResult {
+        let c = &req.creds;
+        let ok = |r: Reply| Ok((r, Vec::new()));
+        match req.op {
+            Op::Lookup { parent, name } => ok(self.lookup(c, parent, &name).await?),
+            Op::Open {
+                parent,
+                name,
+                data_max,
+            } => self.open_lookup(c, parent, &name, data_max).await,
+            Op::GetAttr { ino, after } => {
+                // The client's own changes to a directory: their touches first.
+                if !after.is_empty() {
+                    self.wait_touches(ino, &after).await;
+                }
+                ok(Reply::Attr(self.must_inode(ino)?.attr))
+            }
+            Op::SetAttr { ino, changes } => ok(Reply::Attr(self.setattr(c, ino, changes).await?)),
+            Op::Create {
+                parent,
+                name,
+                kind,
+                perm,
+                exclusive,
+                symlink_target,
+            } => {
+                if kind.is_special() {
+                    return Err(err(
+                        ErrorCode::InvalidArgument,
+                        "special files come by Mknod",
+                    ));
+                }
+                ok(self
+                    .create(
+                        c,
+                        parent,
+                        &name,
+                        kind,
+                        perm,
+                        exclusive,
+                        symlink_target,
+                        data,
+                        0,
+                    )
+                    .await?)
+            }
+            Op::Mknod {
+                parent,
+                name,
+                kind,
+                perm,
+                rdev,
+            } => ok(self.mknod(c, parent, &name, kind, perm, rdev).await?),
+            Op::Remove {
+                parent,
+                name,
+                dir,
+                hold,
+            } => ok(retry_races(|| self.remove(c, parent, &name, dir, &hold)).await?),
+            Op::Release { ino } => ok(self.release_held(ino).await?),
+            Op::Access { ino, mask } => {
+                let inode = self.must_inode(ino)?;
+                perm::check(&owner_of(&inode.attr), c, mask)?;
+                ok(Reply::Attr(inode.attr))
+            }
+            Op::Read {
+                ino,
+                chunk,
+                offset,
+                len,
+            } => self.read(ino, chunk, offset, len).await,
+            Op::Write {
+                ino,
+                chunk,
+                offset,
+                file_size,
+            } => ok(self.write(ino, chunk, offset, file_size, data).await?),
+            Op::UpdateSize { ino, size, mtime } => {
+                ok(Reply::Attr(self.update_size(ino, size, mtime).await?))
+            }
+            Op::Fsync => {
+                self.sync.sync().await.map_err(|e| err(ErrorCode::Io, e))?;
+                ok(Reply::Empty)
+            }
+            Op::ReadDir {
+                dir,
+                after,
+                max_entries,
+            } => ok(self.readdir(c, dir, after, max_entries).await?),
+            Op::Rename {
+                src_parent,
+                src_name,
+                dst_parent,
+                dst_name,
+                flags,
+                hold,
+            } => {
+                let (touched, held) = retry_races(|| {
+                    crate::rename::rename(
+                        self, c, src_parent, &src_name, dst_parent, &dst_name, flags, &hold,
+                    )
+                })
+                .await?;
+                // A replaced target held for the client: it must release it.
+                ok(match held {
+                    Some((ino, kind)) => Reply::Removed {
+                        ino,
+                        kind,
+                        held: true,
+                        touched,
+                    },
+                    None => Reply::Renamed { touched },
+                })
+            }
+            Op::Link { ino, parent, name } => ok(self.link(c, ino, parent, &name).await?),
+            Op::ReadLink { ino } => {
+                let inode = self.must_inode(ino)?;
+                if inode.attr.kind != FileKind::Symlink {
+                    return Err(err(ErrorCode::InvalidArgument, "not a symlink"));
+                }
+                ok(Reply::Target(inode.target))
+            }
+            Op::TruncateChunks { ino, size } => {
+                let (chunks, cs) = (self.chunks.clone(), self.chunk_size);
+                blocking(move || chunks.truncate(ino, size, cs))
+                    .await
+                    .map_err(io_err)?;
+                ok(Reply::Empty)
+            }
+            Op::StatFs => ok(Reply::FsStats(self.statfs()?)),
+            Op::Find {
+                query,
+                after,
+                max_entries,
+            } => {
+                let (kv, id) = (self.indexed.clone(), self.id);
+                let page = tokio::task::spawn_blocking(move || {
+                    crate::find::find_page(kv, id, &query, after, max_entries)
+                })
+                .await
+                .map_err(|e| err(ErrorCode::Io, format!("find task failed: {e}")))??;
+                ok(page)
+            }
+            Op::AdjustLinks { ino, delta, hold } => ok(self.adjust_links(ino, delta, hold).await?),
+            Op::RenameInstall {
+                tx,
+                coordinator,
+                dst_parent,
+                dst_name,
+                ino,
+                kind,
+                noreplace,
+                hold,
+            } => {
+                let (replaced, held) = crate::rename::install(
+                    self,
+                    tx,
+                    coordinator,
+                    dst_parent,
+                    &dst_name,
+                    ino,
+                    kind,
+                    noreplace,
+                    &hold,
+                )
+                .await?;
+                ok(Reply::Installed { replaced, held })
+            }
+            Op::RenameResolve {
+                tx,
+                coordinator,
+                forget,
+            } => ok(Reply::Resolved {
+                installed: crate::rename::resolve(self, tx, coordinator, forget)?,
+            }),
+            Op::TouchDir {
+                dir,
+                sender,
+                seq,
+                time,
+                nlink_delta,
+            } => {
+                debug_assert_eq!(ctx.role, Role::Peer);
+                ok(self
+                    .apply_touch(dir, sender, seq, time, nlink_delta)
+                    .await?)
+            }
+            op @ (Op::Seal { .. } | Op::PurgeChunks { .. } | Op::InvalidateDir { .. }) => {
+                debug_assert_eq!(ctx.role, Role::Peer);
+                self.local_peer_op(op).await
+            }
+        }
+    }
+}
+
+/// Times an operation that found its entries changed under it (TryAgain)
+/// starts over before the caller sees EAGAIN, which rename(2) and unlink(2)
+/// never return: racing renames onto one name must all succeed.
+const RACE_RETRIES_MAX: usize = 32;
+
+pub(crate) async fn retry_races<T, F, Fut>(mut op: F) -> Result<T, WireError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, WireError>>,
+{
+    let mut attempt = 0;
+    loop {
+        match op().await {
+            Err(e) if e.code == ErrorCode::TryAgain && attempt < RACE_RETRIES_MAX => {
+                attempt += 1;
+                tokio::task::yield_now().await;
+            }
+            other => return other,
+        }
+    }
+}
+
+impl Handler for Server {
+    fn handle(
+        self: &Arc<Self>,
+        ctx: CallContext,
+        req: Request,
+        data: Vec<u8>,
+    ) -> impl Future<Output = OpResult> + Send {
+        self.dispatch(ctx, req, data)
+    }
+}

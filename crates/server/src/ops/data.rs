@@ -1,0 +1,156 @@
+//! Reads and writes of chunk data, and the sizes writes grow.
+
+use crate::errors::{err, io_err, kv_err, OpResult};
+use crate::keys;
+use crate::locks::LockKey;
+use crate::service::{blocking, Server};
+use madfs_kv::WriteBatch;
+use madfs_proto::message::Reply;
+use madfs_proto::{ErrorCode, WireError};
+use madfs_types::{limits, Attr, ChunkIndex, FileKind, InodeId, Timestamp};
+
+/// Reads served from the chunk cache on the runtime thread at most this
+/// long (a copy of about 0.4 ms); longer ones copy on the blocking pool.
+const CACHED_READ_INLINE_MAX_BYTES: u32 = 4 << 20;
+
+impl Server {
+    pub(crate) async fn read(
+        &self,
+        ino: InodeId,
+        chunk: ChunkIndex,
+        offset: u32,
+        len: u32,
+    ) -> OpResult {
+        if offset as u64 + len as u64 > self.chunk_size {
+            return Err(err(
+                ErrorCode::InvalidArgument,
+                "read crosses the chunk end",
+            ));
+        }
+        if chunk.0 == 0 {
+            let inode = self.must_inode(ino)?;
+            if inode.attr.kind == FileKind::Dir {
+                return Err(err(ErrorCode::IsDir, ""));
+            }
+            if !inode.chunk0_in_file {
+                let data = self
+                    .kv
+                    .get(&keys::inline_data(ino))
+                    .map_err(kv_err)?
+                    .unwrap_or_default();
+                let start = (offset as usize).min(data.len());
+                let end = (offset as usize + len as usize).min(data.len());
+                return Ok((Reply::Data, data[start..end].to_vec()));
+            }
+        }
+        // From the chunk cache, when it holds all of it: a copy in memory,
+        // short enough for this thread, which spares the blocking pool's
+        // two thread hand-offs.
+        if len <= CACHED_READ_INLINE_MAX_BYTES {
+            if let Some(data) = self
+                .chunks
+                .read_cached(ino, chunk, offset as u64, len as usize)
+            {
+                return Ok((Reply::Data, data));
+            }
+        }
+        let chunks = self.chunks.clone();
+        let data = blocking(move || chunks.read(ino, chunk, offset as u64, len as usize))
+            .await
+            .map_err(io_err)?;
+        Ok((Reply::Data, data))
+    }
+
+    pub(crate) async fn write(
+        &self,
+        ino: InodeId,
+        chunk: ChunkIndex,
+        offset: u32,
+        file_size: u64,
+        data: Vec<u8>,
+    ) -> Result<Reply, WireError> {
+        let end = offset as u64 + data.len() as u64;
+        if end > self.chunk_size {
+            return Err(err(
+                ErrorCode::InvalidArgument,
+                "write crosses the chunk end",
+            ));
+        }
+        if file_size > limits::FILE_SIZE_MAX_BYTES {
+            return Err(err(ErrorCode::FileTooBig, ""));
+        }
+        self.check_space(data.len() as u64)?;
+        let cs = self.chunk_size;
+        if chunk.0 != 0 {
+            let chunks = self.chunks.clone();
+            blocking(move || chunks.write(ino, chunk, offset as u64, &data, cs))
+                .await
+                .map_err(io_err)?;
+            return Ok(Reply::Empty);
+        }
+        // Chunk 0 lives with the inode: data and size change in one step.
+        let _g = self.locks.lock(&[LockKey::Inode(ino)]).await;
+        let mut inode = self.must_inode(ino)?;
+        if inode.attr.kind != FileKind::File {
+            return Err(err(ErrorCode::IsDir, "not a regular file"));
+        }
+        let mut b = WriteBatch::new();
+        if !inode.chunk0_in_file {
+            let mut inline = self
+                .kv
+                .get(&keys::inline_data(ino))
+                .map_err(kv_err)?
+                .unwrap_or_default();
+            if end <= limits::INLINE_DATA_MAX_BYTES {
+                if inline.len() < end as usize {
+                    inline.resize(end as usize, 0);
+                }
+                inline[offset as usize..end as usize].copy_from_slice(&data);
+                b.put(&keys::inline_data(ino), &inline);
+            } else {
+                // Outgrown: move chunk 0 to a file, then write there.
+                let chunks = self.chunks.clone();
+                blocking(move || {
+                    chunks.write(ino, ChunkIndex(0), 0, &inline, cs)?;
+                    chunks.write(ino, ChunkIndex(0), offset as u64, &data, cs)
+                })
+                .await
+                .map_err(io_err)?;
+                inode.chunk0_in_file = true;
+                b.delete(&keys::inline_data(ino));
+            }
+        } else {
+            let chunks = self.chunks.clone();
+            blocking(move || chunks.write(ino, ChunkIndex(0), offset as u64, &data, cs))
+                .await
+                .map_err(io_err)?;
+        }
+        let now = Timestamp::now();
+        inode.attr.size = inode.attr.size.max(file_size);
+        inode.attr.mtime = now;
+        inode.attr.ctime = now;
+        b.put(&keys::inode(ino), &inode.encode());
+        self.kv.write(b, false).map_err(kv_err)?;
+        Ok(Reply::Empty)
+    }
+
+    pub(crate) async fn update_size(
+        &self,
+        ino: InodeId,
+        size: u64,
+        mtime: Timestamp,
+    ) -> Result<Attr, WireError> {
+        if size > limits::FILE_SIZE_MAX_BYTES {
+            return Err(err(ErrorCode::FileTooBig, ""));
+        }
+        let _g = self.locks.lock(&[LockKey::Inode(ino)]).await;
+        let mut inode = self.must_inode(ino)?;
+        inode.attr.size = inode.attr.size.max(size);
+        inode.attr.mtime = inode.attr.mtime.max(mtime);
+        inode.attr.ctime = Timestamp::now();
+        let mut b = WriteBatch::new();
+        b.put(&keys::inode(ino), &inode.encode());
+        self.kv.write(b, false).map_err(kv_err)?;
+        Ok(inode.attr)
+    }
+}

@@ -1,0 +1,283 @@
+//! Unlink and rmdir, inodes held open past their last unlink (`Hold`,
+//! `Op::Release`), and the purge of a freed inode's chunks on every server.
+
+use crate::errors::{err, io_err, kv_err, OpResult};
+use crate::inode::Inode;
+use crate::keys;
+use crate::locks::LockKey;
+use crate::perm::{self};
+use crate::service::{blocking, Server};
+use crate::touch::DirChanges;
+use madfs_kv::WriteBatch;
+use madfs_proto::message::{Hold, Op, Reply};
+use madfs_proto::{ErrorCode, WireError};
+use madfs_rpc::log_warn;
+use madfs_types::{Credentials, FileKind, FileName, InodeId, ServerId, Timestamp};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a purge of freed chunks keeps asking servers it cannot reach.
+const PURGE_RETRY_FOR: Duration = Duration::from_secs(600);
+
+impl Server {
+    /// Put the records that drop one link of `inode` into `b`; returns the
+    /// new link count (0: freed; the caller then runs `after_free`).
+    pub(crate) fn unlink_inode(&self, b: &mut WriteBatch, inode: &mut Inode, delta: i32) -> u32 {
+        self.unlink_inode_holding(b, inode, delta, false).0
+    }
+
+    /// `unlink_inode`, for a removal whose client holds the inode open
+    /// (`hold`): a regular file losing its last link is kept, link count
+    /// 0, with a HELD record, until that client's `Op::Release` (or this
+    /// server's next start). Returns the new link count and whether it was
+    /// held (then the caller does not run `after_free`).
+    pub(crate) fn unlink_inode_holding(
+        &self,
+        b: &mut WriteBatch,
+        inode: &mut Inode,
+        delta: i32,
+        hold: bool,
+    ) -> (u32, bool) {
+        let ino = inode.attr.ino;
+        let last = (inode.attr.kind == FileKind::Dir && delta < 0)
+            || inode.attr.nlink as i64 + delta as i64 <= 0;
+        if hold && last && inode.attr.kind == FileKind::File && inode.attr.nlink > 0 {
+            inode.attr.nlink = 0;
+            inode.attr.ctime = Timestamp::now();
+            b.put(&keys::inode(ino), &inode.encode());
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            b.put(&keys::held(ino), &now.to_le_bytes());
+            return (0, true);
+        }
+        let nlink = if inode.attr.kind == FileKind::Dir && delta < 0 {
+            0 // a directory has exactly one name
+        } else {
+            (inode.attr.nlink as i64 + delta as i64).max(0) as u32
+        };
+        if nlink == 0 {
+            if inode.attr.kind == FileKind::Dir {
+                self.forget_touches(b, ino);
+            }
+            b.delete(&keys::inode(ino));
+            b.delete(&keys::inline_data(ino));
+            if inode.may_have_chunk_files(self.chunk_size) {
+                b.put(&keys::orphan(ino), &[]);
+            }
+        } else {
+            inode.attr.nlink = nlink;
+            inode.attr.ctime = Timestamp::now();
+            b.put(&keys::inode(ino), &inode.encode());
+        }
+        (nlink, false)
+    }
+
+    /// `Op::Release`: the client that held `ino` at its last unlink closed
+    /// it. Free it and purge its chunks everywhere (unconditionally: the
+    /// size the owner knows may not cover every chunk a writer left).
+    /// Anything else (not held, gone, linked again) is left alone.
+    pub(crate) async fn release_held(self: &Arc<Self>, ino: InodeId) -> Result<Reply, WireError> {
+        if ino.owner() != self.id {
+            return Err(err(
+                ErrorCode::Stale,
+                format!("inode {ino} is not held by server {}", self.id),
+            ));
+        }
+        let _g = self.locks.lock(&[LockKey::Inode(ino)]).await;
+        if self.kv.get(&keys::held(ino)).map_err(kv_err)?.is_none() {
+            return Ok(Reply::Empty);
+        }
+        let mut b = WriteBatch::new();
+        b.delete(&keys::held(ino));
+        let freed = match self.load_inode(ino)? {
+            Some(mut inode) if inode.attr.nlink == 0 => {
+                self.unlink_inode(&mut b, &mut inode, -1);
+                inode.chunk0_in_file = true; // purge whatever was written
+                b.put(&keys::orphan(ino), &[]);
+                Some(inode)
+            }
+            _ => None,
+        };
+        self.kv.write(b, false).map_err(kv_err)?;
+        if let Some(inode) = &freed {
+            self.after_free(inode);
+        }
+        Ok(Reply::Empty)
+    }
+
+    /// After a freed inode's records are written: count it, and purge its
+    /// chunks on every server in the background.
+    pub(crate) fn after_free(self: &Arc<Self>, inode: &Inode) {
+        self.inode_count.fetch_sub(1, Ordering::Relaxed);
+        if inode.may_have_chunk_files(self.chunk_size) {
+            let me = self.clone();
+            let ino = inode.attr.ino;
+            tokio::spawn(async move { me.purge_everywhere(vec![ino]).await });
+        }
+    }
+
+    /// Drop the chunk files of freed inodes on every server, then their
+    /// ORPH records. A server that cannot be reached (restarting, say) is
+    /// asked again with backoff for `PURGE_RETRY_FOR`; what is still left
+    /// then keeps its ORPH record and is purged at this server's next start.
+    pub(crate) async fn purge_everywhere(&self, inos: Vec<InodeId>) {
+        let all: Vec<ServerId> = self.peers.servers().collect();
+        let mut pending: Vec<(InodeId, Vec<ServerId>)> =
+            inos.into_iter().map(|ino| (ino, all.clone())).collect();
+        let deadline = Instant::now() + PURGE_RETRY_FOR;
+        let mut delay = Duration::from_millis(100);
+        let mut round = 0u32;
+        loop {
+            let mut left = Vec::new();
+            for (ino, servers) in pending {
+                let mut failed = Vec::new();
+                for s in servers {
+                    if let Err(e) = self.call_peer(s, Op::PurgeChunks { ino }).await {
+                        if round == 0 {
+                            log_warn!("purging chunks of {ino} on server {s}: {e} (retrying)");
+                        }
+                        failed.push(s);
+                    }
+                }
+                if failed.is_empty() {
+                    let mut b = WriteBatch::new();
+                    b.delete(&keys::orphan(ino));
+                    if let Err(e) = self.kv.write(b, false) {
+                        log_warn!("clearing orphan {ino}: {e}");
+                    }
+                } else {
+                    left.push((ino, failed));
+                }
+            }
+            if left.is_empty() {
+                return;
+            }
+            if Instant::now() >= deadline {
+                log_warn!(
+                    "{} freed inodes keep chunk files on unreachable servers; \
+                     purged at this server's next start",
+                    left.len()
+                );
+                return;
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(5));
+            round += 1;
+            pending = left;
+        }
+    }
+
+    pub(crate) async fn recover_orphans(&self) {
+        let Ok(list) = self.kv.scan(keys::ORPHAN, keys::ORPHAN, 100_000) else {
+            return;
+        };
+        let inos = list
+            .iter()
+            .filter_map(|(k, _)| keys::ino_from_key(k))
+            .collect();
+        self.purge_everywhere(inos).await;
+    }
+
+    pub(crate) async fn remove(
+        self: &Arc<Self>,
+        c: &Credentials,
+        parent: InodeId,
+        name: &FileName,
+        want_dir: bool,
+        hold: &Hold,
+    ) -> Result<Reply, WireError> {
+        let dir = self.dir_owner(parent).await?;
+        perm::check_dir_write(&dir, c)?;
+        let (kind, ino) = self
+            .load_dentry(parent, name)?
+            .ok_or_else(|| err(ErrorCode::NotFound, ""))?;
+        if want_dir && kind != FileKind::Dir {
+            return Err(err(ErrorCode::NotDir, ""));
+        }
+        if !want_dir && kind == FileKind::Dir {
+            return Err(err(ErrorCode::IsDir, ""));
+        }
+        if dir.perm & 0o1000 != 0 {
+            let victim = self.attr_of(ino).await?;
+            perm::check_sticky(&dir, victim.uid, c)?;
+        }
+        if want_dir {
+            // Seal first, with no lock held: sealing takes the directory's
+            // gate, which creators take before their dentry locks.
+            self.seal_empty_dir(ino).await?;
+        }
+        let changes = DirChanges::one(parent, -i64::from(kind == FileKind::Dir));
+        let mut lock_keys = vec![LockKey::Dentry(parent, name), LockKey::Inode(ino)];
+        lock_keys.extend(changes.local_keys(self.id));
+        let guard = self.locks.lock(&lock_keys).await;
+        let now = self.load_dentry(parent, name)?;
+        if now != Some((kind, ino)) {
+            drop(guard);
+            if want_dir {
+                self.unseal(ino).await;
+            }
+            // Gone: a racing unlink won. Replaced: look again from the top.
+            return Err(match now {
+                None => err(ErrorCode::NotFound, ""),
+                Some(_) => err(ErrorCode::TryAgain, "the entry changed during removal"),
+            });
+        }
+        let mut b = WriteBatch::new();
+        b.delete(&keys::dentry(parent, name));
+        let mut freed = None;
+        let hold = !want_dir && hold.covers(ino);
+        let mut held = false;
+        if ino.owner() == self.id {
+            if let Some(mut inode) = self.load_inode(ino)? {
+                let nlink;
+                (nlink, held) = self.unlink_inode_holding(&mut b, &mut inode, -1, hold);
+                if nlink == 0 && !held {
+                    freed = Some(inode);
+                }
+            }
+        }
+        let time = Timestamp::now();
+        self.touch_local(&mut b, &changes, time)?;
+        self.kv.write(b, false).map_err(kv_err)?;
+        drop(guard);
+        let touched = self.touch_queued(&changes, time);
+        if let Some(inode) = &freed {
+            self.after_free(inode);
+        } else if ino.owner() != self.id {
+            // The name is gone; a failure here only leaks the inode.
+            match self
+                .call_peer(
+                    ino.owner(),
+                    Op::AdjustLinks {
+                        ino,
+                        delta: -1,
+                        hold,
+                    },
+                )
+                .await
+            {
+                // The owner holds a regular file it was asked to at 0.
+                Ok(Reply::Links { nlink: 0 }) => held = hold && kind == FileKind::File,
+                Ok(_) => {}
+                Err(e) => log_warn!("dropping a link of {ino} on its owner: {e}"),
+            }
+        }
+        if want_dir {
+            self.announce_removed(ino).await;
+        }
+        Ok(Reply::Removed {
+            ino,
+            kind,
+            held,
+            touched,
+        })
+    }
+
+    pub(crate) async fn purge_local(&self, ino: InodeId) -> OpResult {
+        let chunks = self.chunks.clone();
+        blocking(move || chunks.purge(ino)).await.map_err(io_err)?;
+        Ok((Reply::Empty, Vec::new()))
+    }
+}
