@@ -1,7 +1,7 @@
 //! Guards the transport's promises: many requests in flight on one
 //! connection each get their own answer; a wrong key is refused at the
 //! handshake; clients cannot send peer operations; a malformed frame closes
-//! only its own connection.
+//! only its own connection; a panicking handler costs only its own request.
 
 use madfs_proto::auth::{ClusterKey, Role};
 use madfs_proto::message::{Op, Reply, SealAction};
@@ -222,4 +222,76 @@ async fn bulk_bytes_budget_bounds_what_a_server_holds() {
         write(3 << 20).await.unwrap().unwrap().reply,
         Reply::Links { nlink: 3 << 20 }
     );
+}
+
+/// Panics on Write (with a literal) and on Fsync (with a formatted
+/// message); answers everything else.
+struct Buggy;
+
+impl Handler for Buggy {
+    async fn handle(
+        self: &Arc<Self>,
+        _ctx: CallContext,
+        req: Request,
+        data: Vec<u8>,
+    ) -> Result<(Reply, Vec<u8>), WireError> {
+        tokio::task::yield_now().await;
+        match req.op {
+            Op::Write { .. } => panic!("write handler exploded"),
+            Op::Fsync => panic!("fsync of {} bytes exploded", data.len()),
+            _ => Ok((Reply::Empty, Vec::new())),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_answers_at_once_and_frees_what_it_held() {
+    let key = ClusterKey([6; 32]);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    // 1 MiB of budget: two 600 kB writes whose bytes leaked would hang the
+    // second one.
+    tokio::spawn(madfs_rpc::serve::serve_with_budget(
+        listener,
+        ServerId(0),
+        key.clone(),
+        Arc::new(Buggy),
+        1 << 20,
+    ));
+    let conn = connect(addr, &key, Role::Client).await.unwrap();
+    let before = madfs_rpc::serve::handler_panics();
+    let write = Op::Write {
+        ino: InodeId(1),
+        chunk: madfs_types::ChunkIndex(0),
+        offset: 0,
+        file_size: 0,
+    };
+    for (op, data, says) in [
+        (write.clone(), vec![5u8; 600_000], "write handler exploded"),
+        (write.clone(), vec![5u8; 600_000], "write handler exploded"),
+        (write, vec![5u8; 600_000], "write handler exploded"),
+        (Op::Fsync, Vec::new(), "fsync of 0 bytes exploded"),
+    ] {
+        let started = std::time::Instant::now();
+        match conn.call(&req(op), &data).await {
+            Err(RpcError::Remote(e)) => {
+                assert_eq!(e.code, ErrorCode::Io);
+                assert!(e.message.contains("request handler panicked"), "{e}");
+                assert!(e.message.contains(says), "{e}");
+            }
+            other => panic!("expected an Io error, got {other:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "the error took {:?}",
+            started.elapsed()
+        );
+    }
+    // The connection still serves everything else.
+    assert!(!conn.is_closed());
+    assert_eq!(
+        conn.call(&req(Op::StatFs), &[]).await.unwrap().reply,
+        Reply::Empty
+    );
+    assert!(madfs_rpc::serve::handler_panics() >= before + 4);
 }
