@@ -1,10 +1,13 @@
 //! One authenticated TCP connection from a client (or a peer server) to a
 //! server, carrying many requests in flight: each request has an id, a reader
-//! task routes responses back to the waiting caller by that id.
+//! task routes responses back to the waiting caller by that id. Callers never
+//! write to the socket themselves: they queue whole encoded frames for one
+//! writer task, so a caller dropped mid-call (read-ahead aborts its tasks)
+//! cannot leave half a frame behind for every other caller to trip over.
 
 use crate::error::RpcError;
 use madfs_proto::auth::{self, Challenge, ClusterKey, Hello, Role};
-use madfs_proto::frame::{FrameHeader, FRAME_HEADER_BYTES};
+use madfs_proto::frame::{FrameHeader, BODY_MAX_BYTES, DATA_MAX_BYTES, FRAME_HEADER_BYTES};
 use madfs_proto::message::{decode_error_message, Op};
 use madfs_proto::{ErrorCode, Opcode, ProtoError, Reply, Request, WireError};
 use madfs_types::{RequestId, ServerId};
@@ -17,10 +20,21 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::time::{timeout_at, Instant};
 
 /// Requests one connection may have outstanding; callers beyond it wait.
 pub const IN_FLIGHT_MAX: usize = 512;
+/// Frames queued for a connection's writer task; callers beyond it wait.
+pub const QUEUE_FRAMES_MAX: usize = 256;
+/// Bytes of frames queued for a connection's writer task: lent data is
+/// copied into its frame, so this bounds the copies (a larger frame waits
+/// for the whole budget and then goes alone).
+pub const QUEUE_BYTES_MAX: usize = 32 << 20;
+/// Frames the writer sends with one vectored write (two parts each).
+const WRITE_BATCH_FRAMES: usize = 64;
+/// Parts given to one vectored write, below every system's IOV_MAX.
+const IOV_MAX_PARTS: usize = 512;
 /// Read buffer of a connection's reader (larger reads bypass it).
 pub(crate) const READ_BUFFER_BYTES: usize = 64 * 1024;
 
@@ -97,18 +111,63 @@ pub async fn read_data<R: AsyncRead + Unpin>(
 }
 
 /// Write a frame: header and body in one buffer, bulk data straight from the
-/// caller's slice (vectored, never copied through the serializer).
+/// caller's slice (vectored, never copied through the serializer). Not
+/// cancel-safe, as no partial write is: only for a stream one task owns
+/// (the handshake, the server's responses under its writer lock).
 pub async fn write_frame<W: AsyncWrite + Unpin>(
     w: &mut W,
     header: FrameHeader,
     body: &[u8],
     data: &[u8],
 ) -> std::io::Result<()> {
+    let head = encode_head(header, body, data.len());
+    write_all_vectored(w, &mut [&head, body, data]).await
+}
+
+/// Encode a frame header, asserting (in release builds too: a frame the
+/// peer refuses closes the connection for every request on it, so a bug
+/// must stop here, at its source) that the lengths are within the protocol
+/// limits and that the header announces exactly the bytes that follow it.
+fn encode_head(header: FrameHeader, body: &[u8], data_len: usize) -> [u8; FRAME_HEADER_BYTES] {
+    assert!(
+        body.len() <= BODY_MAX_BYTES as usize && data_len <= DATA_MAX_BYTES as usize,
+        "frame of {} body and {data_len} data bytes exceeds the protocol limits",
+        body.len()
+    );
     let head = header.encode(body);
-    let mut parts: [&[u8]; 3] = [&head, body, data];
+    assert_eq!(
+        announced_len(&head),
+        FRAME_HEADER_BYTES + body.len() + data_len,
+        "frame header announces other lengths than the frame has"
+    );
+    head
+}
+
+/// The whole frame length an encoded header announces.
+fn announced_len(head: &[u8; FRAME_HEADER_BYTES]) -> usize {
+    let word = |at: usize| u32::from_le_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
+    FRAME_HEADER_BYTES + word(16) as usize + word(20) as usize
+}
+
+/// Write every byte of `parts`, in order, with as few system calls as the
+/// socket allows (one vectored write per call, at most `IOV_MAX_PARTS`).
+async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    parts: &mut [&[u8]],
+) -> std::io::Result<()> {
     let mut first = 0;
-    while first < parts.len() {
-        let slices: Vec<IoSlice<'_>> = parts[first..].iter().map(|p| IoSlice::new(p)).collect();
+    loop {
+        while first < parts.len() && parts[first].is_empty() {
+            first += 1;
+        }
+        if first == parts.len() {
+            return Ok(());
+        }
+        let slices: Vec<IoSlice<'_>> = parts[first..]
+            .iter()
+            .take(IOV_MAX_PARTS)
+            .map(|p| IoSlice::new(p))
+            .collect();
         let mut n = w.write_vectored(&slices).await?;
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
@@ -120,11 +179,7 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(
         if first < parts.len() {
             parts[first] = &parts[first][n..];
         }
-        while first < parts.len() && parts[first].is_empty() {
-            first += 1;
-        }
     }
-    Ok(())
 }
 
 pub(crate) fn header(
@@ -155,18 +210,92 @@ pub struct Response {
 
 type Waiter = oneshot::Sender<Result<Response, RpcError>>;
 
+/// A request frame encoded and owned, queued for the connection's writer
+/// task: the caller can be dropped the moment it is queued, the writer
+/// still sends it whole.
+struct OutFrame {
+    /// Header and body; also the data when the caller only lent it.
+    head: Vec<u8>,
+    /// Data the caller handed over, sent from where it is (no copy).
+    data: Vec<u8>,
+    /// Its share of the queue's byte budget, given back once written.
+    _bytes: OwnedSemaphorePermit,
+}
+
+/// A request's bulk data as the caller gives it.
+enum Payload<'a> {
+    Lent(&'a [u8]),
+    Given(Vec<u8>),
+}
+
+impl Payload<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Payload::Lent(d) => d.len(),
+            Payload::Given(d) => d.len(),
+        }
+    }
+}
+
+impl OutFrame {
+    fn new(
+        header: FrameHeader,
+        body: &[u8],
+        data: Payload<'_>,
+        bytes: OwnedSemaphorePermit,
+    ) -> OutFrame {
+        let data_len = data.len();
+        let head = encode_head(header, body, data_len);
+        let frame = match data {
+            Payload::Lent(d) => {
+                // The one copy a lent payload costs: the frame must own its
+                // bytes to outlive a caller that is dropped.
+                let mut buf = Vec::with_capacity(FRAME_HEADER_BYTES + body.len() + d.len());
+                buf.extend_from_slice(&head);
+                buf.extend_from_slice(body);
+                buf.extend_from_slice(d);
+                OutFrame {
+                    head: buf,
+                    data: Vec::new(),
+                    _bytes: bytes,
+                }
+            }
+            Payload::Given(d) => {
+                let mut buf = Vec::with_capacity(FRAME_HEADER_BYTES + body.len());
+                buf.extend_from_slice(&head);
+                buf.extend_from_slice(body);
+                OutFrame {
+                    head: buf,
+                    data: d,
+                    _bytes: bytes,
+                }
+            }
+        };
+        // In release builds too: a torn frame would break the connection.
+        assert_eq!(
+            frame.head.len() + frame.data.len(),
+            announced_len(&head),
+            "encoded frame length differs from what its header announces"
+        );
+        frame
+    }
+}
+
 struct Shared {
     server: ServerId,
-    writer: tokio::sync::Mutex<OwnedWriteHalf>,
     pending: Mutex<HashMap<u64, Waiter>>,
     next_id: AtomicU64,
     closed: AtomicBool,
     in_flight: Semaphore,
+    /// Bytes of encoded frames queued for (or being written by) the writer.
+    queued_bytes: Arc<Semaphore>,
     call_timeout: Duration,
 }
 
 impl Shared {
     fn fail_all(&self, err: RpcError) {
+        // Closed first, drained second: a caller registers its waiter and
+        // then checks `closed`, so it either sees the flag or is drained.
         self.closed.store(true, Ordering::SeqCst);
         let waiters: Vec<Waiter> = {
             let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -176,16 +305,41 @@ impl Shared {
             let _ = w.send(Err(err.clone()));
         }
     }
+
+    fn closed_error(&self) -> RpcError {
+        RpcError::Io(format!("connection to server {} is closed", self.server))
+    }
 }
 
-/// A cheap-to-clone handle on one connection.
+/// A caller's entry in `pending`, removed when the caller is done or
+/// dropped (a no-op when the reader already took it to answer).
+struct Registered<'a> {
+    shared: &'a Shared,
+    id: u64,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.shared
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
+    }
+}
+
+/// A cheap-to-clone handle on one connection. When the last handle is
+/// dropped the writer task ends and closes the socket's sending side, and
+/// the server then closes the connection.
 #[derive(Clone)]
 pub struct Connection {
     shared: Arc<Shared>,
+    queue: mpsc::Sender<OutFrame>,
 }
 
 impl Connection {
-    /// Connect, authenticate with `key` (both ways), and start the reader.
+    /// Connect, authenticate with `key` (both ways), and start the reader
+    /// and the writer.
     pub async fn connect(
         server: ServerId,
         addr: SocketAddr,
@@ -208,15 +362,17 @@ impl Connection {
             .map_err(|_| RpcError::Timeout(format!("connecting to server {server} at {addr}")))??;
         let shared = Arc::new(Shared {
             server,
-            writer: tokio::sync::Mutex::new(w),
             pending: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             closed: AtomicBool::new(false),
             in_flight: Semaphore::new(IN_FLIGHT_MAX),
+            queued_bytes: Arc::new(Semaphore::new(QUEUE_BYTES_MAX)),
             call_timeout,
         });
+        let (queue, frames) = mpsc::channel(QUEUE_FRAMES_MAX);
         tokio::spawn(read_loop(r, shared.clone()));
-        Ok(Connection { shared })
+        tokio::spawn(write_loop(w, frames, shared.clone()));
+        Ok(Connection { shared, queue })
     }
 
     pub fn is_closed(&self) -> bool {
@@ -227,64 +383,113 @@ impl Connection {
         self.shared.server
     }
 
-    /// Send one request and wait for its response.
+    /// Send one request and wait for its response. The data is copied into
+    /// the queued frame; `call_owned` avoids that copy. Cancel-safe: the
+    /// future may be dropped at any point without harm to the connection.
     pub async fn call(&self, req: &Request, data: &[u8]) -> Result<Response, RpcError> {
-        let s = &self.shared;
+        self.send(req, Payload::Lent(data)).await
+    }
+
+    /// `call` for data the caller can give away: it is written from its own
+    /// buffer, not copied.
+    pub async fn call_owned(&self, req: &Request, data: Vec<u8>) -> Result<Response, RpcError> {
+        self.send(req, Payload::Given(data)).await
+    }
+
+    async fn send(&self, req: &Request, data: Payload<'_>) -> Result<Response, RpcError> {
+        let s = &*self.shared;
         if self.is_closed() {
-            return Err(RpcError::Io(format!(
-                "connection to server {} is closed",
-                s.server
-            )));
+            return Err(s.closed_error());
         }
-        let _permit = s
-            .in_flight
-            .acquire()
+        let body = req.encode();
+        let opcode = req.op.opcode();
+        // What the server would refuse, and so close the connection over,
+        // fails this call alone (and never reaches encode_head's asserts).
+        if body.len() > BODY_MAX_BYTES as usize {
+            return Err(ProtoError::BodyTooLong(saturating_u32(body.len())).into());
+        }
+        if data.len() > DATA_MAX_BYTES as usize {
+            return Err(ProtoError::DataTooLong(saturating_u32(data.len())).into());
+        }
+        if data.len() > 0 && !Op::carries_data(opcode) {
+            return Err(ProtoError::UnexpectedData(opcode as u16).into());
+        }
+        let _permit = s.in_flight.acquire().await.map_err(|_| s.closed_error())?;
+        // One deadline for queueing and answering: a server that stops
+        // reading must fail its callers in time, not strand them in the queue.
+        let deadline = Instant::now() + s.call_timeout;
+        let too_slow = || {
+            RpcError::Timeout(format!(
+                "server {} did not answer {opcode:?} within {:?}",
+                s.server, s.call_timeout
+            ))
+        };
+        let frame_len = FRAME_HEADER_BYTES + body.len() + data.len();
+        let bytes = u32::try_from(frame_len.min(QUEUE_BYTES_MAX)).unwrap_or(u32::MAX);
+        let bytes = timeout_at(deadline, s.queued_bytes.clone().acquire_many_owned(bytes))
             .await
-            .map_err(|_| RpcError::Io("closed".into()))?;
+            .map_err(|_| too_slow())?
+            .map_err(|_| s.closed_error())?;
+        let slot = timeout_at(deadline, self.queue.reserve())
+            .await
+            .map_err(|_| too_slow())?
+            .map_err(|_| s.closed_error())?;
         let id = s.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         s.pending
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(id, tx);
-        let body = req.encode();
-        let opcode = req.op.opcode() as u16;
-        debug_assert!(data.is_empty() || Op::carries_data(req.op.opcode()));
-        let written = {
-            let mut w = s.writer.lock().await;
-            write_frame(
-                &mut *w,
-                header(opcode, RequestId(id), false, 0, data.len()),
-                &body,
-                data,
-            )
-            .await
-        };
-        if let Err(e) = written {
-            let err = RpcError::Io(format!("sending to server {}: {e}", s.server));
-            s.fail_all(err.clone());
-            return Err(err);
+        let _registered = Registered { shared: s, id };
+        if self.is_closed() {
+            return Err(s.closed_error());
         }
-        match tokio::time::timeout(s.call_timeout, rx).await {
+        let frame = OutFrame::new(
+            header(opcode as u16, RequestId(id), false, 0, data.len()),
+            &body,
+            data,
+            bytes,
+        );
+        // Synchronous from here to the queue: once queued the frame is the
+        // writer's, and it goes out whole whatever becomes of this caller.
+        slot.send(frame);
+        match timeout_at(deadline, rx).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(RpcError::Io(format!(
                 "connection to server {} closed",
                 s.server
             ))),
-            Err(_) => {
-                s.pending
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&id);
-                Err(RpcError::Timeout(format!(
-                    "server {} did not answer {:?} within {:?}",
-                    s.server,
-                    req.op.opcode(),
-                    s.call_timeout
-                )))
-            }
+            Err(_) => Err(too_slow()),
         }
     }
+}
+
+fn saturating_u32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The one task that writes to a connection's socket, so a frame is only
+/// ever written whole, whatever becomes of its caller. Sends what has
+/// queued up in one vectored write; ends when every handle is dropped.
+async fn write_loop(mut w: OwnedWriteHalf, mut frames: mpsc::Receiver<OutFrame>, s: Arc<Shared>) {
+    let mut batch: Vec<OutFrame> = Vec::with_capacity(WRITE_BATCH_FRAMES);
+    while frames.recv_many(&mut batch, WRITE_BATCH_FRAMES).await > 0 {
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * batch.len());
+        for f in &batch {
+            parts.push(&f.head);
+            parts.push(&f.data);
+        }
+        if let Err(e) = write_all_vectored(&mut w, &mut parts).await {
+            // No more frames in; then fail every caller waiting, including
+            // those whose frames were queued and will never go out.
+            frames.close();
+            s.fail_all(RpcError::Io(format!("sending to server {}: {e}", s.server)));
+            return;
+        }
+        // Frees the frames and gives their bytes back to the queue budget.
+        batch.clear();
+    }
+    // Dropping `w` shuts down the sending side: the server sees the end.
 }
 
 async fn handshake(

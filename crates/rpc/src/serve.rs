@@ -1,6 +1,8 @@
 //! The server side of the transport: accept connections, authenticate them,
 //! read requests and run each in its own task (so one connection carries
-//! many in flight), and write responses back as they finish.
+//! many in flight), and write responses back as they finish. A handler that
+//! panics costs its own request an error reply, not the caller's whole call
+//! timeout and not the connection.
 
 use crate::conn::{
     header, random_nonce, read_data, read_frame, read_head, write_frame, READ_BUFFER_BYTES,
@@ -8,12 +10,18 @@ use crate::conn::{
 use crate::error::RpcError;
 use crate::{log_debug, log_warn};
 use madfs_proto::auth::{self, Challenge, ClusterKey, Hello, Role};
+use madfs_proto::frame::{BODY_MAX_BYTES, DATA_MAX_BYTES};
 use madfs_proto::message::{encode_error_message, Op};
 use madfs_proto::{ErrorCode, Opcode, Reply, Request, WireError};
 use madfs_types::{RequestId, ServerId};
+use std::any::Any;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
@@ -30,6 +38,21 @@ pub const CONNECTIONS_MAX: usize = 4096;
 /// so memory is bounded in bytes and not only in request counts.
 pub const BULK_BYTES_BUDGET: usize = 1 << 30;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+static HANDLER_PANICS: AtomicU64 = AtomicU64::new(0);
+static PROTOCOL_ERRORS: AtomicU64 = AtomicU64::new(0);
+
+/// Request handlers that panicked in this process since it started (each
+/// was answered with an Io error); for a server's status report.
+pub fn handler_panics() -> u64 {
+    HANDLER_PANICS.load(Ordering::Relaxed)
+}
+
+/// Connections this process's servers closed because the peer sent bytes
+/// that are not valid frames (bad magic, checksum, lengths, encodings).
+pub fn protocol_errors() -> u64 {
+    PROTOCOL_ERRORS.load(Ordering::Relaxed)
+}
 
 /// Who sent a request.
 #[derive(Clone, Copy, Debug)]
@@ -90,6 +113,9 @@ pub async fn serve_with_budget<H: Handler>(
         let (key, handler, budget) = (key.clone(), handler.clone(), budget.clone());
         tokio::spawn(async move {
             if let Err(e) = connection(stream, peer, server_id, &key, handler, budget).await {
+                if matches!(e, RpcError::Protocol(_)) {
+                    PROTOCOL_ERRORS.fetch_add(1, Ordering::Relaxed);
+                }
                 log_warn!("connection from {peer} closed: {e}");
             }
             drop(permit);
@@ -176,17 +202,36 @@ async fn connection<H: Handler>(
         let data = read_data(&mut r, &h).await?;
         let (handler, writer) = (handler.clone(), writer.clone());
         tokio::spawn(async move {
-            let result = if req.op.opcode().is_peer_only() && ctx.role != Role::Peer {
-                Err(WireError::new(
-                    ErrorCode::NotPermitted,
-                    "peer operation from a client",
-                ))
-            } else {
-                handler.handle(ctx, req, data).await
-            };
-            let (status, body, data) = match result {
-                Ok((reply, data)) => (0, reply.encode(), data),
-                Err(e) => (e.code as u16, encode_error_message(&e.message), Vec::new()),
+            let opcode = req.op.opcode();
+            // Everything that runs the handler or encodes what it returned
+            // is caught: a panic there must still answer the caller (who
+            // would otherwise wait out its whole call timeout) and must not
+            // take the connection's other requests down with it.
+            let work = std::pin::pin!(async {
+                let result = if opcode.is_peer_only() && ctx.role != Role::Peer {
+                    Err(WireError::new(
+                        ErrorCode::NotPermitted,
+                        "peer operation from a client",
+                    ))
+                } else {
+                    handler.handle(ctx, req, data).await
+                };
+                response(opcode, result)
+            });
+            let (status, body, data) = match CatchUnwind(work).await {
+                Ok(response) => response,
+                Err(payload) => {
+                    let total = HANDLER_PANICS.fetch_add(1, Ordering::Relaxed) + 1;
+                    let what = panic_message(payload.as_ref());
+                    log_warn!(
+                        "request handler panicked on {opcode:?} from {} ({total} so far): {what}",
+                        ctx.peer
+                    );
+                    error_response(&WireError::new(
+                        ErrorCode::Io,
+                        format!("server bug: request handler panicked: {what}"),
+                    ))
+                }
             };
             let mut w = writer.lock().await;
             if let Err(e) = write_frame(
@@ -199,9 +244,87 @@ async fn connection<H: Handler>(
             {
                 log_debug!("writing response to {}: {e}", ctx.peer);
             }
+            drop(w);
+            // Released on every path, the panicking one included.
             drop(permit);
             drop(bytes_permit);
         });
+    }
+}
+
+/// Status, body and data of the response to a request with `opcode`. A
+/// reply the client would refuse (too long for a frame, or with data the
+/// opcode does not carry) would close the connection for every request on
+/// it, so it becomes an error for this request alone.
+fn response(
+    opcode: Opcode,
+    result: Result<(Reply, Vec<u8>), WireError>,
+) -> (u16, Vec<u8>, Vec<u8>) {
+    let (reply, data) = match result {
+        Ok(ok) => ok,
+        Err(e) => return error_response(&e),
+    };
+    let body = reply.encode();
+    let fault = if body.len() > BODY_MAX_BYTES as usize || data.len() > DATA_MAX_BYTES as usize {
+        Some(format!(
+            "reply of {} body and {} data bytes exceeds the frame limits",
+            body.len(),
+            data.len()
+        ))
+    } else if !data.is_empty() && !Op::replies_with_data(opcode) {
+        Some(format!(
+            "{} data bytes in a reply that carries none",
+            data.len()
+        ))
+    } else {
+        None
+    };
+    match fault {
+        None => (0, body, data),
+        Some(fault) => {
+            log_warn!("server bug: {opcode:?}: {fault}");
+            error_response(&WireError::new(
+                ErrorCode::Io,
+                format!("server bug: {fault}"),
+            ))
+        }
+    }
+}
+
+fn error_response(e: &WireError) -> (u16, Vec<u8>, Vec<u8>) {
+    (e.code as u16, encode_error_message(&e.message), Vec::new())
+}
+
+/// Polls a future, turning a panic inside it into `Err(payload)`. What
+/// `futures::FutureExt::catch_unwind` does, without the dependency; the
+/// future is `Unpin` (pinned by the caller), so no unsafe projection.
+struct CatchUnwind<F>(F);
+
+impl<F: Future + Unpin> Future for CatchUnwind<F> {
+    type Output = std::thread::Result<F::Output>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let inner = &mut self.0;
+        // Unwind safety: after a panic the future is only dropped, never
+        // polled again, and what it shared with other tasks is the handler,
+        // which must cope with panics anyway (a panicking task without
+        // this wrapper unwinds just the same).
+        match std::panic::catch_unwind(AssertUnwindSafe(|| Pin::new(inner).poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
+            Err(payload) => Poll::Ready(Err(payload)),
+        }
+    }
+}
+
+/// The text of a panic payload (`panic!` with a literal or a format).
+fn panic_message(payload: &(dyn Any + Send)) -> &str {
+    if let Some(s) = payload.downcast_ref::<&'static str>() {
+        s
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s
+    } else {
+        "(no message)"
     }
 }
 
