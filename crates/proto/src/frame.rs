@@ -27,8 +27,9 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"MDFS");
 /// misreading fields. 2: attributes carry `rdev`, SetAttr carries
 /// `via_writable_handle` (and Mknod exists). 3: Remove, Rename,
 /// AdjustLinks and RenameInstall carry what the client holds open, Removed
-/// and Installed whether the inode was held (and Release exists).
-pub const PROTOCOL_VERSION: u8 = 3;
+/// and Installed whether the inode was held (and Release exists). 4:
+/// FsStats carries why a server failed (a store poisoned by a failed fsync).
+pub const PROTOCOL_VERSION: u8 = 4;
 /// Largest message body: a full readdir page of long names fits.
 pub const BODY_MAX_BYTES: u32 = 2 * 1024 * 1024;
 /// Largest bulk payload: one whole chunk at the largest chunk size.

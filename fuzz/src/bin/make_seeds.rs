@@ -3,7 +3,7 @@
 //! Run: `cd fuzz && cargo run --bin make_seeds`
 
 use madfs_proto::auth::{Challenge, Hello, Role};
-use madfs_proto::message::{encode_error_message, DirEntry, Entry, Hold, Op, SetAttrs};
+use madfs_proto::message::{encode_error_message, DirEntry, Entry, FsStats, Hold, Op, SetAttrs};
 use madfs_proto::{ErrorCode, FrameHeader, Reply, Request};
 use madfs_types::{
     Attr, ChunkIndex, Credentials, FileKind, FileName, InodeId, RequestId, ServerId, TimeSet,
@@ -142,6 +142,24 @@ fn main() {
                     kind: FileKind::File,
                     held: true,
                 }
+                .encode(),
+                &[],
+            ),
+        ),
+        (
+            "reply-statfs-failed",
+            frame(
+                true,
+                25,
+                0,
+                &Reply::FsStats(FsStats {
+                    bytes_total: 1 << 30,
+                    bytes_free: 1 << 29,
+                    bytes_avail: 1 << 28,
+                    inodes: 12,
+                    data_bytes: 4096,
+                    failure: Some("chunk store poisoned since 2026-01-01 00:00:00 UTC".into()),
+                })
                 .encode(),
                 &[],
             ),

@@ -52,6 +52,8 @@ pub struct Options {
     pub tmpfs_bytes: Option<u64>,
     /// More arguments for `madfs server` (e.g. `--find-index-mib 0`).
     pub server_args: Vec<String>,
+    /// More environment for `madfs server` (e.g. a test fault).
+    pub server_env: Vec<(String, String)>,
 }
 
 /// The command prefix that starts a program in a fresh mount namespace with
@@ -251,6 +253,7 @@ impl TestCluster {
             .arg("--id")
             .arg(i.to_string())
             .args(&self.opts.server_args)
+            .envs(self.opts.server_env.iter().map(|(k, v)| (k, v)))
             // Start, stop and find-index lines: the tests read some.
             .env("MADFS_LOG", "info")
             .stdin(Stdio::null())
@@ -372,6 +375,14 @@ impl TestCluster {
     /// Arguments for `madfs server` from the next (re)start on.
     pub fn set_server_args(&mut self, args: &[&str]) {
         self.opts.server_args = args.iter().map(|a| a.to_string()).collect();
+    }
+
+    /// Environment for `madfs server` from the next (re)start on.
+    pub fn set_server_env(&mut self, env: &[(&str, &str)]) {
+        self.opts.server_env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
     }
 
     /// Start server `i` again (after kill9 or stop) and wait until it answers.
