@@ -285,7 +285,7 @@ pub fn status(cluster: Option<&Path>) -> Result<ExitCode, String> {
     let client = madfs_client::Client::connect(Some(&path)).map_err(|e| e.to_string())?;
     let stats = rt.block_on(client.server_stats());
     println!(
-        "{:<4} {:<22} {:<5} {:>10} {:>14} {:>14}",
+        "{:<4} {:<22} {:<6} {:>10} {:>14} {:>14}",
         "ID", "ADDRESS", "STATE", "INODES", "DATA BYTES", "DISK FREE"
     );
     let mut all_up = true;
@@ -295,14 +295,24 @@ pub fn status(cluster: Option<&Path>) -> Result<ExitCode, String> {
             .map(|s| s.address.to_string())
             .unwrap_or_default();
         match r {
-            Ok(s) => println!(
-                "{:<4} {:<22} {:<5} {:>10} {:>14} {:>14}",
-                id.0, addr, "up", s.inodes, s.data_bytes, s.bytes_avail
-            ),
+            Ok(s) => {
+                // A failed server answers but refuses writes until restarted.
+                let (state, why) = match &s.failure {
+                    None => ("up", String::new()),
+                    Some(f) => {
+                        all_up = false;
+                        ("failed", format!("  ({f})"))
+                    }
+                };
+                println!(
+                    "{:<4} {:<22} {:<6} {:>10} {:>14} {:>14}{why}",
+                    id.0, addr, state, s.inodes, s.data_bytes, s.bytes_avail
+                )
+            }
             Err(e) => {
                 all_up = false;
                 println!(
-                    "{:<4} {:<22} {:<5} {:>10} {:>14} {:>14}  ({e})",
+                    "{:<4} {:<22} {:<6} {:>10} {:>14} {:>14}  ({e})",
                     id.0, addr, "down", "-", "-", "-"
                 );
             }

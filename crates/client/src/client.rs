@@ -903,6 +903,7 @@ impl Client {
             bytes_avail: acc.bytes_avail.saturating_add(s.bytes_avail),
             inodes: acc.inodes.saturating_add(s.inodes),
             data_bytes: acc.data_bytes.saturating_add(s.data_bytes),
+            failure: acc.failure.clone().or_else(|| s.failure.clone()),
         }))
     }
 

@@ -326,6 +326,7 @@ impl FakeServer {
                     bytes_avail: 400,
                     inodes: 1,
                     data_bytes: 7,
+                    failure: None,
                 }),
                 vec![],
             )),

@@ -29,7 +29,8 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"MDFS");
 /// AdjustLinks and RenameInstall carry what the client holds open, Removed
 /// and Installed whether the inode was held (and Release exists). 4:
 /// replies of namespace changes carry touch tokens, GetAttr carries the
-/// touches to wait for.
+/// touches to wait for, FsStats carries why a server failed (a store
+/// poisoned by a failed fsync).
 pub const PROTOCOL_VERSION: u8 = 4;
 /// Largest message body: a full readdir page of long names fits.
 pub const BODY_MAX_BYTES: u32 = 2 * 1024 * 1024;

@@ -468,6 +468,9 @@ pub struct FsStats {
     pub inodes: u64,
     /// Bytes of file data this server stores (chunk files and inline).
     pub data_bytes: u64,
+    /// Why this server refuses writes and syncs until it is restarted
+    /// (its store was poisoned by a failed fsync); None while it is well.
+    pub failure: Option<String>,
 }
 
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -1098,6 +1101,13 @@ impl Reply {
                 e.u64(s.bytes_avail);
                 e.u64(s.inodes);
                 e.u64(s.data_bytes);
+                match &s.failure {
+                    None => e.u8(0),
+                    Some(m) => {
+                        e.u8(1);
+                        e.str16(m);
+                    }
+                }
             }
             Reply::Sealed { empty } => {
                 e.u8(tag::SEALED);
@@ -1192,6 +1202,11 @@ impl Reply {
                 bytes_avail: d.u64()?,
                 inodes: d.u64()?,
                 data_bytes: d.u64()?,
+                failure: if d.bool()? {
+                    Some(d.str16(u16::MAX as usize, "server failure")?)
+                } else {
+                    None
+                },
             }),
             tag::SEALED => Reply::Sealed { empty: d.bool()? },
             tag::LINKS => Reply::Links { nlink: d.u32()? },
@@ -1543,6 +1558,15 @@ mod tests {
                 bytes_avail: 3,
                 inodes: 4,
                 data_bytes: 5,
+                failure: None,
+            }),
+            Reply::FsStats(FsStats {
+                bytes_total: 1,
+                bytes_free: 2,
+                bytes_avail: 3,
+                inodes: 4,
+                data_bytes: 5,
+                failure: Some("chunk store poisoned since ...".into()),
             }),
             Reply::Sealed { empty: false },
             Reply::Links { nlink: 3 },

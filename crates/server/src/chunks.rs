@@ -20,6 +20,12 @@
 //! (chunk_cache.rs), so reads of what was just written come from memory;
 //! every write, truncate and purge here goes through the cache's tickets,
 //! which keep it coherent with the files.
+//!
+//! A failed fsync poisons the store (as PostgreSQL and fjall do): after
+//! one, Linux may have dropped the dirty pages and cleared the error, so a
+//! second fsync, on any descriptor, would succeed and prove nothing
+//! ("fsyncgate"). From then on every write, truncate, purge and sync fails
+//! with EIO and the reason, until the server is restarted; see `poison`.
 
 use crate::chunk_cache::{CacheBytes, CacheStats, ChunkCache};
 use crate::memory::MemoryGauge;
@@ -30,8 +36,14 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Test fault (read when the store opens, see docs/ARCHITECTURE.md): the
+/// first N sync passes succeed and the next fails with EIO, as if the
+/// disk had lost a write, so tests drive the store's poisoning in a real
+/// server process.
+pub const FSYNC_FAULT_ENV: &str = "MADFS_FAULT_FSYNC_FAIL_AFTER";
 
 /// Writes of at least this many bytes, at an offset and of a length that
 /// are multiples of `DIRECT_ALIGN`, bypass the page cache.
@@ -123,6 +135,13 @@ pub struct ChunkStore {
     direct: AtomicBool,
     /// Recently written (and read) extents of direct I/O.
     cache: ChunkCache,
+    /// Why the store refuses writes and syncs: set once, at the first
+    /// failed fsync (see `poison`), never cleared but by a restart.
+    poisoned: OnceLock<String>,
+    /// Test fault: the errno a sync pass fails with (0: none armed) ...
+    fault_errno: AtomicI32,
+    /// ... once this many more passes have succeeded.
+    fault_after: AtomicU64,
 }
 
 impl ChunkStore {
@@ -133,10 +152,30 @@ impl ChunkStore {
 
     /// The store under `root`, keeping up to `cache_bytes` of direct I/O
     /// in memory (0: no cache).
+    /// Arms the test fault `FSYNC_FAULT_ENV` if the environment sets it.
     pub fn open_cached(root: PathBuf, cache_bytes: usize) -> io::Result<ChunkStore> {
         let gauge = MemoryGauge::default();
         let probe = Arc::new(move || gauge.sample());
-        Self::with_cache(root, ChunkCache::with_memory(cache_bytes, probe, true))
+        let store = Self::with_cache(root, ChunkCache::with_memory(cache_bytes, probe, true))?;
+        if let Some(v) = std::env::var_os(FSYNC_FAULT_ENV) {
+            let after = v
+                .to_str()
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("{FSYNC_FAULT_ENV}={v:?}: expected a number of sync passes"),
+                    )
+                })?;
+            madfs_rpc::log_warn!(
+                "chunk store {}: test fault {FSYNC_FAULT_ENV}={after}: sync pass {} will fail \
+                 with EIO",
+                store.root.display(),
+                after + 1
+            );
+            store.inject_fsync_failure(after, libc::EIO);
+        }
+        Ok(store)
     }
 
     fn with_cache(root: PathBuf, cache: ChunkCache) -> io::Result<ChunkStore> {
@@ -149,7 +188,84 @@ impl ChunkStore {
             early_writeback: EarlyWriteback::new(),
             direct: AtomicBool::new(true),
             cache,
+            poisoned: OnceLock::new(),
+            fault_errno: AtomicI32::new(0),
+            fault_after: AtomicU64::new(0),
         })
+    }
+
+    /// Test seam: after `after_passes` more sync passes have succeeded,
+    /// the next one fails with `errno` (its first fsync, or the store's
+    /// directory if it has nothing to sync), as a disk error would, and
+    /// poisons the store. Costs a sync pass one atomic load when unarmed.
+    pub fn inject_fsync_failure(&self, after_passes: u64, errno: i32) {
+        self.fault_after.store(after_passes, Ordering::Relaxed);
+        self.fault_errno.store(errno, Ordering::Release);
+    }
+
+    /// Whether the armed test fault fails this sync pass (then disarmed):
+    /// its errno.
+    fn fault_fires(&self) -> Option<i32> {
+        let errno = self.fault_errno.load(Ordering::Acquire);
+        if errno == 0 {
+            return None;
+        }
+        // Only the sync thread runs passes: no race between the two.
+        match self
+            .fault_after
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+        {
+            Ok(_) => None,
+            Err(_) => {
+                self.fault_errno.store(0, Ordering::Relaxed);
+                Some(errno)
+            }
+        }
+    }
+
+    /// Why the store refuses writes and syncs (None: it does not).
+    pub fn poisoned(&self) -> Option<&str> {
+        self.poisoned.get().map(String::as_str)
+    }
+
+    /// The same as a sentence of its own, for `madfs status`.
+    pub fn failure(&self) -> Option<String> {
+        self.poisoned().map(|r| format!("chunk store {r}"))
+    }
+
+    /// Refuse writes and syncs from now on, because of `cause` (e.g.
+    /// "fsync of <path> failed: <error>"), until the server restarts. Only
+    /// the first cause is kept, and logged.
+    ///
+    /// Why not retry: after a failed fsync Linux may have dropped the
+    /// dirty pages it could not write and cleared the error, so a later
+    /// fsync, even on a new descriptor, succeeds without the data being on
+    /// the disk (PostgreSQL's "fsyncgate"); only a restart, which goes back
+    /// to what the disk holds, is honest. Reads still work: they return
+    /// what the files hold now, and all a client can have been told
+    /// durable was synced before the failure; what the failed pass covered
+    /// was never acknowledged (its fsync answered EIO).
+    pub fn poison(&self, cause: &str) {
+        let reason = format!(
+            "poisoned since {}: {cause}; it refuses writes and syncs until the \
+             server is restarted (data written since the last successful sync may be lost)",
+            utc_now()
+        );
+        if self.poisoned.set(reason).is_ok() {
+            madfs_rpc::log_error!(
+                "chunk store {}: {}",
+                self.root.display(),
+                self.poisoned().unwrap_or_default()
+            );
+        }
+    }
+
+    /// EIO with the reason, where the store is poisoned.
+    fn check_poisoned(&self) -> io::Result<()> {
+        match self.poisoned() {
+            None => Ok(()),
+            Some(reason) => Err(poisoned_error(reason)),
+        }
     }
 
     pub fn cache_stats(&self) -> CacheStats {
@@ -273,6 +389,7 @@ impl ChunkStore {
         data: &[u8],
         chunk_size: u64,
     ) -> io::Result<()> {
+        self.check_poisoned()?;
         // Registered before the file is touched; an early return drops it.
         let ticket = self.cache.begin_write(ino, index, offset, data.len());
         let path = self.chunk_path(ino, index);
@@ -367,6 +484,7 @@ impl ChunkStore {
 
     /// Drop this server's data of `ino` at and beyond byte `size` of the file.
     pub fn truncate(&self, ino: InodeId, size: u64, chunk_size: u64) -> io::Result<()> {
+        self.check_poisoned()?;
         let _ticket = self.cache.begin_truncate(ino, size, chunk_size);
         let dir = self.inode_dir(ino);
         let entries = match fs::read_dir(&dir) {
@@ -414,6 +532,7 @@ impl ChunkStore {
 
     /// Remove every chunk of `ino` held here.
     pub fn purge(&self, ino: InodeId) -> io::Result<()> {
+        self.check_poisoned()?;
         let _ticket = self.cache.begin_purge(ino);
         let dir = self.inode_dir(ino);
         let freed = du(&dir).unwrap_or(0);
@@ -431,21 +550,41 @@ impl ChunkStore {
     }
 
     /// fsync every file and directory written since the last call.
-    /// Called only by the sync thread. A path that cannot be synced stays
-    /// dirty, so the next fsync tries it again instead of passing over it.
+    /// Called only by the sync thread. A file that cannot be opened stays
+    /// dirty for the next pass (nothing of it was synced); a failed fsync
+    /// poisons the store and the pass's paths leave the dirty set, since no
+    /// later fsync could vouch for them.
     pub fn sync_dirty(&self) -> io::Result<()> {
+        self.check_poisoned()?;
+        let mut fault = self.fault_fires();
         let dirty: Vec<PathBuf> = {
             let mut d = self.dirty.lock().unwrap_or_else(|e| e.into_inner());
             d.drain().collect()
         };
         let mut first_err = None;
         for batch in dirty.chunks(SYNC_BATCH_FILES) {
-            if let Err((e, failed)) = sync_batch(batch) {
-                first_err.get_or_insert(e);
-                for p in failed {
-                    self.mark_dirty(p);
+            match sync_batch(batch, &mut fault) {
+                Ok(()) => {}
+                Err(BatchError::Open(e, failed)) => {
+                    first_err.get_or_insert(e);
+                    for p in failed {
+                        self.mark_dirty(p);
+                    }
+                }
+                Err(BatchError::Fsync(path, e)) => {
+                    self.poison(&format!("fsync of {} failed: {e}", path.display()));
+                    return self.check_poisoned();
                 }
             }
+        }
+        if let Some(errno) = fault {
+            // Armed for this pass, which had no file to fail on.
+            let e = io::Error::from_raw_os_error(errno);
+            self.poison(&format!(
+                "fsync of {} failed: {e} (test fault)",
+                self.root.display()
+            ));
+            return self.check_poisoned();
         }
         match first_err {
             Some(e) => Err(e),
@@ -477,12 +616,22 @@ impl Drop for ChunkStore {
 /// thousands of dirty chunks never runs the server out of descriptors.
 const SYNC_BATCH_FILES: usize = 256;
 
+/// How a sync batch failed.
+enum BatchError {
+    /// A file could not be opened (the first error), so these paths were
+    /// not synced; nothing was lost.
+    Open(io::Error, Vec<PathBuf>),
+    /// The fsync of a file failed: its data may be lost.
+    Fsync(PathBuf, io::Error),
+}
+
 /// Sync `paths` in two passes: first start the writeback of every file, so
 /// the disk sees all of it at once, then wait for each (and its metadata);
-/// one fsync after another would write one chunk at a time. On failure,
-/// the first error and the paths not known to be durable.
-fn sync_batch(paths: &[PathBuf]) -> Result<(), (io::Error, Vec<PathBuf>)> {
-    let mut first_err = None;
+/// one fsync after another would write one chunk at a time. Stops at the
+/// first failed fsync. `fault` (the test fault, taken here) fails the first
+/// fsync in its place.
+fn sync_batch(paths: &[PathBuf], fault: &mut Option<i32>) -> Result<(), BatchError> {
+    let mut open_err = None;
     let mut failed = Vec::new();
     let mut files = Vec::with_capacity(paths.len());
     for p in paths {
@@ -491,7 +640,7 @@ fn sync_batch(paths: &[PathBuf]) -> Result<(), (io::Error, Vec<PathBuf>)> {
             // Removed since it was written: nothing left to make durable.
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => {
-                first_err.get_or_insert(e);
+                open_err.get_or_insert(e);
                 failed.push(p.clone());
             }
         }
@@ -500,15 +649,48 @@ fn sync_batch(paths: &[PathBuf]) -> Result<(), (io::Error, Vec<PathBuf>)> {
         start_writeback(f);
     }
     for (p, f) in files {
-        if let Err(e) = f.sync_all() {
-            first_err.get_or_insert(e);
-            failed.push(p.clone());
+        let synced = match fault.take() {
+            Some(errno) => Err(io::Error::from_raw_os_error(errno)),
+            None => f.sync_all(),
+        };
+        if let Err(e) = synced {
+            return Err(BatchError::Fsync(p.clone(), e));
         }
     }
-    match first_err {
-        Some(e) => Err((e, failed)),
+    match open_err {
+        Some(e) => Err(BatchError::Open(e, failed)),
         None => Ok(()),
     }
+}
+
+/// The error every write and sync of a poisoned store returns: the
+/// reason, with no errno, which the wire carries as ErrorCode::Io (EIO).
+fn poisoned_error(reason: &str) -> io::Error {
+    io::Error::other(reason.to_string())
+}
+
+/// The time now as `YYYY-MM-DD hh:mm:ss UTC`.
+fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rest / 3600,
+        rest / 60 % 60,
+        rest % 60
+    )
 }
 
 /// Turn O_DIRECT on or off for the descriptor `f` (its own open file
@@ -659,6 +841,93 @@ mod tests {
         assert_eq!(s.bytes_used(), 0);
         s.purge(ino).unwrap();
         s.sync_dirty().unwrap();
+    }
+
+    /// The error of a poisoned store: EIO on the wire, and it says why
+    /// (`cause`) and what to do.
+    #[track_caller]
+    fn assert_poisoned<T: std::fmt::Debug>(r: io::Result<T>, cause: &str, what: &str) {
+        let e = r.expect_err(what);
+        assert_eq!(
+            madfs_proto::ErrorCode::from_io(&e),
+            madfs_proto::ErrorCode::Io,
+            "{what}: {e}"
+        );
+        let m = e.to_string();
+        for part in ["poisoned since", cause, "restarted", "may be lost"] {
+            assert!(m.contains(part), "{what}: {m:?} lacks {part:?}");
+        }
+    }
+
+    #[test]
+    fn a_failed_fsync_poisons_the_store_until_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("chunks");
+        let s = ChunkStore::open(root.clone()).unwrap();
+        let ino = InodeId(42);
+        s.write(ino, ChunkIndex(1), 0, b"synced", 1 << 20).unwrap();
+        s.sync_dirty().unwrap();
+        assert!(s.poisoned().is_none());
+        s.write(ino, ChunkIndex(1), 0, b"lost?!", 1 << 20).unwrap();
+        s.inject_fsync_failure(0, libc::EIO);
+        // Only the chunk file is dirty: its fsync fails.
+        let chunk = s.chunk_path(ino, ChunkIndex(1));
+        let cause = format!("fsync of {} failed: Input/output error", chunk.display());
+        assert_poisoned(s.sync_dirty(), &cause, "the failing sync");
+        assert!(s.poisoned().unwrap().contains(&cause));
+        assert!(s
+            .failure()
+            .unwrap()
+            .starts_with("chunk store poisoned since"));
+        // No later sync succeeds, though a new descriptor's fsync would.
+        for i in 0..3 {
+            assert_poisoned(s.sync_dirty(), &cause, &format!("sync {i} after it"));
+        }
+        assert_poisoned(
+            s.write(ino, ChunkIndex(1), 0, b"more", 1 << 20),
+            &cause,
+            "a write",
+        );
+        assert_poisoned(
+            s.write(InodeId(7), ChunkIndex(0), 0, b"new", 1 << 20),
+            &cause,
+            "a write of a new chunk",
+        );
+        assert!(
+            !s.inode_dir(InodeId(7)).exists(),
+            "a refused write made a file"
+        );
+        assert_poisoned(s.truncate(ino, 0, 1 << 20), &cause, "a truncate");
+        assert_poisoned(s.purge(ino), &cause, "a purge");
+        // Reads go on: what the file holds now.
+        assert_eq!(s.read(ino, ChunkIndex(1), 0, 100).unwrap(), b"lost?!");
+        drop(s);
+        // A restart (a new store on the same files) takes writes again.
+        let s = ChunkStore::open(root).unwrap();
+        assert!(s.poisoned().is_none());
+        s.write(ino, ChunkIndex(1), 0, b"again!", 1 << 20).unwrap();
+        s.sync_dirty().unwrap();
+    }
+
+    #[test]
+    fn the_fsync_fault_fails_the_pass_after_the_given_number() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("chunks");
+        let s = ChunkStore::open(root.clone()).unwrap();
+        s.inject_fsync_failure(2, libc::EIO);
+        // Passes with and without files to sync count alike.
+        s.write(InodeId(3), ChunkIndex(1), 0, b"a", 1 << 20)
+            .unwrap();
+        s.sync_dirty().unwrap();
+        s.sync_dirty().unwrap();
+        s.write(InodeId(3), ChunkIndex(1), 0, b"b", 1 << 20)
+            .unwrap();
+        assert_poisoned(s.sync_dirty(), "failed", "the third pass");
+        // A pass with nothing dirty fails on the store's directory.
+        let s = ChunkStore::open(dir.path().join("other")).unwrap();
+        s.inject_fsync_failure(0, libc::EIO);
+        let cause = format!("fsync of {} failed", dir.path().join("other").display());
+        assert_poisoned(s.sync_dirty(), &cause, "an empty pass");
     }
 
     #[test]

@@ -125,6 +125,8 @@ impl Server {
                 .map_err(|e| ServerError::Storage(e.to_string()))?,
         );
         chunks.set_direct_io(opts.direct_io);
+        // A failed sync stops metadata writes too (sync.rs).
+        let kv: Arc<dyn KvStore> = Arc::new(crate::sync::PoisonGuard::new(kv, chunks.clone()));
         let held = free_held_inodes(kv.as_ref()).map_err(storage)?;
         if held > 0 {
             log_info!("server {id}: freed {held} unlinked inodes held open before the restart");
@@ -258,6 +260,7 @@ impl Server {
             bytes_avail: avail,
             inodes: self.inode_count.load(Ordering::Relaxed),
             data_bytes: self.chunks.bytes_used(),
+            failure: self.chunks.failure(),
         })
     }
 

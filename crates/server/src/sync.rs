@@ -3,9 +3,14 @@
 //! syncs every dirty chunk file and the RocksDB WAL once, and answers them
 //! all. Concurrent fsyncs cost one sync, not one each (MadFS's fix for the
 //! fsync long tail in IO500).
+//!
+//! A failed sync is never retried: it poisons the chunk store (chunks.rs,
+//! `ChunkStore::poison`), which then refuses writes and syncs, and
+//! `PoisonGuard` makes the metadata store refuse writes too, until the
+//! server restarts.
 
 use crate::chunks::ChunkStore;
-use madfs_kv::KvStore;
+use madfs_kv::{KvError, KvStore, WriteBatch};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -52,8 +57,10 @@ impl SyncCoalescer {
                         .sync_dirty()
                         .map_err(|e| format!("syncing chunk files: {e}"))
                         .and_then(|()| {
-                            kv.sync_wal()
-                                .map_err(|e| format!("syncing metadata log: {e}"))
+                            kv.sync_wal().map_err(|e| {
+                                chunks.poison(&format!("syncing the metadata log failed: {e}"));
+                                format!("syncing metadata log: {e}")
+                            })
                         });
                     for w in waiters {
                         let _ = w.send(result.clone());
@@ -91,11 +98,199 @@ impl SyncCoalescer {
     }
 }
 
+/// The server's metadata store, refusing writes and syncs (EIO) once the
+/// chunk store is poisoned, and poisoning it when a synced write or a sync
+/// of RocksDB's log fails. RocksDB already refuses writes after a failed
+/// log write or sync (its background error, until reopened), so this
+/// mainly makes the server's state one: `madfs status` reports it, and
+/// chunk data and metadata stop together.
+pub struct PoisonGuard {
+    inner: Arc<dyn KvStore>,
+    chunks: Arc<ChunkStore>,
+}
+
+impl PoisonGuard {
+    pub fn new(inner: Arc<dyn KvStore>, chunks: Arc<ChunkStore>) -> PoisonGuard {
+        PoisonGuard { inner, chunks }
+    }
+
+    fn check(&self) -> madfs_kv::Result<()> {
+        match self.chunks.poisoned() {
+            None => Ok(()),
+            Some(r) => Err(KvError::Io(format!(
+                "refused: the server's chunk store is {r}"
+            ))),
+        }
+    }
+}
+
+impl KvStore for PoisonGuard {
+    fn get(&self, key: &[u8]) -> madfs_kv::Result<Option<Vec<u8>>> {
+        self.inner.get(key)
+    }
+
+    fn write(&self, batch: WriteBatch, sync: bool) -> madfs_kv::Result<()> {
+        self.check()?;
+        let r = self.inner.write(batch, sync);
+        if let Err(e) = &r {
+            // A full disk is not a lost write: RocksDB recovers from it.
+            if sync && !e.is_no_space() {
+                self.chunks
+                    .poison(&format!("a synced write to the metadata store failed: {e}"));
+            }
+        }
+        r
+    }
+
+    fn scan(
+        &self,
+        prefix: &[u8],
+        start: &[u8],
+        limit: usize,
+    ) -> madfs_kv::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.inner.scan(prefix, start, limit)
+    }
+
+    fn sync_wal(&self) -> madfs_kv::Result<()> {
+        self.check()?;
+        self.inner.sync_wal().inspect_err(|e| {
+            self.chunks
+                .poison(&format!("syncing the metadata log failed: {e}"))
+        })
+    }
+
+    fn scan_visit(
+        &self,
+        prefix: &[u8],
+        start: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> madfs_kv::Result<()> {
+        self.inner.scan_visit(prefix, start, f)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use madfs_kv::{MemStore, WriteBatch};
+    use madfs_kv::MemStore;
     use madfs_types::{ChunkIndex, InodeId};
+
+    /// A metadata store whose log cannot be synced.
+    struct FailingSync(MemStore);
+
+    impl KvStore for FailingSync {
+        fn get(&self, key: &[u8]) -> madfs_kv::Result<Option<Vec<u8>>> {
+            self.0.get(key)
+        }
+        fn write(&self, batch: WriteBatch, sync: bool) -> madfs_kv::Result<()> {
+            if sync {
+                return Err(KvError::Io("IO error: fsync: Input/output error".into()));
+            }
+            self.0.write(batch, false)
+        }
+        fn scan(
+            &self,
+            prefix: &[u8],
+            start: &[u8],
+            limit: usize,
+        ) -> madfs_kv::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+            self.0.scan(prefix, start, limit)
+        }
+        fn sync_wal(&self) -> madfs_kv::Result<()> {
+            Err(KvError::Io("IO error: fsync: Input/output error".into()))
+        }
+    }
+
+    fn put(kv: &dyn KvStore, sync: bool) -> madfs_kv::Result<()> {
+        let mut b = WriteBatch::new();
+        b.put(b"k", b"v");
+        kv.write(b, sync)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_chunk_fsync_fails_every_later_sync_and_metadata_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let chunks = Arc::new(ChunkStore::open(dir.path().to_path_buf()).unwrap());
+        let kv: Arc<dyn KvStore> =
+            Arc::new(PoisonGuard::new(Arc::new(MemStore::new()), chunks.clone()));
+        let s = SyncCoalescer::start(chunks.clone(), kv.clone());
+        chunks
+            .write(InodeId(1), ChunkIndex(1), 0, b"x", 1 << 20)
+            .unwrap();
+        s.sync().await.unwrap();
+        chunks.inject_fsync_failure(0, libc::EIO);
+        chunks
+            .write(InodeId(1), ChunkIndex(1), 0, b"y", 1 << 20)
+            .unwrap();
+        for i in 0..3 {
+            let e = s.sync().await.expect_err("a sync after the failure");
+            assert!(e.contains("poisoned since"), "sync {i}: {e}");
+        }
+        let e = put(kv.as_ref(), false).expect_err("a metadata write");
+        assert!(e.to_string().contains("poisoned since"), "{e}");
+        assert!(kv.get(b"k").unwrap().is_none());
+        s.stop();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_metadata_log_sync_poisons_the_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let chunks = Arc::new(ChunkStore::open(dir.path().to_path_buf()).unwrap());
+        let kv: Arc<dyn KvStore> = Arc::new(PoisonGuard::new(
+            Arc::new(FailingSync(MemStore::new())),
+            chunks.clone(),
+        ));
+        // A full disk is no lost write: it does not poison.
+        let full = PoisonGuard::new(Arc::new(FullDisk), chunks.clone());
+        put(&full, true).expect_err("a write to a full disk");
+        assert!(chunks.poisoned().is_none());
+        put(kv.as_ref(), false).unwrap();
+        let s = SyncCoalescer::start(chunks.clone(), kv.clone());
+        let e = s.sync().await.expect_err("the log sync fails");
+        assert!(e.contains("metadata log"), "{e}");
+        let why = chunks.poisoned().expect("poisoned");
+        assert!(why.contains("syncing the metadata log failed"), "{why}");
+        let e = s.sync().await.expect_err("and so does the next");
+        assert!(e.contains("poisoned since"), "{e}");
+        put(kv.as_ref(), false).expect_err("metadata writes are refused");
+        chunks
+            .write(InodeId(1), ChunkIndex(1), 0, b"x", 1 << 20)
+            .expect_err("chunk writes are refused");
+        s.stop();
+    }
+
+    #[test]
+    fn a_failed_synced_metadata_write_poisons_the_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let chunks = Arc::new(ChunkStore::open(dir.path().to_path_buf()).unwrap());
+        let kv = PoisonGuard::new(Arc::new(FailingSync(MemStore::new())), chunks.clone());
+        put(&kv, false).unwrap();
+        put(&kv, true).expect_err("the synced write");
+        let why = chunks.poisoned().expect("poisoned");
+        assert!(
+            why.contains("synced write to the metadata store failed"),
+            "{why}"
+        );
+        put(&kv, false).expect_err("later writes are refused");
+    }
+
+    /// A metadata store on a full disk.
+    struct FullDisk;
+
+    impl KvStore for FullDisk {
+        fn get(&self, _: &[u8]) -> madfs_kv::Result<Option<Vec<u8>>> {
+            Ok(None)
+        }
+        fn write(&self, _: WriteBatch, _: bool) -> madfs_kv::Result<()> {
+            Err(KvError::Io("IO error: No space left on device".into()))
+        }
+        fn scan(&self, _: &[u8], _: &[u8], _: usize) -> madfs_kv::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+            Ok(Vec::new())
+        }
+        fn sync_wal(&self) -> madfs_kv::Result<()> {
+            Ok(())
+        }
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_syncs_all_complete() {

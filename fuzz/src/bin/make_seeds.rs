@@ -4,7 +4,7 @@
 
 use madfs_proto::auth::{Challenge, Hello, Role};
 use madfs_proto::message::{
-    encode_error_message, DirEntry, Entry, Hold, Op, SetAttrs, TouchToken, TouchWait,
+    encode_error_message, DirEntry, Entry, FsStats, Hold, Op, SetAttrs, TouchToken, TouchWait,
 };
 use madfs_proto::{ErrorCode, FrameHeader, Reply, Request};
 use madfs_types::{
@@ -145,6 +145,24 @@ fn main() {
                     held: true,
                     touched: vec![],
                 }
+                .encode(),
+                &[],
+            ),
+        ),
+        (
+            "reply-statfs-failed",
+            frame(
+                true,
+                25,
+                0,
+                &Reply::FsStats(FsStats {
+                    bytes_total: 1 << 30,
+                    bytes_free: 1 << 29,
+                    bytes_avail: 1 << 28,
+                    inodes: 12,
+                    data_bytes: 4096,
+                    failure: Some("chunk store poisoned since 2026-01-01 00:00:00 UTC".into()),
+                })
                 .encode(),
                 &[],
             ),

@@ -53,7 +53,7 @@ pub struct Options {
     /// More arguments for `madfs server` (e.g. `--find-index-mib 0`).
     pub server_args: Vec<String>,
     /// More environment variables for `madfs server` (test knobs such as
-    /// `MADFS_TEST_TOUCH_DELAY_MS`).
+    /// `MADFS_TEST_TOUCH_DELAY_MS`, test faults).
     pub server_env: Vec<(String, String)>,
 }
 
@@ -376,6 +376,14 @@ impl TestCluster {
     /// Arguments for `madfs server` from the next (re)start on.
     pub fn set_server_args(&mut self, args: &[&str]) {
         self.opts.server_args = args.iter().map(|a| a.to_string()).collect();
+    }
+
+    /// Environment for `madfs server` from the next (re)start on.
+    pub fn set_server_env(&mut self, env: &[(&str, &str)]) {
+        self.opts.server_env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
     }
 
     /// Start server `i` again (after kill9 or stop) and wait until it answers.
