@@ -247,16 +247,20 @@ mod tests {
     fn exec_environment_follows_the_working_directory() {
         // Outside MadFS: a stale MADFS_CWD is dropped, else nothing changes.
         let (_o, p) = env(&["A=1", "MADFS_CWD=/old"]);
+        // SAFETY: a NULL-terminated array of C strings, alive in `_o`.
         let out = unsafe { exec_env(p.as_ptr()) }.unwrap();
         assert_eq!(out, vec![CString::new("A=1").unwrap()]);
         let (_o, p) = env(&["A=1"]);
+        // SAFETY: a NULL-terminated array of C strings, alive in `_o`.
         assert!(unsafe { exec_env(p.as_ptr()) }.is_none());
         // Inside: it is added (once).
         paths::set_vcwd(Some(b"/w".to_vec()));
         let (_o, p) = env(&["A=1"]);
+        // SAFETY: a NULL-terminated array of C strings, alive in `_o`.
         let out = unsafe { exec_env(p.as_ptr()) }.unwrap();
         assert_eq!(out[1], CString::new("MADFS_CWD=/w").unwrap());
         let (_o, p) = env(&["MADFS_CWD=/w", "B=2"]);
+        // SAFETY: a NULL-terminated array of C strings, alive in `_o`.
         assert!(unsafe { exec_env(p.as_ptr()) }.is_none());
         paths::set_vcwd(None);
     }
