@@ -5,29 +5,27 @@
 //! getdents64 on the same descriptor agree.
 
 use crate::fdtable::{self, Kind};
+use crate::forklock::ForkMutex;
 use crate::ops;
 use crate::real;
 use crate::shim::{Errno, R};
 use madfs_client::FileKind;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 pub struct OurDir {
     fd: i32,
     ent: libc::dirent64,
 }
 
-pub static DIRS: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
+static DIRS: ForkMutex<BTreeSet<usize>> = ForkMutex::new(BTreeSet::new());
 static NDIRS: AtomicUsize = AtomicUsize::new(0);
 
 pub fn is_ours(dir: *mut libc::DIR) -> bool {
     if NDIRS.load(Ordering::Relaxed) == 0 || dir.is_null() {
         return false;
     }
-    DIRS.lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .contains(&(dir as usize))
+    DIRS.lock().contains(&(dir as usize))
 }
 
 /// A stream over our directory descriptor `fd` (which it then owns).
@@ -39,9 +37,7 @@ pub fn open_stream(fd: i32) -> R<*mut libc::DIR> {
     // SAFETY: dirent64 is plain data.
     let ent: libc::dirent64 = unsafe { std::mem::zeroed() };
     let p = Box::into_raw(Box::new(OurDir { fd, ent }));
-    DIRS.lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(p as usize);
+    DIRS.lock().insert(p as usize);
     NDIRS.fetch_add(1, Ordering::Relaxed);
     Ok(p.cast())
 }
@@ -146,9 +142,7 @@ pub unsafe fn readdir_r(
 }
 
 pub fn closedir(dir: *mut libc::DIR) -> R<i32> {
-    DIRS.lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&(dir as usize));
+    DIRS.lock().remove(&(dir as usize));
     NDIRS.fetch_sub(1, Ordering::Relaxed);
     // SAFETY: a box we made; no longer registered, so freed once.
     let b = unsafe { Box::from_raw(dir.cast::<OurDir>()) };

@@ -467,6 +467,20 @@ impl Drop for Desc {
     }
 }
 
+/// How the library opens a file for `flags`: writes go behind (a write
+/// returns once its data is handed to a task, up to 8 per file and 64 MiB
+/// per process in flight, as the mount and a kernel's page cache do; reads,
+/// truncates and fsyncs through any descriptor of the file in this process
+/// wait for them; a failure comes back from a later write, fsync or close),
+/// except with O_SYNC/O_DSYNC; a file open only to read is read ahead while
+/// its reads are sequential or strided.
+pub fn open_options(flags: i32, mode: u32) -> OpenOptions {
+    let mut opts = OpenOptions::from_flags(flags, mode);
+    opts.write_behind = opts.write && flags & libc::O_DSYNC == 0;
+    opts.read_ahead = !opts.write && !opts.append;
+    opts
+}
+
 fn writable(flags: i32) -> bool {
     let acc = flags & libc::O_ACCMODE;
     acc == libc::O_WRONLY || acc == libc::O_RDWR
@@ -475,7 +489,7 @@ fn writable(flags: i32) -> bool {
 fn opts_of(flags: i32) -> OpenOptions {
     // Only the access mode and O_DSYNC matter: appends are positioned by
     // ops.rs.
-    crate::ops::open_options(flags & (libc::O_ACCMODE | libc::O_DSYNC), 0)
+    open_options(flags & (libc::O_ACCMODE | libc::O_DSYNC), 0)
 }
 
 /// A read-only descriptor of a memfd of ours, for SEEK_DATA and reading

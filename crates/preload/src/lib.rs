@@ -91,17 +91,47 @@
 //! prints nothing but refusals and failures to reach the cluster.
 //!
 //! # Layout
-//! - exports.rs: the interposed C functions (open, read, stat, opendir,
-//!   fopen, ... about 200 names, with their 64-bit and fortified variants);
+//! - exports/: the interposed C functions (open, read, stat, opendir,
+//!   fopen, ... about 200 names, with their 64-bit and fortified variants),
+//!   one file per family; exports/mod.rs has the helpers they share and the
+//!   safety contract of the exported functions;
 //! - paths.rs: which paths are ours (prefix, working directory, dirfd);
 //! - fdtable.rs: MadFS files as real descriptor numbers (memfd-backed),
 //!   shared offsets, output written around us, inheritance over exec;
 //! - ops.rs, meta.rs, dirs.rs, stdio.rs: the operations;
 //! - process.rs: start-up, fork, exec, exit;
+//! - forklock.rs: the locks of other modules that fork must hold;
+//! - harvest.rs: the thread saving output written around us into MadFS;
 //! - conn.rs: the lazily made client and runtime, made again after fork;
 //! - internal.rs: the library's own descriptors, kept out of the way;
 //! - guard.rs, shim.rs, real.rs: reentrancy, errno and panics, the real
 //!   functions (dlsym RTLD_NEXT).
+//!
+//! # Module graph
+//! Who uses whom (`use crate::...`); it has no cycles, so every arrow points
+//! down this list, and a module only knows the ones below it:
+//! ```text
+//! exports  -> every module below but forklock, harvest, conn
+//! process  -> fdtable, conn, forklock, harvest, paths, config, shim, real
+//! stdio    -> ops, fdtable, forklock, paths, config, shim, real
+//! dirs     -> ops, fdtable, forklock, guard, shim, real
+//! meta     -> ops, conn, config, shim
+//! ops      -> harvest, fdtable, conn, config, shim, real
+//! paths    -> fdtable, config, shim, real
+//! harvest  -> fdtable, conn, config, guard, shim
+//! fdtable  -> conn, internal, config, shim, real
+//! conn     -> config, guard, shim
+//! internal -> real
+//! config   -> shim, real
+//! shim     -> guard, real
+//! forklock, guard, real -> (nothing of ours)
+//! ```
+//! The fork handler (process.rs) must hold every lock across fork; it takes
+//! the table's and the connection's itself, and the rest (open directory
+//! streams, C streams) through forklock.rs, with which dirs.rs and stdio.rs
+//! register: process.rs does not know them, nor do they know it. The
+//! harvester lives apart from process.rs for the same reason (ops.rs
+//! starts it).
 //!
 //! The interposed functions are only exported from the shared library, not
 //! from this crate's unit tests (which would otherwise intercept their own
@@ -115,7 +145,9 @@ mod conn;
 mod dirs;
 mod exports;
 mod fdtable;
+mod forklock;
 mod guard;
+mod harvest;
 mod internal;
 mod meta;
 mod ops;

@@ -7,7 +7,7 @@ use crate::conn;
 use crate::fdtable::{self, Desc, Kind};
 use crate::real;
 use crate::shim::{debug, errno, unsupported, Errno, R};
-use madfs_client::{Attr, FileKind, OpenOptions, SetAttrs, TimeSet, Timestamp, ACCESS_READ};
+use madfs_client::{Attr, FileKind, SetAttrs, TimeSet, Timestamp, ACCESS_READ};
 use std::sync::Arc;
 
 /// Linux caps one read or write at this many bytes.
@@ -36,20 +36,6 @@ pub fn clean(path: &[u8]) -> Vec<u8> {
 pub fn stat_path(path: &[u8], follow: bool) -> R<Attr> {
     let c = conn::get()?;
     Ok(c.block_on(c.client.resolve(path, follow))?)
-}
-
-/// How the library opens a file for `flags`: writes go behind (a write
-/// returns once its data is handed to a task, up to 8 per file and 64 MiB
-/// per process in flight, as the mount and a kernel's page cache do; reads,
-/// truncates and fsyncs through any descriptor of the file in this process
-/// wait for them; a failure comes back from a later write, fsync or close),
-/// except with O_SYNC/O_DSYNC; a file open only to read is read ahead while
-/// its reads are sequential or strided.
-pub fn open_options(flags: i32, mode: u32) -> OpenOptions {
-    let mut opts = OpenOptions::from_flags(flags, mode);
-    opts.write_behind = opts.write && flags & libc::O_DSYNC == 0;
-    opts.read_ahead = !opts.write && !opts.append;
-    opts
 }
 
 /// open(2) on a MadFS path.
@@ -99,7 +85,7 @@ pub fn open(path: &[u8], flags: i32, mode: u32) -> R<i32> {
                 }
             }
         }
-        let opts = open_options(flags, mode & !config::umask());
+        let opts = fdtable::open_options(flags, mode & !config::umask());
         let f = c.block_on(c.client.open(path, opts))?;
         let attr = f.attr();
         if attr.kind == FileKind::Dir {
@@ -391,7 +377,7 @@ pub fn dup_installed(desc: &Arc<Desc>, new: i32) {
         // as the program runs; the harvester keeps the memfd small.
         if desc.capture {
             desc.ensure_shadow(new);
-            crate::process::ensure_harvester();
+            crate::harvest::ensure_harvester();
         }
     }
 }

@@ -20,12 +20,12 @@
 
 use crate::config;
 use crate::conn;
-use crate::dirs;
 use crate::fdtable;
+use crate::forklock;
+use crate::harvest::ensure_harvester;
 use crate::paths;
 use crate::real;
 use crate::shim::{self, debug};
-use crate::stdio;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -73,8 +73,8 @@ thread_local! {
 struct HeldAll {
     table: TableGuard,
     conn: MutexGuard<'static, Option<&'static conn::Conn>>,
-    _dirs: MutexGuard<'static, std::collections::BTreeSet<usize>>,
-    _streams: MutexGuard<'static, BTreeMap<usize, stdio::Stream>>,
+    // The other modules' locks (open directory streams, C streams).
+    _others: forklock::HeldLocks,
 }
 
 extern "C" fn before_fork() {
@@ -83,8 +83,7 @@ extern "C" fn before_fork() {
         let held = HeldAll {
             table: fdtable::TABLE.write().unwrap_or_else(|e| e.into_inner()),
             conn: conn::CONN.lock().unwrap_or_else(|e| e.into_inner()),
-            _dirs: dirs::DIRS.lock().unwrap_or_else(|e| e.into_inner()),
-            _streams: stdio::STREAMS.lock().unwrap_or_else(|e| e.into_inner()),
+            _others: forklock::hold_all(),
         };
         HELD.with(|h| *h.borrow_mut() = Some(held));
     });
@@ -111,51 +110,6 @@ extern "C" fn after_fork_child() {
         }
         debug!("forked: tables rebuilt");
     });
-}
-
-// ---- the harvester ----
-
-/// How often bytes written around us into a standard stream's memfd are
-/// moved into MadFS (and the memory given back).
-const HARVEST_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
-
-static HARVESTER_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-
-/// Start (once per process) the thread that harvests descriptions with a
-/// shadow descriptor: standard streams redirected to MadFS.
-pub fn ensure_harvester() {
-    use std::sync::atomic::Ordering;
-    // SAFETY: getpid cannot fail.
-    let me = unsafe { libc::getpid() } as u32;
-    if config::foreign_child() || HARVESTER_PID.swap(me, Ordering::AcqRel) == me {
-        return;
-    }
-    let started = std::thread::Builder::new()
-        .name("madfs-harvest".into())
-        .spawn(|| {
-            crate::guard::mark_library_thread();
-            crate::conn::block_signals();
-            loop {
-                std::thread::sleep(HARVEST_EVERY);
-                for (fd, d) in fdtable::all() {
-                    if !d.has_shadow() {
-                        continue;
-                    }
-                    let Ok(_io) = d.io.try_lock() else {
-                        continue; // a call on it is running: it harvests
-                    };
-                    if let Err(e) = d.sync_offset(fd) {
-                        shim::warn_once(
-                            "harvest",
-                            format_args!("cannot save output into MadFS: errno {}", e.0),
-                        );
-                    }
-                }
-            }
-        });
-    if started.is_err() {
-        HARVESTER_PID.store(0, Ordering::Release);
-    }
 }
 
 // ---- exec ----
@@ -293,16 +247,20 @@ mod tests {
     fn exec_environment_follows_the_working_directory() {
         // Outside MadFS: a stale MADFS_CWD is dropped, else nothing changes.
         let (_o, p) = env(&["A=1", "MADFS_CWD=/old"]);
+        // SAFETY: a NULL-terminated array of C strings, alive in `_o`.
         let out = unsafe { exec_env(p.as_ptr()) }.unwrap();
         assert_eq!(out, vec![CString::new("A=1").unwrap()]);
         let (_o, p) = env(&["A=1"]);
+        // SAFETY: a NULL-terminated array of C strings, alive in `_o`.
         assert!(unsafe { exec_env(p.as_ptr()) }.is_none());
         // Inside: it is added (once).
         paths::set_vcwd(Some(b"/w".to_vec()));
         let (_o, p) = env(&["A=1"]);
+        // SAFETY: a NULL-terminated array of C strings, alive in `_o`.
         let out = unsafe { exec_env(p.as_ptr()) }.unwrap();
         assert_eq!(out[1], CString::new("MADFS_CWD=/w").unwrap());
         let (_o, p) = env(&["MADFS_CWD=/w", "B=2"]);
+        // SAFETY: a NULL-terminated array of C strings, alive in `_o`.
         assert!(unsafe { exec_env(p.as_ptr()) }.is_none());
         paths::set_vcwd(None);
     }

@@ -55,6 +55,8 @@ macro_rules! real_fns {
                 // SAFETY: `p` is the address dlsym returned for a function
                 // with this C signature.
                 let f: unsafe extern "C" fn($($ty),*) -> $ret = unsafe { std::mem::transmute(p) };
+                // SAFETY: a pure forward: the caller's arguments, under the
+                // same C contract as ours (see "Safety" in exports/mod.rs).
                 unsafe { f($($arg),*) }
             }
         )*
@@ -179,5 +181,6 @@ real_fns! {
 
 /// lseek on a descriptor we reserved (always a valid memfd).
 pub unsafe fn seek(fd: c_int, off: off_t, whence: c_int) -> off_t {
+    // SAFETY: pure forward (integers only).
     unsafe { lseek64(fd, off, whence) }
 }

@@ -5,12 +5,12 @@
 //! stream gives the descriptor (the C library would say -1).
 
 use crate::fdtable;
+use crate::forklock::ForkMutex;
 use crate::ops;
 use crate::real;
 use crate::shim::{self, Errno, R};
 use libc::{c_char, c_int, c_void, FILE};
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 
 #[repr(C)]
 struct CookieIo {
@@ -35,17 +35,13 @@ pub struct Stream {
 }
 
 /// Our streams: FILE* -> descriptor and buffer.
-pub static STREAMS: Mutex<BTreeMap<usize, Stream>> = Mutex::new(BTreeMap::new());
+static STREAMS: ForkMutex<BTreeMap<usize, Stream>> = ForkMutex::new(BTreeMap::new());
 
 pub fn fd_of(stream: *mut FILE) -> Option<i32> {
     if stream.is_null() {
         return None;
     }
-    STREAMS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&(stream as usize))
-        .map(|s| s.fd)
+    STREAMS.lock().get(&(stream as usize)).map(|s| s.fd)
 }
 
 fn cookie_fd(cookie: *mut c_void) -> i32 {
@@ -139,7 +135,7 @@ pub fn stream_of(fd: i32, mode: *const c_char) -> R<*mut FILE> {
         }
         b
     };
-    STREAMS.lock().unwrap_or_else(|e| e.into_inner()).insert(
+    STREAMS.lock().insert(
         fp as usize,
         Stream {
             fd,
@@ -175,10 +171,7 @@ pub unsafe fn fopen(path: &[u8], mode: *const c_char) -> R<*mut FILE> {
 /// # Safety
 /// `stream` is a valid stream.
 pub unsafe fn fclose(stream: *mut FILE) -> R<c_int> {
-    let ours = STREAMS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&(stream as usize));
+    let ours = STREAMS.lock().remove(&(stream as usize));
     if let Some(s) = ours {
         // SAFETY: the caller's stream; our close runs inside.
         let r = unsafe { real::fclose(stream) };
