@@ -230,10 +230,34 @@ fn keep_large_buffers() {
     }
 }
 
+/// Logs go to stderr at the level MADFS_LOG names (error, warn, info, debug,
+/// trace; default warn): servers log rarely, on unusual events, and the
+/// tests read some of their lines.
+fn init_logging() {
+    use tracing_subscriber::filter::LevelFilter;
+    let level = match std::env::var("MADFS_LOG").as_deref() {
+        Ok("error") => LevelFilter::ERROR,
+        Ok("info") => LevelFilter::INFO,
+        Ok("debug") => LevelFilter::DEBUG,
+        Ok("trace") => LevelFilter::TRACE,
+        Ok("off") => LevelFilter::OFF,
+        _ => LevelFilter::WARN,
+    };
+    // SAFETY: isatty only reads the descriptor's state.
+    let terminal = unsafe { libc::isatty(libc::STDERR_FILENO) } == 1;
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .with_ansi(terminal)
+        .with_target(false)
+        .try_init();
+}
+
 fn main() -> ExitCode {
     // Every command: servers, benchmark ranks, the mount, put and get move
     // large buffers; `run` execs the program, which starts afresh.
     keep_large_buffers();
+    init_logging();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Server {

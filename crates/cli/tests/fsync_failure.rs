@@ -84,7 +84,7 @@ async fn a_failed_fsync_fails_the_server_until_it_restarts() {
     let log = tail(&tc.log_path(0), 50);
     assert!(
         log.lines()
-            .any(|l| l.contains("Error") && l.contains("poisoned since")),
+            .any(|l| l.contains("ERROR") && l.contains("poisoned since")),
         "server log:\n{log}"
     );
 

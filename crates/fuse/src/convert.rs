@@ -25,7 +25,7 @@ pub fn errno(e: &ClientError) -> Errno {
             | ErrorCode::AuthFailed
             | ErrorCode::Io
     ) {
-        madfs_rpc::log_warn!("madfs fuse: {e}");
+        tracing::warn!("madfs fuse: {e}");
     }
     Errno::from_i32(e.errno())
 }

@@ -210,7 +210,7 @@ impl MadFs {
             let client = self.inner.client.clone();
             self.rt.spawn(async move {
                 if let Err(e) = client.release_unlinked().await {
-                    madfs_rpc::log_warn!("madfs fuse: freeing unlinked files: {e}");
+                    tracing::warn!("madfs fuse: freeing unlinked files: {e}");
                 }
             });
         }
@@ -281,7 +281,7 @@ impl Inner {
         let client = match self.client.with_own_connections(cfg, key.clone()) {
             Ok(c) => c,
             Err(e) => {
-                madfs_rpc::log_warn!("madfs fuse: a reader thread's client: {e}");
+                tracing::warn!("madfs fuse: a reader thread's client: {e}");
                 return None;
             }
         };
@@ -291,7 +291,7 @@ impl Inner {
         {
             Ok(rt) => Some(Local { rt, client }),
             Err(e) => {
-                madfs_rpc::log_warn!("madfs fuse: a reader thread's runtime: {e}");
+                tracing::warn!("madfs fuse: a reader thread's runtime: {e}");
                 None
             }
         }
@@ -785,13 +785,13 @@ impl Inner {
         for f in self.files.drain() {
             let settled = self.settle(&f).await;
             if let Err(e) = settled.and(f.file.close().await) {
-                madfs_rpc::log_warn!("madfs fuse: closing inode {} at unmount: {e}", f.ino);
+                tracing::warn!("madfs fuse: closing inode {} at unmount: {e}", f.ino);
             }
         }
         // Files unlinked while open, now closed: free them before the
         // runtime goes (a task spawned by their drop might not run).
         if let Err(e) = self.client.release_unlinked().await {
-            madfs_rpc::log_warn!("madfs fuse: freeing unlinked files at unmount: {e}");
+            tracing::warn!("madfs fuse: freeing unlinked files at unmount: {e}");
         }
     }
 }

@@ -300,6 +300,6 @@ fn tune_readahead(mountpoint: &Path) {
     };
     let knob = format!("/sys/class/bdi/{}/read_ahead_kb", m.dev);
     if let Err(e) = std::fs::write(&knob, READ_AHEAD_KB.to_string()) {
-        madfs_rpc::log_info!("madfs: readahead stays at the kernel's default ({knob}: {e})");
+        tracing::info!("madfs: readahead stays at the kernel's default ({knob}: {e})");
     }
 }

@@ -7,7 +7,6 @@ pub mod cluster;
 pub mod conn;
 pub mod error;
 pub mod join;
-pub mod log;
 pub mod pool;
 pub mod serve;
 

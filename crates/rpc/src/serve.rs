@@ -8,7 +8,6 @@ use crate::conn::{
     header, random_nonce, read_data, read_frame, read_head, write_frame, READ_BUFFER_BYTES,
 };
 use crate::error::RpcError;
-use crate::{log_debug, log_warn};
 use madfs_proto::auth::{self, Challenge, ClusterKey, Hello, Role};
 use madfs_proto::frame::{BODY_MAX_BYTES, DATA_MAX_BYTES};
 use madfs_proto::message::{encode_error_message, Op};
@@ -104,7 +103,7 @@ pub async fn serve_with_budget<H: Handler>(
             Ok(x) => x,
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.
-                log_warn!("accept failed: {e}");
+                tracing::warn!("accept failed: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
@@ -116,7 +115,7 @@ pub async fn serve_with_budget<H: Handler>(
                 if matches!(e, RpcError::Protocol(_)) {
                     PROTOCOL_ERRORS.fetch_add(1, Ordering::Relaxed);
                 }
-                log_warn!("connection from {peer} closed: {e}");
+                tracing::warn!("connection from {peer} closed: {e}");
             }
             drop(permit);
         });
@@ -165,7 +164,7 @@ async fn connection<H: Handler>(
     )
     .await
     .map_err(|_| RpcError::Timeout("handshake".into()))??;
-    log_debug!("{peer} authenticated as {role:?}");
+    tracing::debug!("{peer} authenticated as {role:?}");
     let ctx = CallContext { role, peer };
     // Buffered: a header and its body usually arrive in one read call.
     let mut r = tokio::io::BufReader::with_capacity(READ_BUFFER_BYTES, r);
@@ -223,7 +222,7 @@ async fn connection<H: Handler>(
                 Err(payload) => {
                     let total = HANDLER_PANICS.fetch_add(1, Ordering::Relaxed) + 1;
                     let what = panic_message(payload.as_ref());
-                    log_warn!(
+                    tracing::warn!(
                         "request handler panicked on {opcode:?} from {} ({total} so far): {what}",
                         ctx.peer
                     );
@@ -242,7 +241,7 @@ async fn connection<H: Handler>(
             )
             .await
             {
-                log_debug!("writing response to {}: {e}", ctx.peer);
+                tracing::debug!("writing response to {}: {e}", ctx.peer);
             }
             drop(w);
             // Released on every path, the panicking one included.
@@ -282,7 +281,7 @@ fn response(
     match fault {
         None => (0, body, data),
         Some(fault) => {
-            log_warn!("server bug: {opcode:?}: {fault}");
+            tracing::warn!("server bug: {opcode:?}: {fault}");
             error_response(&WireError::new(
                 ErrorCode::Io,
                 format!("server bug: {fault}"),

@@ -508,7 +508,7 @@ impl Shared {
             Err(poisoned) => {
                 let mut g = poisoned.into_inner();
                 if !g.dead {
-                    madfs_rpc::log_warn!("chunk cache: turned off after a panic");
+                    tracing::warn!("chunk cache: turned off after a panic");
                     g.dead = true;
                     g.inodes.clear();
                     g.lru.clear();
@@ -616,7 +616,7 @@ impl ChunkCache {
                     s.trim();
                 });
             if let Err(e) = spawned {
-                madfs_rpc::log_warn!("chunk cache: no memory watch ({e}); requests trim it");
+                tracing::warn!("chunk cache: no memory watch ({e}); requests trim it");
             }
         }
         cache

@@ -167,7 +167,7 @@ impl ChunkStore {
                         format!("{FSYNC_FAULT_ENV}={v:?}: expected a number of sync passes"),
                     )
                 })?;
-            madfs_rpc::log_warn!(
+            tracing::warn!(
                 "chunk store {}: test fault {FSYNC_FAULT_ENV}={after}: sync pass {} will fail \
                  with EIO",
                 store.root.display(),
@@ -252,7 +252,7 @@ impl ChunkStore {
             utc_now()
         );
         if self.poisoned.set(reason).is_ok() {
-            madfs_rpc::log_error!(
+            tracing::error!(
                 "chunk store {}: {}",
                 self.root.display(),
                 self.poisoned().unwrap_or_default()
@@ -349,7 +349,7 @@ impl ChunkStore {
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                     self.direct.store(false, Ordering::Relaxed);
-                    madfs_rpc::log_warn!(
+                    tracing::warn!(
                         "chunk store {}: O_DIRECT refused ({e}); using the page cache",
                         self.root.display()
                     );
@@ -442,7 +442,7 @@ impl ChunkStore {
                     // The file system does not do O_DIRECT (or not with
                     // this alignment): the page cache from now on.
                     self.direct.store(false, Ordering::Relaxed);
-                    madfs_rpc::log_warn!(
+                    tracing::warn!(
                         "chunk store {}: O_DIRECT refused ({e}); writing through the page cache",
                         self.root.display()
                     );
@@ -597,7 +597,7 @@ impl Drop for ChunkStore {
     fn drop(&mut self) {
         if self.cache.budget() > 0 {
             let s = self.cache.stats();
-            madfs_rpc::log_info!(
+            tracing::info!(
                 "chunk cache: {} hits ({} MiB), {} misses, {} MiB inserted, {} MiB evicted, \
                  {} MiB held, {} MiB kept for reuse",
                 s.hits,

@@ -27,7 +27,6 @@ use crate::find_copy::{Budget, CopySlot, Share};
 use crate::inode_index::{FindInode, InodeIndex};
 use crate::keys;
 use madfs_kv::{KvStore, Result, WriteBatch};
-use madfs_rpc::log_info;
 use madfs_types::InodeId;
 use std::sync::Arc;
 
@@ -473,7 +472,7 @@ impl IndexedKv {
         let index = DentryIndex::build(inner.as_ref(), budget.clone());
         let inodes = InodeIndex::build(inner.as_ref(), budget.clone());
         if let (Some(dentries), Some(inode_count)) = (index.entries(), inodes.len()) {
-            log_info!(
+            tracing::info!(
                 "find index: {dentries} dentries and {inode_count} inodes in {} MiB (budget {} MiB)",
                 budget.used() >> 20,
                 budget_bytes >> 20

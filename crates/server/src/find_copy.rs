@@ -5,7 +5,6 @@
 //! lock); its slot then gives its share of the budget back and logs why,
 //! and find reads RocksDB instead: slower, never wrong.
 
-use madfs_rpc::log_warn;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -108,7 +107,7 @@ impl<T> CopySlot<T> {
             }
             Err(why) => {
                 self.budget.set(self.share, 0);
-                log_warn!("{}: {why}", self.without);
+                tracing::warn!("{}: {why}", self.without);
             }
         }
     }
@@ -135,7 +134,7 @@ impl<T> CopySlot<T> {
         **guard = None;
         self.on.store(false, Ordering::Release);
         self.budget.set(self.share, 0);
-        log_warn!("{} from now on: {why}", self.without);
+        tracing::warn!("{} from now on: {why}", self.without);
     }
 }
 

@@ -28,7 +28,7 @@ mod writeback;
 
 pub use service::Server;
 
-use madfs_rpc::{log_info, ClusterConfig};
+use madfs_rpc::ClusterConfig;
 use madfs_types::ServerId;
 use std::fmt;
 use std::sync::Arc;
@@ -132,13 +132,13 @@ pub fn run(cfg: ClusterConfig, id: ServerId, opts: RunOptions) -> Result<(), Ser
         let listener = tokio::net::TcpListener::bind(entry.address)
             .await
             .map_err(|e| ServerError::Bind(format!("{}: {e}", entry.address)))?;
-        log_info!("server {id} listening on {}", entry.address);
+        tracing::info!("server {id} listening on {}", entry.address);
         server.clone().start_background();
         let serving = tokio::spawn(madfs_rpc::serve::serve(listener, id, key, server.clone()));
         wait_for_shutdown().await;
         serving.abort();
         server.shutdown().await;
-        log_info!("server {id} stopped");
+        tracing::info!("server {id} stopped");
         Ok(())
     });
     // Drop every task (and with them the last references to the store)

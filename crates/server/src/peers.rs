@@ -10,7 +10,6 @@ use crate::service::Server;
 use madfs_proto::message::{Op, Reply};
 use madfs_proto::{ErrorCode, Request, WireError};
 use madfs_rpc::join::join_bounded;
-use madfs_rpc::log_warn;
 use madfs_types::{Attr, Credentials, FileKind, InodeId, ServerId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -221,11 +220,11 @@ impl Server {
                     .into_iter()
                     .filter_map(|(s, r)| r.err().map(|e| (s, e)))
                     .inspect(|(s, e)| {
-                        log_warn!("invalidation of directory {dir} on server {s} failed: {e}")
+                        tracing::warn!("invalidation of directory {dir} on server {s} failed: {e}")
                     })
                     .count(),
                 Err(_) => {
-                    log_warn!(
+                    tracing::warn!(
                     "invalidation of directory {dir} not answered by every server within {lease:?}"
                 );
                     1

@@ -49,7 +49,6 @@ use madfs_kv::WriteBatch;
 use madfs_proto::codec::{Decoder, Encoder};
 use madfs_proto::message::{Hold, Op, Reply, TouchToken, RENAME_EXCHANGE, RENAME_NOREPLACE};
 use madfs_proto::{ErrorCode, WireError};
-use madfs_rpc::log_warn;
 use madfs_types::{
     dentry_server, Credentials, FileKind, FileName, InodeId, ServerId, Timestamp, TxId,
 };
@@ -193,7 +192,7 @@ async fn after_install(srv: &Arc<Server>, done: &Installed, hold: &Hold) -> bool
             {
                 Ok(Reply::Links { nlink: 0 }) => held = hold,
                 Ok(_) => {}
-                Err(e) => log_warn!("dropping a link of replaced {dino}: {e}"),
+                Err(e) => tracing::warn!("dropping a link of replaced {dino}: {e}"),
             }
         }
         if dk == FileKind::Dir {
@@ -311,7 +310,7 @@ async fn touch_moved(srv: &Arc<Server>, ino: InodeId) {
     match r {
         // Removed by another client meanwhile: nothing to stamp.
         Err(e) if e.code == ErrorCode::NotFound => {}
-        Err(e) => log_warn!("ctime of renamed {ino}: {e}"),
+        Err(e) => tracing::warn!("ctime of renamed {ino}: {e}"),
         Ok(_) => {}
     }
 }
@@ -684,11 +683,11 @@ async fn settle(srv: &Arc<Server>, tx: TxId, intent: Intent) {
                             .await;
                         return;
                     }
-                    Err(e) => log_warn!("settling rename {tx:?}: {e}"),
+                    Err(e) => tracing::warn!("settling rename {tx:?}: {e}"),
                 }
             }
-            Ok(other) => log_warn!("settling rename {tx:?}: unexpected reply {other:?}"),
-            Err(e) => log_warn!("settling rename {tx:?} with server {b_server}: {e}"),
+            Ok(other) => tracing::warn!("settling rename {tx:?}: unexpected reply {other:?}"),
+            Err(e) => tracing::warn!("settling rename {tx:?} with server {b_server}: {e}"),
         }
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(Duration::from_secs(10));
@@ -703,7 +702,7 @@ pub(crate) async fn recover(srv: &Arc<Server>) {
     {
         Ok(v) => v,
         Err(e) => {
-            log_warn!("scanning rename intents: {e}");
+            tracing::warn!("scanning rename intents: {e}");
             return;
         }
     };
@@ -717,7 +716,7 @@ pub(crate) async fn recover(srv: &Arc<Server>) {
         };
         match Intent::decode(&v) {
             Some(intent) => settle(srv, TxId(tx), intent).await,
-            None => log_warn!("corrupt rename intent {tx}"),
+            None => tracing::warn!("corrupt rename intent {tx}"),
         }
     }
 }

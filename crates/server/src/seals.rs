@@ -7,7 +7,6 @@ use crate::keys;
 use crate::service::Server;
 use madfs_proto::message::{Op, Reply, SealAction};
 use madfs_proto::{ErrorCode, WireError};
-use madfs_rpc::log_warn;
 use madfs_types::InodeId;
 use std::time::{Duration, Instant};
 
@@ -142,7 +141,7 @@ impl Server {
             .await
         {
             if let Err(e) = r {
-                log_warn!("telling server {s} that directory {dir} is gone: {e}");
+                tracing::warn!("telling server {s} that directory {dir} is gone: {e}");
             }
         }
     }

@@ -23,7 +23,7 @@ use madfs_proto::auth::{ClusterKey, Role};
 use madfs_proto::message::FsStats;
 use madfs_proto::{ErrorCode, WireError};
 use madfs_rpc::pool::Timeouts;
-use madfs_rpc::{log_info, log_warn, ClusterConfig, Pool};
+use madfs_rpc::{ClusterConfig, Pool};
 use madfs_types::{dentry_server, Credentials, FileKind, FileName, InodeId, ServerId};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -129,7 +129,9 @@ impl Server {
         let kv: Arc<dyn KvStore> = Arc::new(crate::sync::PoisonGuard::new(kv, chunks.clone()));
         let held = free_held_inodes(kv.as_ref()).map_err(storage)?;
         if held > 0 {
-            log_info!("server {id}: freed {held} unlinked inodes held open before the restart");
+            tracing::info!(
+                "server {id}: freed {held} unlinked inodes held open before the restart"
+            );
         }
         let mut inodes = 0u64;
         let mut start = keys::INODE.to_vec();
@@ -188,7 +190,7 @@ impl Server {
 
     pub async fn shutdown(&self) {
         if let Err(e) = self.sync.sync().await {
-            log_warn!("final sync failed: {e}");
+            tracing::warn!("final sync failed: {e}");
         }
         let sync = self.sync.clone();
         let _ = tokio::task::spawn_blocking(move || sync.stop()).await;

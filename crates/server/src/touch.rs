@@ -64,7 +64,6 @@ use crate::service::Server;
 use madfs_kv::{KvStore, WriteBatch};
 use madfs_proto::message::{Op, Reply, TouchToken, TouchWait};
 use madfs_proto::{ErrorCode, WireError};
-use madfs_rpc::log_warn;
 use madfs_types::{Attr, FileKind, InodeId, ServerId, Timestamp};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -169,7 +168,7 @@ impl Touches {
             .filter(|&ms| ms > 0)
             .map(Duration::from_millis);
         if let Some(d) = delay {
-            log_warn!("{TOUCH_DELAY_ENV}: every directory touch is sent {d:?} late");
+            tracing::warn!("{TOUCH_DELAY_ENV}: every directory touch is sent {d:?} late");
         }
         Ok(Touches {
             queues: Mutex::new(HashMap::new()),
@@ -286,7 +285,7 @@ impl Server {
                 .touch_local(&mut b, changes, time)
                 .and_then(|()| self.kv.write(b, false).map_err(kv_err));
             if let Err(e) = written {
-                log_warn!("touching a directory: {e}");
+                tracing::warn!("touching a directory: {e}");
             }
         }
         self.touch_queued(changes, time)
@@ -313,7 +312,7 @@ impl Server {
         let fresh_seq = || match self.touches.seq.next(self.kv.as_ref()) {
             Ok(s) => Some(s),
             Err(e) => {
-                log_warn!("touching directory {dir}: no touch id: {e}");
+                tracing::warn!("touching directory {dir}: no touch id: {e}");
                 None
             }
         };
@@ -408,12 +407,12 @@ impl Server {
                 // Removed meanwhile: nothing left to touch.
                 Err(e) if e.code == ErrorCode::NotFound => return,
                 Err(e) if crate::rename::is_uncertain(&e) && Instant::now() < give_up => {
-                    log_warn!("touching directory {dir} on its owner (will retry): {e}");
+                    tracing::warn!("touching directory {dir} on its owner (will retry): {e}");
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(TOUCH_BACKOFF_MAX);
                 }
                 Err(e) => {
-                    log_warn!("touching directory {dir} on its owner, dropped: {e}");
+                    tracing::warn!("touching directory {dir} on its owner, dropped: {e}");
                     return;
                 }
             }

@@ -11,7 +11,6 @@ use crate::touch::DirChanges;
 use madfs_kv::WriteBatch;
 use madfs_proto::message::{Hold, Op, Reply};
 use madfs_proto::{ErrorCode, WireError};
-use madfs_rpc::log_warn;
 use madfs_types::{Credentials, FileKind, FileName, InodeId, ServerId, Timestamp};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -136,7 +135,7 @@ impl Server {
                 for s in servers {
                     if let Err(e) = self.call_peer(s, Op::PurgeChunks { ino }).await {
                         if round == 0 {
-                            log_warn!("purging chunks of {ino} on server {s}: {e} (retrying)");
+                            tracing::warn!("purging chunks of {ino} on server {s}: {e} (retrying)");
                         }
                         failed.push(s);
                     }
@@ -145,7 +144,7 @@ impl Server {
                     let mut b = WriteBatch::new();
                     b.delete(&keys::orphan(ino));
                     if let Err(e) = self.kv.write(b, false) {
-                        log_warn!("clearing orphan {ino}: {e}");
+                        tracing::warn!("clearing orphan {ino}: {e}");
                     }
                 } else {
                     left.push((ino, failed));
@@ -155,7 +154,7 @@ impl Server {
                 return;
             }
             if Instant::now() >= deadline {
-                log_warn!(
+                tracing::warn!(
                     "{} freed inodes keep chunk files on unreachable servers; \
                      purged at this server's next start",
                     left.len()
@@ -261,7 +260,7 @@ impl Server {
                 // The owner holds a regular file it was asked to at 0.
                 Ok(Reply::Links { nlink: 0 }) => held = hold && kind == FileKind::File,
                 Ok(_) => {}
-                Err(e) => log_warn!("dropping a link of {ino} on its owner: {e}"),
+                Err(e) => tracing::warn!("dropping a link of {ino} on its owner: {e}"),
             }
         }
         if want_dir {
