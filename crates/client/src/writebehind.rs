@@ -49,7 +49,9 @@ impl Budget {
     fn units(&self, len: usize) -> u32 {
         // A write larger than the whole budget takes all of it (and so
         // runs alone) instead of waiting forever.
-        len.div_ceil(UNIT).clamp(1, self.total_units) as u32
+        let units = len.div_ceil(UNIT).clamp(1, self.total_units);
+        assert!(units <= self.total_units && units <= u32::MAX as usize);
+        units as u32
     }
 }
 
@@ -169,7 +171,16 @@ impl WriteBehind {
     pub fn finish(&self, ticket: Ticket, result: Result<(), ClientError>) {
         {
             let mut st = self.lock();
+            let before = st.in_flight.len();
             st.in_flight.retain(|&(id, _, _)| id != ticket.id);
+            // Each ticket is in flight exactly once: a range left behind
+            // would block overlapping writes (and drain) forever.
+            assert_eq!(
+                st.in_flight.len() + 1,
+                before,
+                "write {} was not in flight",
+                ticket.id
+            );
             if let Err(e) = result {
                 st.error.get_or_insert(e);
             }

@@ -46,6 +46,8 @@ impl Locks {
         let mut idx: Vec<usize> = keys.iter().map(|k| Self::stripe(*k)).collect();
         idx.sort_unstable();
         idx.dedup();
+        // The lock order that rules out deadlock: strictly ascending.
+        assert!(idx.windows(2).all(|w| w[0] < w[1]), "stripes out of order");
         let mut guards = Vec::with_capacity(idx.len());
         for i in idx {
             guards.push(self.stripes[i].lock().await);

@@ -81,6 +81,10 @@ impl Server {
         }
         self.check_space(data.len() as u64)?;
         let cs = self.chunk_size;
+        assert!(
+            end <= cs,
+            "a write past its chunk would overlap the next one"
+        );
         if chunk.0 != 0 {
             let chunks = self.chunks.clone();
             blocking(move || chunks.write(ino, chunk, offset as u64, &data, cs))
@@ -126,7 +130,12 @@ impl Server {
                 .map_err(io_err)?;
         }
         let now = Timestamp::now();
+        let before = inode.attr.size;
         inode.attr.size = inode.attr.size.max(file_size);
+        // Sizes only merge upwards here (truncate is setattr's): a write
+        // that shrank a file would lose data written past it.
+        assert!(inode.attr.size >= before && inode.attr.size >= file_size);
+        assert!(inode.attr.size <= limits::FILE_SIZE_MAX_BYTES);
         inode.attr.mtime = now;
         inode.attr.ctime = now;
         b.put(&keys::inode(ino), &inode.encode());
@@ -145,7 +154,9 @@ impl Server {
         }
         let _g = self.locks.lock(&[LockKey::Inode(ino)]).await;
         let mut inode = self.must_inode(ino)?;
+        let before = inode.attr.size;
         inode.attr.size = inode.attr.size.max(size);
+        assert!(inode.attr.size >= before && inode.attr.size >= size);
         inode.attr.mtime = inode.attr.mtime.max(mtime);
         inode.attr.ctime = Timestamp::now();
         let mut b = WriteBatch::new();
