@@ -510,9 +510,7 @@ impl Inner {
                 .ok_or_else(|| ClientError::new(ErrorCode::BadFileHandle, "unknown handle"))?;
             // Chunks written through other handles of this mount, past
             // what the owner knows, must go too.
-            if let Some(known) = self.files.known_size(ino.0) {
-                f.file.know_size(known);
-            }
+            self.files.share_known_size(ino.0, &f.file);
             last = Some(f.file.set_len(size).await?);
             self.truncated(ino, size);
             changes.size = None;
@@ -594,9 +592,7 @@ impl Inner {
     /// were drained before the truncate, and the kernel sends none during
     /// it, so what those handles wrote below `size` is on the servers.
     fn truncated(&self, ino: InodeId, size: u64) {
-        for f in self.files.of_ino(ino.0) {
-            f.file.truncated(size);
-        }
+        self.files.truncated(ino.0, size);
     }
 
     fn register(&self, file: File, flags: i32) -> R<u64> {
@@ -1222,9 +1218,7 @@ impl Filesystem for MadFs {
                 // stop at the owner's size (a short read would make the
                 // kernel cut its size of the file there).
                 fs.drain_ino(f.ino).await;
-                if let Some(known) = fs.files.known_size(f.ino) {
-                    f.file.know_size(known);
-                }
+                fs.files.share_known_size(f.ino, &f.file);
                 Ok(f.file.read_at(offset, size as usize).await?)
             }
             .await;

@@ -275,7 +275,10 @@ impl FileTable {
     /// Handles without such writes do not count: the size they saw at
     /// open may be stale.
     pub fn known_size(&self, ino: u64) -> Option<u64> {
-        let t = self.lock();
+        Self::known_size_in(&self.lock(), ino)
+    }
+
+    fn known_size_in(t: &FileIndex, ino: u64) -> Option<u64> {
         let fhs = t.by_ino.get(&ino)?;
         fhs.iter()
             .filter_map(|fh| t.by_fh.get(fh))
@@ -288,6 +291,32 @@ impl FileTable {
                 unpublished.max(f.wb.in_flight_end())
             })
             .max()
+    }
+
+    /// Tell `target` (a handle of `ino`) the size the other handles of this
+    /// mount gave the inode (`known_size`). Under the table's lock, as
+    /// `truncated` is: a size sampled before a truncate and handed over
+    /// after it would bring the old size back.
+    pub fn share_known_size(&self, ino: u64, target: &File) {
+        let t = self.lock();
+        if let Some(known) = Self::known_size_in(&t, ino) {
+            target.know_size(known);
+        }
+    }
+
+    /// `ino` was truncated to `size`: every handle of it forgets sizes
+    /// above it (see `share_known_size`).
+    pub fn truncated(&self, ino: u64, size: u64) {
+        let t = self.lock();
+        for f in t
+            .by_ino
+            .get(&ino)
+            .into_iter()
+            .flatten()
+            .filter_map(|fh| t.by_fh.get(fh))
+        {
+            f.file.truncated(size);
+        }
     }
 
     /// Whether any handle of `ino` is open.
