@@ -356,3 +356,42 @@ async fn rename_stamps_the_moved_inode_ctime() {
         }
     }
 }
+
+/// A directory's times set after filling it stay as set: cp -a, tar and
+/// rsync create the entries, then set the directory's mtime. With every
+/// touch sent `TOUCH_DELAY` late, the touches of the creates must land
+/// before the setattr, not over it (before, the late touch moved the
+/// mtime back to the creates' time, and `cp -a` through the mount copied
+/// trees with wrong directory times).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn times_set_after_filling_a_directory_stay_as_set() {
+    let tc = TestCluster::start_with(
+        SERVERS,
+        common::Options {
+            server_env: vec![(
+                "MADFS_TEST_TOUCH_DELAY_MS".to_string(),
+                TOUCH_DELAY.as_millis().to_string(),
+            )],
+            ..Default::default()
+        },
+    );
+    let c = tc.client();
+    let d = c.mkdir("/filled", 0o755).await.unwrap();
+    for n in names_on(&d, "f", false, 4) {
+        c.write_file(format!("/filled/{n}"), b"x").await.unwrap();
+    }
+    // By inode, as the mount does (the kernel has the directory's inode
+    // cached; a path would make the client look the name up first).
+    let set = madfs_client::SetAttrs {
+        atime: TimeSet::At(PAST),
+        mtime: TimeSet::At(PAST),
+        ..Default::default()
+    };
+    let a = c.setattr(d.ino, set).await.unwrap();
+    assert_eq!(a.mtime, PAST);
+    // Past the delay every touch has landed; the times are still as set.
+    tokio::time::sleep(TOUCH_DELAY * 2).await;
+    let other = tc.client().with_cache(CacheConfig::off());
+    let a = other.stat("/filled").await.unwrap();
+    assert_eq!((a.mtime, a.atime), (PAST, PAST), "{a:?}");
+}

@@ -387,6 +387,14 @@ impl Client {
         changes: SetAttrs,
         known_size: u64,
     ) -> Result<Attr> {
+        if self.touched.pending(ino) {
+            // This client's own changes in the directory are still on their
+            // way to its owner: they happened first, so their times must
+            // not land over the times set here (cp -a, tar and rsync set a
+            // directory's mtime after filling it). The GetAttr waits for
+            // them (touched.rs).
+            self.getattr(ino).await?;
+        }
         if changes.size.is_some() {
             // A write of another handle landing after the truncate would
             // bring data back.
