@@ -20,11 +20,10 @@
 //! the directory itself (which then keeps the servers' reply). That drops
 //! what is kept and refuses every answer to a question asked before: a
 //! GETATTR sent before the change and answered after it would bring back
-//! the old attributes. Today MadFS leaves a directory's mtime and ctime as
-//! they are when names are made or removed in it (docs/ARCHITECTURE.md,
-//! Known gaps), but once the servers update them (issue 13) a cached
-//! answer from before a create would show the old times; dropping keeps
-//! this cache exact for this mount's own changes either way. Refreshing
+//! the old attributes. The servers move a directory's mtime, ctime and
+//! link count when names are made or removed in it, so a cached answer
+//! from before a create would show the old ones; dropping keeps this cache
+//! exact for this mount's own changes. Refreshing
 //! instead of dropping would need the parent's new attributes in the
 //! servers' replies.
 
