@@ -1,6 +1,15 @@
-//! The client API for plain threads (FUSE workers, the preload library, the
-//! CLI): each method drives the async one to completion on a runtime the
-//! blocking client owns, so callers need no tokio of their own.
+//! `BlockingClient` and `BlockingFile`: the client API for callers on plain
+//! threads that have no tokio runtime. Each method drives the same-named
+//! async method of `Client` or `File` to completion on a runtime the
+//! blocking client owns: two worker threads (`connect`, `from_config`,
+//! `from_client`), or none (`connect_single_threaded`: the calling thread
+//! drives the sockets itself while it waits).
+//!
+//! Used by the benchmark's ranks (crates/bench, engine.rs) and by tests.
+//! The FUSE mount, the interception library and the CLI call the async
+//! `Client` on runtimes of their own (the mount's reader threads and task
+//! pool, the interception library's current-thread runtime, one per CLI
+//! command).
 //!
 //! Must not be called from inside a tokio runtime (block_on would panic
 //! there); and the last clone must be dropped outside one too, since that

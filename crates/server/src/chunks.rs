@@ -21,11 +21,9 @@
 //! every write, truncate and purge here goes through the cache's tickets,
 //! which keep it coherent with the files.
 //!
-//! A failed fsync poisons the store (as PostgreSQL and fjall do): after
-//! one, Linux may have dropped the dirty pages and cleared the error, so a
-//! second fsync, on any descriptor, would succeed and prove nothing
-//! ("fsyncgate"). From then on every write, truncate, purge and sync fails
-//! with EIO and the reason, until the server is restarted; see `poison`.
+//! A failed fsync poisons the store: from then on every write, truncate,
+//! purge and sync fails with EIO and the reason, until the server is
+//! restarted (why not retry: see `ChunkStore::poison`).
 
 use crate::chunk_cache::{CacheBytes, CacheStats, ChunkCache};
 use crate::memory::MemoryGauge;
