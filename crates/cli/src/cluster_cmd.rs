@@ -21,6 +21,7 @@ pub fn server(
     find_index_mib: usize,
     direct_io: bool,
     cache_mib: Option<usize>,
+    metrics: Option<std::net::SocketAddr>,
 ) -> Result<ExitCode, String> {
     let path = ClusterConfig::locate(cluster);
     let cfg = ClusterConfig::load(&path).map_err(|e| e.to_string())?;
@@ -39,6 +40,7 @@ pub fn server(
         find_index_bytes,
         direct_io,
         cache_bytes,
+        metrics,
     };
     madfs_server::run(cfg, ServerId(id), opts).map_err(|e| format!("server {id}: {e}"))?;
     Ok(ExitCode::SUCCESS)
@@ -119,6 +121,7 @@ pub fn up(
                 id,
                 address: format!("127.0.0.1:{port}").parse().expect("valid address"),
                 data_dir: data.join(format!("server-{id}")),
+                metrics: None,
             });
         }
         let cfg = ClusterConfig {

@@ -192,6 +192,7 @@ async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
         | Command::Up { .. }
         | Command::Down { .. }
         | Command::Status
+        | Command::Metrics { .. }
         | Command::Mount { .. }
         | Command::Umount { .. }
         | Command::Find { .. }

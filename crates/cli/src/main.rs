@@ -8,6 +8,7 @@ mod files;
 mod find_cmd;
 mod fsx_cmd;
 mod locate;
+mod metrics_cmd;
 mod mount_cmd;
 mod run_cmd;
 
@@ -62,6 +63,11 @@ enum Command {
         /// among the servers it starts here.
         #[arg(long)]
         cache_mib: Option<usize>,
+        /// Serve Prometheus metrics over HTTP (`GET /metrics`) on this
+        /// address, e.g. 127.0.0.1:9100 (default: the server's `metrics` in
+        /// the cluster file; absent there too: none).
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<std::net::SocketAddr>,
     },
     /// Start a local cluster on 127.0.0.1 and wait until every server answers.
     Up {
@@ -93,6 +99,18 @@ enum Command {
     },
     /// Show every server: address, up/down, inodes, bytes used.
     Status,
+    /// Show one server's operations per second, p99 latency and totals,
+    /// from two scrapes of its Prometheus metrics a second apart.
+    Metrics {
+        /// The server, by id (its metrics address comes from the cluster
+        /// file).
+        #[arg(long, default_value_t = 0)]
+        server: u16,
+        /// Scrape this address instead (host:port of `madfs server
+        /// --metrics`).
+        #[arg(long, value_name = "ADDR")]
+        address: Option<std::net::SocketAddr>,
+    },
     /// Mount the cluster on a directory (FUSE); returns once it is mounted.
     Mount {
         dir: PathBuf,
@@ -266,6 +284,7 @@ fn main() -> ExitCode {
             find_index_mib,
             no_direct_io,
             cache_mib,
+            metrics,
         } => cluster_cmd::server(
             cli.cluster.as_deref(),
             id,
@@ -273,6 +292,7 @@ fn main() -> ExitCode {
             find_index_mib,
             !no_direct_io,
             cache_mib,
+            metrics,
         ),
         Command::Up {
             servers,
@@ -289,6 +309,12 @@ fn main() -> ExitCode {
         }),
         Command::Down { data } => cluster_cmd::down(&data),
         Command::Status => cluster_cmd::status(cli.cluster.as_deref()),
+        Command::Metrics { server, address } => metrics_cmd::show(
+            cli.cluster.as_deref(),
+            server,
+            address,
+            metrics_cmd::DEFAULT_INTERVAL,
+        ),
         Command::Mount { dir, foreground } => {
             mount_cmd::mount(cli.cluster.as_deref(), &dir, foreground)
         }

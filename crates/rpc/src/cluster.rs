@@ -29,6 +29,11 @@ pub struct ServerEntry {
     pub id: u16,
     pub address: SocketAddr,
     pub data_dir: PathBuf,
+    /// Where the server serves Prometheus metrics over HTTP (`GET
+    /// /metrics`), unless `madfs server --metrics` says otherwise; absent:
+    /// nowhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<SocketAddr>,
 }
 
 impl ClusterConfig {
@@ -163,6 +168,7 @@ mod tests {
                     id: i,
                     address: format!("127.0.0.1:{}", 7000 + i).parse().unwrap(),
                     data_dir: format!("/tmp/s{i}").into(),
+                    metrics: None,
                 })
                 .collect(),
         }
@@ -172,6 +178,16 @@ mod tests {
     fn toml_round_trips() {
         let c = sample();
         assert_eq!(ClusterConfig::from_toml(&c.to_toml()).unwrap(), c);
+    }
+
+    #[test]
+    fn metrics_addresses_are_optional_and_round_trip() {
+        let mut c = sample();
+        assert!(!c.to_toml().contains("metrics"));
+        c.servers[1].metrics = Some("127.0.0.1:9100".parse().unwrap());
+        let text = c.to_toml();
+        assert!(text.contains("metrics = \"127.0.0.1:9100\""), "{text}");
+        assert_eq!(ClusterConfig::from_toml(&text).unwrap(), c);
     }
 
     #[test]

@@ -40,6 +40,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 static HANDLER_PANICS: AtomicU64 = AtomicU64::new(0);
 static PROTOCOL_ERRORS: AtomicU64 = AtomicU64::new(0);
+static CONNECTIONS: AtomicU64 = AtomicU64::new(0);
 
 /// Request handlers that panicked in this process since it started (each
 /// was answered with an Io error); for a server's status report.
@@ -51,6 +52,28 @@ pub fn handler_panics() -> u64 {
 /// that are not valid frames (bad magic, checksum, lengths, encodings).
 pub fn protocol_errors() -> u64 {
     PROTOCOL_ERRORS.load(Ordering::Relaxed)
+}
+
+/// Connections this process's servers have open now (accepted and not yet
+/// closed, handshake included).
+pub fn connections() -> u64 {
+    CONNECTIONS.load(Ordering::Relaxed)
+}
+
+/// One open connection in `CONNECTIONS`, until dropped.
+struct OpenConnection;
+
+impl OpenConnection {
+    fn new() -> OpenConnection {
+        CONNECTIONS.fetch_add(1, Ordering::Relaxed);
+        OpenConnection
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        CONNECTIONS.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Who sent a request.
@@ -110,6 +133,7 @@ pub async fn serve_with_budget<H: Handler>(
         };
         let _ = stream.set_nodelay(true);
         let (key, handler, budget) = (key.clone(), handler.clone(), budget.clone());
+        let open = OpenConnection::new();
         tokio::spawn(async move {
             if let Err(e) = connection(stream, peer, server_id, &key, handler, budget).await {
                 if matches!(e, RpcError::Protocol(_)) {
@@ -118,6 +142,7 @@ pub async fn serve_with_budget<H: Handler>(
                 tracing::warn!("connection from {peer} closed: {e}");
             }
             drop(permit);
+            drop(open);
         });
     }
 }

@@ -492,6 +492,11 @@ impl IndexedKv {
         self.inodes.get(ino)
     }
 
+    /// Memory the dentry and inode copies take now.
+    pub(crate) fn index_bytes(&self) -> usize {
+        self.budget.used()
+    }
+
     /// Whether finds are served from memory.
     #[cfg(test)]
     pub(crate) fn index_on(&self) -> bool {

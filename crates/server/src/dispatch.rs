@@ -12,6 +12,7 @@ use madfs_rpc::serve::{CallContext, Handler};
 use madfs_types::FileKind;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Instant;
 
 impl Server {
     /// Background work: finish renames and chunk purges a crash interrupted.
@@ -252,5 +253,15 @@ impl Handler for Server {
         data: Vec<u8>,
     ) -> impl Future<Output = OpResult> + Send {
         self.dispatch(ctx, req, data)
+    }
+}
+
+/// The entry point when the server counts its requests (metrics.rs).
+impl Handler for crate::metrics::Metered {
+    async fn handle(self: &Arc<Self>, ctx: CallContext, req: Request, data: Vec<u8>) -> OpResult {
+        let (op, data_in, started) = (req.op.opcode(), data.len(), Instant::now());
+        let result = self.server.dispatch(ctx, req, data).await;
+        self.metrics.record(op, started.elapsed(), data_in, &result);
+        result
     }
 }

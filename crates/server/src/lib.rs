@@ -15,6 +15,7 @@ mod inode_index;
 pub mod keys;
 pub mod locks;
 mod memory;
+pub mod metrics;
 mod ops;
 mod peers;
 pub mod perm;
@@ -95,6 +96,9 @@ pub struct RunOptions {
     /// Memory for recently written and read chunk extents (chunk_cache.rs;
     /// 0: none).
     pub cache_bytes: usize,
+    /// Where to serve Prometheus metrics (`GET /metrics`); None: the
+    /// cluster file's `metrics` of this server, if any.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 impl Default for RunOptions {
@@ -104,6 +108,7 @@ impl Default for RunOptions {
             find_index_bytes: FIND_INDEX_DEFAULT_BYTES,
             direct_io: true,
             cache_bytes: 0,
+            metrics: None,
         }
     }
 }
@@ -133,10 +138,30 @@ pub fn run(cfg: ClusterConfig, id: ServerId, opts: RunOptions) -> Result<(), Ser
             .await
             .map_err(|e| ServerError::Bind(format!("{}: {e}", entry.address)))?;
         tracing::info!("server {id} listening on {}", entry.address);
+        let metrics = Arc::new(metrics::Metrics::new(server.sync.stats()));
+        let metrics_http = match opts.metrics.or(entry.metrics) {
+            None => None,
+            Some(addr) => {
+                let l = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| ServerError::Bind(format!("metrics on {addr}: {e}")))?;
+                let at = l.local_addr().unwrap_or(addr);
+                tracing::info!("server {id} serves metrics on http://{at}/metrics");
+                Some(tokio::spawn(metrics::serve_http(
+                    l,
+                    server.clone(),
+                    metrics.clone(),
+                )))
+            }
+        };
         server.clone().start_background();
-        let serving = tokio::spawn(madfs_rpc::serve::serve(listener, id, key, server.clone()));
+        let handler = Arc::new(metrics::Metered::new(server.clone(), metrics));
+        let serving = tokio::spawn(madfs_rpc::serve::serve(listener, id, key, handler));
         wait_for_shutdown().await;
         serving.abort();
+        if let Some(h) = metrics_http {
+            h.abort();
+        }
         server.shutdown().await;
         tracing::info!("server {id} stopped");
         Ok(())

@@ -14,6 +14,7 @@ use madfs_kv::{KvError, KvStore, WriteBatch};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Instant;
 use tokio::sync::oneshot;
 
 /// Waiters queued at once; beyond it fsync callers wait to enqueue.
@@ -31,11 +32,38 @@ enum Message {
 pub struct SyncCoalescer {
     tx: mpsc::SyncSender<Message>,
     thread: Arc<Mutex<Option<JoinHandle<()>>>>,
+    stats: SyncStats,
+}
+
+/// Sync rounds and their durations, for the server's metrics (metrics.rs).
+#[derive(Clone, Debug)]
+pub struct SyncStats {
+    pub rounds: prometheus_client::metrics::counter::Counter,
+    pub duration: prometheus_client::metrics::histogram::Histogram,
+}
+
+impl SyncStats {
+    pub fn new() -> SyncStats {
+        SyncStats {
+            rounds: Default::default(),
+            duration: prometheus_client::metrics::histogram::Histogram::new(
+                crate::metrics::latency_buckets(),
+            ),
+        }
+    }
+}
+
+impl Default for SyncStats {
+    fn default() -> Self {
+        SyncStats::new()
+    }
 }
 
 impl SyncCoalescer {
     pub fn start(chunks: Arc<ChunkStore>, kv: Arc<dyn KvStore>) -> SyncCoalescer {
         let (tx, rx) = mpsc::sync_channel::<Message>(QUEUE_MAX);
+        let stats = SyncStats::new();
+        let counted = stats.clone();
         let thread = std::thread::Builder::new()
             .name("madfs-sync".into())
             .spawn(move || {
@@ -53,6 +81,7 @@ impl SyncCoalescer {
                     if waiters.is_empty() {
                         continue;
                     }
+                    let started = Instant::now();
                     let result = chunks
                         .sync_dirty()
                         .map_err(|e| format!("syncing chunk files: {e}"))
@@ -62,6 +91,8 @@ impl SyncCoalescer {
                                 format!("syncing metadata log: {e}")
                             })
                         });
+                    counted.rounds.inc();
+                    counted.duration.observe(started.elapsed().as_secs_f64());
                     for w in waiters {
                         let _ = w.send(result.clone());
                     }
@@ -73,7 +104,13 @@ impl SyncCoalescer {
         SyncCoalescer {
             tx,
             thread: Arc::new(Mutex::new(Some(thread))),
+            stats,
         }
+    }
+
+    /// Rounds run so far and their durations.
+    pub fn stats(&self) -> &SyncStats {
+        &self.stats
     }
 
     /// Wait until everything written before this call is durable.

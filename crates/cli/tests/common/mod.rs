@@ -55,6 +55,9 @@ pub struct Options {
     /// More environment variables for `madfs server` (test knobs such as
     /// `MADFS_TEST_TOUCH_DELAY_MS`, test faults).
     pub server_env: Vec<(String, String)>,
+    /// Give every server a metrics address (a free loopback port) in the
+    /// cluster file.
+    pub metrics: bool,
 }
 
 /// The command prefix that starts a program in a fresh mount namespace with
@@ -182,18 +185,24 @@ impl TestCluster {
     }
 
     fn write_config(&mut self, n: usize) {
-        let ports = free_ports(n);
+        let ports = free_ports(if self.opts.metrics { 2 * n } else { n });
+        let metrics = |i: usize| {
+            self.opts
+                .metrics
+                .then(|| format!("127.0.0.1:{}", ports[n + i]).parse().unwrap())
+        };
         self.cfg = ClusterConfig {
             cluster_id: format!("madfs-test-{}", std::process::id()),
             chunk_size: CHUNK,
             key_file: PathBuf::from("cluster.key"),
-            servers: ports
+            servers: ports[..n]
                 .iter()
                 .enumerate()
                 .map(|(i, p)| ServerEntry {
                     id: i as u16,
                     address: format!("127.0.0.1:{p}").parse().unwrap(),
                     data_dir: self.root.join(format!("server-{i}")),
+                    metrics: metrics(i),
                 })
                 .collect(),
         };
