@@ -131,6 +131,24 @@ impl Client {
         })
     }
 
+    /// A client of the cluster `cfg` describes whose calls go through
+    /// `pool` (the simulation's in-process network, crates/sim).
+    pub fn from_pool(cfg: &ClusterConfig, pool: Pool) -> Result<Client> {
+        cfg.validate()?;
+        let timeouts = Timeouts::default();
+        Ok(Client {
+            pool: Arc::new(pool),
+            creds: Arc::new(Credentials::current_process()),
+            chunk_size: cfg.chunk_size,
+            timeouts,
+            write_budget: Budget::new(writebehind::BUDGET_BYTES),
+            cache: Arc::new(MetaCache::new(CacheConfig::default())),
+            counts: Arc::new(Counters::new()),
+            open_files: Arc::new(OpenFiles::default()),
+            preload_bytes: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+        })
+    }
+
     /// This client (sharing its connections and counters) with a new,
     /// empty metadata cache configured by `cfg` (`CacheConfig::off()` for
     /// callers with a cache of their own, such as the FUSE mount, whose

@@ -33,7 +33,9 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's clock: the simulation (crates/sim) runs it paused and advances it.
+use tokio::time::Instant;
 use tokio::sync::Notify;
 
 pub(crate) type OpResult = Result<(Reply, Vec<u8>), WireError>;
@@ -140,6 +142,20 @@ impl Server {
         data_dir: PathBuf,
         opts: &RunOptions,
     ) -> Result<Server, ServerError> {
+        let peers = Pool::new(cfg, key, Role::Peer, Timeouts::default());
+        Self::with_store_and_peers(cfg, id, kv, data_dir, opts, peers)
+    }
+
+    /// `with_store`, reaching the other servers through `peers` (the
+    /// simulation's in-process network, crates/sim).
+    pub fn with_store_and_peers(
+        cfg: &ClusterConfig,
+        id: ServerId,
+        kv: Arc<dyn KvStore>,
+        data_dir: PathBuf,
+        opts: &RunOptions,
+        peers: Pool,
+    ) -> Result<Server, ServerError> {
         // Every write from here on goes through the index's wrapper.
         let indexed = Arc::new(IndexedKv::new(kv, opts.find_index_bytes));
         let kv: Arc<dyn KvStore> = indexed.clone();
@@ -200,7 +216,7 @@ impl Server {
             indexed,
             sync: SyncCoalescer::start(chunks.clone(), kv.clone()),
             chunks,
-            peers: Pool::new(cfg, key, Role::Peer, Timeouts::default()),
+            peers,
             locks: Locks::default(),
             inode_counter,
             inode_count: AtomicU64::new(inodes),
@@ -1104,7 +1120,9 @@ impl Server {
         Self::put_dentry(&mut b, parent, name, kind, ino);
         let now = inode.attr.ctime;
         self.touch_local(&mut b, &changes, now)?;
-        self.kv.write(b, false).map_err(kv_err)?;
+        // Other servers may put entries into a new directory at once: it
+        // must outlive a power cut first, or they outlive it.
+        self.kv.write(b, kind == FileKind::Dir).map_err(kv_err)?;
         drop(g);
         drop(gate);
         self.inode_count.fetch_add(1, Ordering::Relaxed);
@@ -1179,7 +1197,11 @@ impl Server {
         }
         let time = Timestamp::now();
         self.touch_local(&mut b, &changes, time)?;
-        self.kv.write(b, false).map_err(kv_err)?;
+        // Other servers act on the removal next (the owner drops the link,
+        // every server forgets the directory): it must outlive a power cut
+        // first, or the name comes back without its inode or directory.
+        let remote = want_dir || ino.owner() != self.id;
+        self.kv.write(b, remote).map_err(kv_err)?;
         drop(guard);
         self.touch_remote(&changes, time).await;
         if let Some(inode) = &freed {
@@ -1753,10 +1775,24 @@ pub(crate) fn owner_of(a: &Attr) -> Owner {
     }
 }
 
+/// Set by `run_disk_io_inline`.
+static DISK_IO_INLINE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Run chunk file I/O on the calling task instead of the blocking pool,
+/// in every server of this process: the deterministic simulation
+/// (crates/sim) needs it, since a blocking-pool thread finishes at a
+/// moment the runtime's scheduler does not choose.
+pub fn run_disk_io_inline(on: bool) {
+    DISK_IO_INLINE.store(on, Ordering::Relaxed);
+}
+
 /// Run disk work on the blocking pool.
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
 ) -> std::io::Result<T> {
+    if DISK_IO_INLINE.load(Ordering::Relaxed) {
+        return f();
+    }
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| std::io::Error::other(format!("disk task failed: {e}")))?

@@ -59,7 +59,9 @@ use madfs_rpc::log_warn;
 use madfs_types::{Attr, FileKind, InodeId, ServerId, Timestamp};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's clock: the simulation (crates/sim) runs it paused.
+use tokio::time::Instant;
 use tokio::sync::oneshot;
 
 /// An operation waits this long at most for its touch before it replies

@@ -1,0 +1,799 @@
+//! The simulation driver: builds a cluster of real servers over simulated
+//! disks and network, drives random namespace operations through real
+//! clients, injects faults, and checks the model after every step.
+
+use crate::disk::SimDisk;
+use crate::model::{observe, parent_of, Action, Model, Observed};
+use crate::net::{Caller, Faults, SimNet};
+use madfs_client::{CacheConfig, Client, ClientError, ErrorCode, OpenOptions};
+use madfs_proto::auth::Role;
+use madfs_rpc::{ClusterConfig, Pool, ServerEntry};
+use madfs_server::{RunOptions, Server};
+use madfs_types::{FileKind, InodeId, ServerId};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Virtual time given to background recovery (rename settling, purges,
+/// touches) after each step before the stores are checked.
+const SETTLE: Duration = Duration::from_secs(120);
+const CHUNK_SIZE: u64 = 64 * 1024;
+const NAMES: [&str; 5] = ["a", "b", "c", "d", "e"];
+
+/// What one run simulates.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    pub seed: u64,
+    pub steps: usize,
+    pub servers: usize,
+    pub clients: usize,
+    /// Print every step.
+    pub verbose: bool,
+}
+
+impl SimConfig {
+    pub fn new(seed: u64, steps: usize) -> SimConfig {
+        SimConfig {
+            seed,
+            steps,
+            servers: 3,
+            clients: 2,
+            verbose: false,
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    pub steps: usize,
+    pub ops_ok: usize,
+    pub ops_failed: usize,
+    pub crashes: usize,
+    pub lost_batches: usize,
+    pub dropped: u64,
+    pub delivered: u64,
+    /// Leaked inodes seen after crashes (which the design admits).
+    pub leaks_after_crash: usize,
+    /// A digest of every step's action, result and observed state: two
+    /// runs of one seed must give the same.
+    pub trace: u64,
+}
+
+/// A broken invariant, with what is needed to replay it.
+#[derive(Debug)]
+pub struct Failure {
+    pub seed: u64,
+    pub steps: usize,
+    pub step: usize,
+    pub message: String,
+    pub log: Vec<String>,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "simulation seed {} failed at step {}:", self.seed, self.step)?;
+        writeln!(f, "  {}", self.message.replace('\n', "\n  "))?;
+        writeln!(f, "last steps:")?;
+        for l in self.log.iter().rev().take(25).rev() {
+            writeln!(f, "  {l}")?;
+        }
+        write!(
+            f,
+            "replay: MADFS_SIM_SEED={} MADFS_SIM_STEPS={} cargo test -p madfs-sim --test sim -- --nocapture",
+            self.seed, self.steps
+        )
+    }
+}
+
+/// Run one seed in a fresh single-threaded runtime on a paused clock.
+pub fn run(cfg: &SimConfig) -> Result<Outcome, Failure> {
+    madfs_server::run_disk_io_inline(true);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("building the simulation runtime");
+    let cfg2 = cfg.clone();
+    let result = rt.block_on(async move {
+        let mut sim = Sim::new(&cfg2).map_err(|m| Failure {
+            seed: cfg2.seed,
+            steps: cfg2.steps,
+            step: 0,
+            message: m,
+            log: Vec::new(),
+        })?;
+        let r = sim.run().await;
+        sim.shutdown();
+        r
+    });
+    // Tasks of crashed servers may still hold their stores: drop them now.
+    rt.shutdown_background();
+    result
+}
+
+struct Cluster {
+    cfg: ClusterConfig,
+    net: Arc<SimNet>,
+    disks: Vec<Arc<SimDisk>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    fn start(&self, id: ServerId) -> Result<(), String> {
+        let inc = self.net.next_incarnation(id);
+        let kv = Arc::new(self.disks[id.0 as usize].open());
+        let peers = Pool::in_process(
+            self.net.endpoint(Caller::Server(id, inc)),
+            self.disks.len(),
+            Role::Peer,
+        );
+        let opts = RunOptions {
+            threads: Some(1),
+            find_index_bytes: 0,
+            direct_io: false,
+            cache_bytes: 0,
+        };
+        let data_dir = self.cfg.servers[id.0 as usize].data_dir.clone();
+        let server = Server::with_store_and_peers(&self.cfg, id, kv.clone(), data_dir, &opts, peers)
+            .map_err(|e| format!("server {id} does not start: {e}"))?;
+        let server = Arc::new(server);
+        self.net.install(id, inc, server.clone(), kv);
+        server.start_background();
+        Ok(())
+    }
+}
+
+struct Sim {
+    seed: u64,
+    steps: usize,
+    verbose: bool,
+    rng: ChaCha8Rng,
+    cluster: Cluster,
+    clients: Vec<Client>,
+    model: Model,
+    /// The model at the last successful sync of every server, and what was
+    /// touched since (paths, and files by inode).
+    synced: Model,
+    dirty_paths: BTreeSet<String>,
+    dirty_files: BTreeSet<InodeId>,
+    /// Files whose fsync was acknowledged, with their bytes then (cleared
+    /// when they change again).
+    fsynced: HashMap<InodeId, Vec<u8>>,
+    log: Vec<String>,
+    out: Outcome,
+    step: usize,
+}
+
+fn is_uncertain(e: &ClientError) -> bool {
+    matches!(e.code, ErrorCode::Unavailable | ErrorCode::TimedOut)
+}
+
+fn fnv(h: &mut u64, s: &str) {
+    for b in s.bytes() {
+        *h ^= b as u64;
+        *h = h.wrapping_mul(0x100_0000_01b3);
+    }
+}
+
+impl Sim {
+    fn new(cfg: &SimConfig) -> Result<Sim, String> {
+        let dir = tempfile::Builder::new()
+            .prefix("madfs-sim-")
+            .tempdir()
+            .map_err(|e| e.to_string())?;
+        let servers = (0..cfg.servers)
+            .map(|i| ServerEntry {
+                id: i as u16,
+                address: std::net::SocketAddr::from(([127, 0, 0, 1], 7000 + i as u16)),
+                data_dir: dir.path().join(format!("server{i}")),
+            })
+            .collect();
+        let ccfg = ClusterConfig {
+            cluster_id: "sim".into(),
+            chunk_size: CHUNK_SIZE,
+            key_file: dir.path().join("key"),
+            servers,
+        };
+        let net = SimNet::new(cfg.seed, cfg.servers);
+        let cluster = Cluster {
+            cfg: ccfg,
+            net: net.clone(),
+            disks: (0..cfg.servers)
+                .map(|_| Arc::new(SimDisk::default()))
+                .collect(),
+            _dir: dir,
+        };
+        // Server 0 first: it makes the root.
+        for i in 0..cfg.servers {
+            cluster.start(ServerId(i as u16))?;
+        }
+        let clients = (0..cfg.clients)
+            .map(|i| {
+                let pool = Pool::in_process(
+                    net.endpoint(Caller::Client(i as u16)),
+                    cfg.servers,
+                    Role::Client,
+                );
+                Client::from_pool(&cluster.cfg, pool)
+                    .map(|c| c.with_cache(CacheConfig::off()))
+                    .map_err(|e| e.to_string())
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Sim {
+            seed: cfg.seed,
+            steps: cfg.steps,
+            verbose: cfg.verbose,
+            rng: ChaCha8Rng::seed_from_u64(cfg.seed),
+            cluster,
+            clients,
+            model: Model::default(),
+            synced: Model::default(),
+            dirty_paths: BTreeSet::new(),
+            dirty_files: BTreeSet::new(),
+            fsynced: HashMap::new(),
+            log: Vec::new(),
+            out: Outcome {
+                trace: 0xcbf2_9ce4_8422_2325,
+                ..Outcome::default()
+            },
+            step: 0,
+        })
+    }
+
+    fn shutdown(&mut self) {
+        for i in 0..self.cluster.disks.len() {
+            drop(self.cluster.net.kill(ServerId(i as u16)));
+        }
+    }
+
+    fn note(&mut self, line: String) {
+        fnv(&mut self.out.trace, &line);
+        if self.verbose {
+            eprintln!("[seed {} step {}] {line}", self.seed, self.step);
+        }
+        self.log.push(format!("{}: {line}", self.step));
+    }
+
+    fn fail(&self, message: String) -> Failure {
+        Failure {
+            seed: self.seed,
+            steps: self.steps,
+            step: self.step,
+            message,
+            log: self.log.clone(),
+        }
+    }
+
+    // ---- choosing -------------------------------------------------------
+
+    fn pick<'a, T>(&mut self, v: &'a [T]) -> Option<&'a T> {
+        if v.is_empty() {
+            None
+        } else {
+            Some(&v[self.rng.random_range(0..v.len())])
+        }
+    }
+
+    fn some_dir(&mut self) -> String {
+        let mut dirs = vec![String::new()];
+        dirs.extend(
+            self.model
+                .names
+                .iter()
+                .filter(|(p, e)| e.kind == FileKind::Dir && p.matches('/').count() < 3)
+                .map(|(p, _)| p.clone()),
+        );
+        self.pick(&dirs).cloned().unwrap_or_default()
+    }
+
+    fn some_path(&mut self) -> String {
+        let dir = self.some_dir();
+        let name = NAMES[self.rng.random_range(0..NAMES.len())];
+        format!("{dir}/{name}")
+    }
+
+    fn existing(&mut self, kind: Option<FileKind>) -> String {
+        let v: Vec<String> = self
+            .model
+            .names
+            .iter()
+            .filter(|(_, e)| kind.is_none_or(|k| e.kind == k))
+            .map(|(p, _)| p.clone())
+            .collect();
+        match self.pick(&v) {
+            Some(p) if self.rng.random_range(0..10) > 0 => p.clone(),
+            _ => self.some_path(),
+        }
+    }
+
+    fn data(&mut self, max: usize) -> Vec<u8> {
+        let len = self.rng.random_range(1..=max);
+        let b = self.rng.random::<u8>();
+        (0..len).map(|i| b.wrapping_add(i as u8)).collect()
+    }
+
+    fn choose(&mut self) -> Action {
+        match self.rng.random_range(0..100) {
+            0..=14 => Action::Mkdir(self.some_path()),
+            15..=29 => {
+                let p = self.some_path();
+                let d = self.data(3000);
+                Action::Create(p, d)
+            }
+            30..=41 => {
+                let path = self.existing(Some(FileKind::File));
+                // Mostly chunk 0 (inline); sometimes past it, into chunk files.
+                let offset = if self.rng.random_bool(0.25) {
+                    self.rng.random_range(0..3 * CHUNK_SIZE)
+                } else {
+                    self.rng.random_range(0..8192)
+                };
+                let max = if self.rng.random_bool(0.1) { 70_000 } else { 2000 };
+                let data = self.data(max);
+                let fsync = self.rng.random_bool(0.5);
+                Action::Write {
+                    path,
+                    offset,
+                    data,
+                    fsync,
+                }
+            }
+            42..=47 => {
+                let p = self.existing(Some(FileKind::File));
+                let size = if self.rng.random_bool(0.2) {
+                    self.rng.random_range(0..2 * CHUNK_SIZE)
+                } else {
+                    self.rng.random_range(0..4000)
+                };
+                Action::Truncate(p, size)
+            }
+            48..=67 => {
+                let a = self.existing(None);
+                let b = if self.rng.random_bool(0.3) {
+                    self.existing(None)
+                } else {
+                    self.some_path()
+                };
+                Action::Rename(a, b)
+            }
+            68..=74 => {
+                let a = self.existing(Some(FileKind::File));
+                let b = self.some_path();
+                Action::Link(a, b)
+            }
+            75..=84 => Action::Unlink(self.existing(Some(FileKind::File))),
+            85..=93 => Action::Rmdir(self.existing(Some(FileKind::Dir))),
+            _ => Action::SyncAll,
+        }
+    }
+
+    // ---- running --------------------------------------------------------
+
+    async fn perform(client: &Client, a: &Action, servers: usize) -> Result<bool, ClientError> {
+        match a {
+            Action::Mkdir(p) => client.mkdir(p.as_str(), 0o755).await.map(|_| false),
+            Action::Create(p, data) => {
+                let f = client
+                    .open(
+                        p.as_str(),
+                        OpenOptions::new().write(true).create_new(true).perm(0o644),
+                    )
+                    .await?;
+                let w = f.write_at(0, data).await;
+                let c = f.close().await;
+                w?;
+                c.map(|_| false)
+            }
+            Action::Write {
+                path,
+                offset,
+                data,
+                fsync,
+            } => {
+                let f = client
+                    .open(path.as_str(), OpenOptions::new().write(true))
+                    .await?;
+                let mut synced = false;
+                let mut r = f.write_at(*offset, data).await.map(|_| ());
+                if r.is_ok() && *fsync {
+                    r = f.fsync().await;
+                    synced = r.is_ok();
+                }
+                let c = f.close().await;
+                r?;
+                c.map(|_| synced)
+            }
+            Action::Truncate(p, size) => client.truncate(p.as_str(), *size).await.map(|_| false),
+            Action::Rename(a, b) => client.rename(a.as_str(), b.as_str()).await.map(|_| false),
+            Action::Link(a, b) => client
+                .hard_link(a.as_str(), b.as_str())
+                .await
+                .map(|_| false),
+            Action::Unlink(p) => client.remove_file(p.as_str()).await.map(|_| false),
+            Action::Rmdir(p) => client.remove_dir(p.as_str()).await.map(|_| false),
+            Action::SyncAll => {
+                let all: Vec<ServerId> = (0..servers as u16).map(ServerId).collect();
+                client.fsync_servers(&all).await.map(|_| false)
+            }
+        }
+    }
+
+    /// Crash server `id` and bring it back over what its disk kept.
+    fn crash(&mut self, id: ServerId) -> Result<(), Failure> {
+        let disk = self.cluster.disks[id.0 as usize].clone();
+        let pending = disk.pending();
+        let keep = if pending == 0 || self.rng.random_bool(0.3) {
+            pending
+        } else {
+            self.rng.random_range(0..=pending)
+        };
+        drop(self.cluster.net.kill(id));
+        let lost = disk.crash(keep);
+        disk.set_full(false);
+        self.out.crashes += 1;
+        self.out.lost_batches += lost;
+        self.note(format!(
+            "crash server {id}: {lost} of {pending} unsynced batches lost"
+        ));
+        self.cluster.start(id).map_err(|m| self.fail(m))
+    }
+
+    async fn run(&mut self) -> Result<Outcome, Failure> {
+        for step in 1..=self.steps {
+            self.step = step;
+            self.one_step().await?;
+        }
+        self.out.steps = self.steps;
+        self.out.dropped = self.cluster.net.dropped();
+        self.out.delivered = self.cluster.net.delivered();
+        Ok(self.out.clone())
+    }
+
+    async fn one_step(&mut self) -> Result<(), Failure> {
+        let servers = self.cluster.disks.len();
+        // A crash between operations.
+        if self.rng.random_range(0..100) < 4 {
+            let id = ServerId(self.rng.random_range(0..servers as u16));
+            self.crash(id)?;
+            self.settle().await;
+            return self.check(None, true).await;
+        }
+        let action = self.choose();
+        let client = self.clients[self.rng.random_range(0..self.clients.len())].clone();
+        let faulty = self.rng.random_range(0..100) < 30;
+        if faulty {
+            let drop_permille = self.rng.random_range(5..80);
+            self.cluster.net.set_faults(Some(Faults {
+                drop_permille,
+                delay_max_us: 3000,
+            }));
+        }
+        let full = if self.rng.random_range(0..100) < 5 {
+            let id = self.rng.random_range(0..servers);
+            self.cluster.disks[id].set_full(true);
+            Some(id)
+        } else {
+            None
+        };
+        // A crash in the middle of the operation.
+        let crash_at = if self.rng.random_range(0..100) < 8 {
+            Some((
+                ServerId(self.rng.random_range(0..servers as u16)),
+                Duration::from_micros(self.rng.random_range(0..4000)),
+            ))
+        } else {
+            None
+        };
+        let dropped_before = self.cluster.net.dropped();
+        let mut crashed = false;
+        let result = {
+            let op = Self::perform(&client, &action, servers);
+            match crash_at {
+                None => op.await,
+                Some((id, at)) => {
+                    tokio::pin!(op);
+                    tokio::select! {
+                        biased;
+                        r = &mut op => r,
+                        _ = tokio::time::sleep(at) => {
+                            self.crash(id)?;
+                            crashed = true;
+                            op.await
+                        }
+                    }
+                }
+            }
+        };
+        self.cluster.net.set_faults(None);
+        if let Some(id) = full {
+            self.cluster.disks[id].set_full(false);
+        }
+        let disturbed =
+            crashed || full.is_some() || self.cluster.net.dropped() != dropped_before;
+        let desc = format!(
+            "{}{}{} -> {}",
+            action.describe(),
+            if faulty { " [lossy net]" } else { "" },
+            full.map_or(String::new(), |i| format!(" [server {i} disk full]")),
+            match &result {
+                Ok(true) => "ok (fsynced)".to_string(),
+                Ok(false) => "ok".to_string(),
+                Err(e) => format!("{:?} {}", e.code, e.message),
+            }
+        );
+        self.note(desc);
+        match &result {
+            Ok(_) => self.out.ops_ok += 1,
+            Err(_) => self.out.ops_failed += 1,
+        }
+        self.settle().await;
+        self.check(Some((&action, &result, disturbed)), crashed)
+            .await
+    }
+
+    /// Let background recovery finish with the network healthy.
+    async fn settle(&mut self) {
+        self.cluster.net.set_faults(None);
+        tokio::time::sleep(SETTLE).await;
+    }
+
+    /// Read every file the servers hold (by any one name).
+    async fn read_all(
+        &self,
+        obs: &Observed,
+    ) -> Result<HashMap<InodeId, Vec<u8>>, String> {
+        let client = &self.clients[0];
+        let mut out = HashMap::new();
+        for (p, (kind, ino)) in &obs.names {
+            if *kind != FileKind::File || out.contains_key(ino) {
+                continue;
+            }
+            let bytes = client
+                .read_file(p.as_str())
+                .await
+                .map_err(|e| format!("reading {p} after recovery: {e}"))?;
+            out.insert(*ino, bytes);
+        }
+        Ok(out)
+    }
+
+    /// Compare the servers with the model after a step.
+    async fn check(
+        &mut self,
+        op: Option<(&Action, &Result<bool, ClientError>, bool)>,
+        crashed: bool,
+    ) -> Result<(), Failure> {
+        let obs = observe(&self.cluster.disks);
+        fnv(&mut self.out.trace, &format!("{:?}", obs.names));
+        if !obs.broken.is_empty() {
+            return Err(self.fail(format!(
+                "broken invariants after recovery:\n{}",
+                obs.broken.join("\n")
+            )));
+        }
+        if !obs.leaked.is_empty() {
+            if self.out.crashes == 0 {
+                return Err(self.fail(format!(
+                    "leaked inodes without any crash:\n{}",
+                    obs.leaked.join("\n")
+                )));
+            }
+            self.out.leaks_after_crash = self.out.leaks_after_crash.max(obs.leaked.len());
+        }
+        let bytes = self.read_all(&obs).await.map_err(|m| self.fail(m))?;
+        let old = self.model.clone();
+        // The model this step should have led to, and which files' bytes
+        // are uncertain.
+        let mut expect: Option<Model> = None;
+        let mut uncertain_files: BTreeSet<InodeId> = BTreeSet::new();
+        if let Some((action, result, disturbed)) = op {
+            let applied = old.apply(action);
+            let touched_ino = action
+                .touched_file()
+                .and_then(|p| old.names.get(p))
+                .and_then(|e| e.ino);
+            for p in action.touched_paths(&old) {
+                self.dirty_paths.insert(p);
+            }
+            if let Some(i) = touched_ino {
+                self.dirty_files.insert(i);
+                self.fsynced.remove(&i);
+            }
+            // A file losing a name may be freed: its fsync promises nothing.
+            let unnamed = match action {
+                Action::Unlink(p) | Action::Rename(_, p) => old.names.get(p).and_then(|e| e.ino),
+                _ => None,
+            };
+            if let Some(i) = unnamed {
+                self.fsynced.remove(&i);
+            }
+            match (result, &applied) {
+                (Ok(_), Err(why)) if !crashed => {
+                    return Err(self.fail(format!(
+                        "{} succeeded, but the model says it must fail: {why}",
+                        action.describe()
+                    )))
+                }
+                (Err(e), Ok(_)) if !disturbed && !is_uncertain(e) => {
+                    return Err(self.fail(format!(
+                        "{} failed ({:?} {}) with no fault injected, but the model says it succeeds",
+                        action.describe(),
+                        e.code,
+                        e.message
+                    )))
+                }
+                _ => {}
+            }
+            let candidates: Vec<&Model> = match result {
+                Ok(_) => applied.iter().collect(),
+                Err(_) => {
+                    if let Some(i) = touched_ino {
+                        uncertain_files.insert(i);
+                    }
+                    std::iter::once(&old).chain(applied.iter()).collect()
+                }
+            };
+            if !crashed {
+                match candidates.iter().find(|m| m.matches(&obs)) {
+                    Some(m) => expect = Some((*m).clone()),
+                    None => {
+                        return Err(self.fail(format!(
+                            "after {}, the servers hold neither the state before nor the one after it:\n{}",
+                            action.describe(),
+                            diff(&candidates, &obs)
+                        )))
+                    }
+                }
+            }
+            // Where the new file landed, and the bytes an acknowledged
+            // fsync promised.
+            if let (Ok(true), Some(i)) = (result, touched_ino) {
+                if let Ok(m) = &applied {
+                    if let Some(Some(b)) = m.content.get(&i) {
+                        self.fsynced.insert(i, b.clone());
+                    }
+                }
+            }
+            if let (Action::SyncAll, Ok(_)) = (action, result) {
+                if !crashed {
+                    // Everything before the sync is durable from here on.
+                    let mut now = old.clone();
+                    now.resolve(&obs, &bytes);
+                    self.synced = now;
+                    self.dirty_paths.clear();
+                    self.dirty_files.clear();
+                }
+            }
+        } else {
+            expect = None;
+        }
+        // File bytes, where the model is sure of them.
+        if let Some(m) = &expect {
+            for (p, (kind, ino)) in &obs.names {
+                if *kind != FileKind::File || uncertain_files.contains(ino) {
+                    continue;
+                }
+                if let Some(want) = m.expected_bytes(p, *ino) {
+                    let got = &bytes[ino];
+                    if got != want {
+                        return Err(self.fail(format!(
+                            "{p} (inode {ino}) holds {} bytes {}, the model {} bytes {}",
+                            got.len(),
+                            digest(got),
+                            want.len(),
+                            digest(want)
+                        )));
+                    }
+                }
+            }
+        }
+        if crashed {
+            self.check_durable(&obs, &bytes)?;
+        }
+        self.model.resolve(&obs, &bytes);
+        Ok(())
+    }
+
+    /// After a crash: everything the last full sync made durable and no
+    /// later step touched is still there, unchanged; nothing appeared that
+    /// no step made; every acknowledged fsync kept its bytes.
+    fn check_durable(
+        &mut self,
+        obs: &Observed,
+        bytes: &HashMap<InodeId, Vec<u8>>,
+    ) -> Result<(), Failure> {
+        let mut problems = Vec::new();
+        for (p, e) in &self.synced.names {
+            if self.dirty_paths.contains(p) {
+                continue;
+            }
+            match obs.names.get(p) {
+                None => problems.push(format!("{p} was synced and is gone")),
+                Some((k, i)) if *k != e.kind || e.ino.is_some_and(|x| x != *i) => {
+                    problems.push(format!("{p} was synced as {e:?}, now {k:?} {i}"))
+                }
+                Some((_, i)) => {
+                    if let (false, Some(Some(want))) =
+                        (self.dirty_files.contains(i), self.synced.content.get(i))
+                    {
+                        if bytes.get(i) != Some(want) {
+                            problems.push(format!(
+                                "{p}: synced bytes {} changed to {}",
+                                digest(want),
+                                bytes.get(i).map_or("none".into(), |b| digest(b))
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        for p in obs.names.keys() {
+            if !self.dirty_paths.contains(p) && !self.synced.names.contains_key(p) {
+                problems.push(format!("{p} appeared, though no step since the last sync made it"));
+            }
+        }
+        for (ino, want) in &self.fsynced {
+            if !obs.inodes.contains(ino) {
+                problems.push(format!("inode {ino} was fsynced and is gone"));
+            } else if let Some(got) = bytes.get(ino) {
+                if got != want {
+                    problems.push(format!(
+                        "inode {ino}: fsynced bytes {} are now {}",
+                        digest(want),
+                        digest(got)
+                    ));
+                }
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(self.fail(format!(
+                "a crash lost durable state:\n{}",
+                problems.join("\n")
+            )))
+        }
+    }
+}
+
+fn digest(b: &[u8]) -> String {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for x in b {
+        h ^= *x as u64;
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    format!("#{:08x}", h as u32)
+}
+
+fn diff(candidates: &[&Model], obs: &Observed) -> String {
+    let mut out = String::new();
+    let seen: BTreeMap<&String, String> = obs
+        .names
+        .iter()
+        .map(|(p, (k, i))| (p, format!("{k:?} {i}")))
+        .collect();
+    for (n, m) in candidates.iter().enumerate() {
+        out.push_str(&format!("candidate {n}:\n"));
+        for (p, e) in &m.names {
+            match seen.get(p) {
+                None => out.push_str(&format!("  missing {p} ({:?} {:?})\n", e.kind, e.ino)),
+                Some(s) => {
+                    if !e.ino.is_none_or(|i| s.ends_with(&format!(" {i}"))) {
+                        out.push_str(&format!("  {p}: model {e:?}, servers {s}\n"));
+                    }
+                }
+            }
+        }
+        for (p, s) in &seen {
+            if !m.names.contains_key(*p) {
+                out.push_str(&format!("  extra {p} ({s})\n"));
+            }
+        }
+    }
+    let _ = parent_of;
+    out
+}
