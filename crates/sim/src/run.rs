@@ -634,6 +634,12 @@ impl Sim {
                     if let Some(i) = touched_ino {
                         uncertain_files.insert(i);
                     }
+                    if let Action::Create(p, _) = action {
+                        // Created, then the write failed: any bytes.
+                        if let Some((_, i)) = obs.names.get(p) {
+                            uncertain_files.insert(*i);
+                        }
+                    }
                     std::iter::once(&old).chain(applied.iter()).collect()
                 }
             };
