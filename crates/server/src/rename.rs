@@ -618,7 +618,14 @@ pub(crate) fn resolve(
 ) -> Result<bool, WireError> {
     let marker = keys::rename_done(coordinator, tx);
     let installed = match srv.kv.get(&marker).map_err(kv_err)? {
-        Some(v) => matches!(decode_marker(&v), Some(Marker::Installed(..))),
+        // The target already was a link to the inode: the install changed
+        // nothing, and the source name must stay (rename(2) of two links
+        // of one file does nothing), so A is told "not installed".
+        Some(v) => match decode_marker(&v) {
+            Some(Marker::Installed(ino, Some((r, _)))) => r != ino,
+            Some(Marker::Installed(..)) => true,
+            _ => false,
+        },
         None => false,
     };
     let mut b = WriteBatch::new();
