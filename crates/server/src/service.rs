@@ -646,6 +646,15 @@ impl Server {
                     .scan(&prefix, &prefix, 1)
                     .map_err(kv_err)?
                     .is_empty();
+                if empty {
+                    // The removals that emptied it must outlive a power
+                    // cut before the directory goes, or they come back
+                    // into a directory that does not exist.
+                    let kv = self.kv.clone();
+                    blocking(move || kv.sync_wal().map_err(std::io::Error::other))
+                        .await
+                        .map_err(io_err)?;
+                }
                 Ok((Reply::Sealed { empty }, Vec::new()))
             }
             SealAction::Unseal => {
