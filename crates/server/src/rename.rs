@@ -357,7 +357,13 @@ async fn rename_local(
         changes.add(sp, -dir_links(kind));
         let time = Timestamp::now();
         srv.touch_local(&mut b, &changes, time)?;
-        srv.kv.write(b, false).map_err(kv_err)?;
+        // Other servers act on a replaced target next (its owner drops a
+        // link, every server forgets a directory): the rename must outlive
+        // a power cut first, or the old name comes back without its link.
+        let remote = done
+            .replaced
+            .is_some_and(|(d, k)| d.owner() != srv.id || k == FileKind::Dir);
+        srv.kv.write(b, remote).map_err(kv_err)?;
         drop(guard);
         Ok((done, changes, time))
     }
