@@ -326,7 +326,7 @@ pub struct Observed {
     pub broken: Vec<String>,
     /// Inodes with fewer names than their link count and no HELD record:
     /// leaks, which the design admits after some crashes.
-    pub leaked: Vec<String>,
+    pub leaked: BTreeMap<InodeId, String>,
     pub inodes: BTreeSet<InodeId>,
 }
 
@@ -432,7 +432,7 @@ pub fn observe(disks: &[Arc<SimDisk>]) -> Observed {
         match inode.attr.kind {
             FileKind::Dir => {
                 if names == 0 {
-                    obs.leaked.push(format!("directory {ino} has no name"));
+                    obs.leaked.insert(*ino, format!("directory {ino} has no name"));
                 }
             }
             _ => {
@@ -443,10 +443,13 @@ pub fn observe(disks: &[Arc<SimDisk>]) -> Observed {
                         names_of[ino]
                     ));
                 } else if names < nlink || (names == 0 && !held.contains(ino)) {
-                    obs.leaked.push(format!(
-                        "inode {ino}: link count {nlink}, {names} names{}",
-                        if held.contains(ino) { " (held)" } else { "" }
-                    ));
+                    obs.leaked.insert(
+                        *ino,
+                        format!(
+                            "inode {ino}: link count {nlink}, {names} names{}",
+                            if held.contains(ino) { " (held)" } else { "" }
+                        ),
+                    );
                 }
             }
         }
