@@ -409,6 +409,11 @@ impl Client {
             };
             if new_size < old_size && old_size > self.chunk_size {
                 self.truncate_chunks(ino, new_size).await?;
+            } else if new_size > old_size && new_size > limits::INLINE_DATA_MAX_BYTES {
+                // Chunk files may hold bytes past the size (a write whose
+                // size update a crash or a lost message undid): the
+                // extension must read as zeros, not bring them back.
+                self.truncate_chunks(ino, old_size).await?;
             }
         }
         let new_size = changes.size;

@@ -708,8 +708,17 @@ impl Sim {
                 if let Some(want) = m.expected_bytes(p, *ino) {
                     let got = &bytes[ino];
                     if got != want {
+                        let at = got.iter().zip(want.iter()).position(|(a, b)| a != b);
+                        let end = at.map(|a| {
+                            a + got[a..]
+                                .iter()
+                                .zip(want[a..].iter())
+                                .position(|(x, y)| x == y)
+                                .unwrap_or(got.len().min(want.len()) - a)
+                        });
                         return Err(self.fail(format!(
-                            "{p} (inode {ino}) holds {} bytes {}, the model {} bytes {}",
+                            "{p} (inode {ino}) holds {} bytes {}, the model {} bytes {}; \
+                             they differ from offset {at:?} to {end:?}",
                             got.len(),
                             digest(got),
                             want.len(),

@@ -10,12 +10,16 @@ fn env(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
-#[test]
-fn simulated_cluster_keeps_its_invariants() {
+fn quiet() {
     if std::env::var_os("MADFS_LOG").is_none() {
         // Servers log every retry of a lost message: keep it quiet.
         std::env::set_var("MADFS_LOG", "error");
     }
+}
+
+#[test]
+fn simulated_cluster_keeps_its_invariants() {
+    quiet();
     let steps = env("MADFS_SIM_STEPS").unwrap_or(60) as usize;
     let seeds: Vec<u64> = match env("MADFS_SIM_SEED") {
         Some(s) => vec![s],
@@ -53,6 +57,7 @@ fn simulated_cluster_keeps_its_invariants() {
 
 #[test]
 fn a_seed_replays_identically() {
+    quiet();
     for seed in [7, 8] {
         let a = run(&SimConfig::new(seed, 40)).unwrap_or_else(|f| panic!("{f}"));
         let b = run(&SimConfig::new(seed, 40)).unwrap_or_else(|f| panic!("{f}"));
