@@ -160,6 +160,8 @@ struct Sim {
     /// touched since (paths, and files by inode).
     synced: Model,
     dirty_paths: BTreeSet<String>,
+    /// Paths below which anything may have changed (renames).
+    dirty_trees: BTreeSet<String>,
     dirty_files: BTreeSet<InodeId>,
     /// Files whose fsync was acknowledged, with their bytes then (cleared
     /// when they change again).
@@ -236,6 +238,7 @@ impl Sim {
             model: Model::default(),
             synced: Model::default(),
             dirty_paths: BTreeSet::new(),
+            dirty_trees: BTreeSet::new(),
             dirty_files: BTreeSet::new(),
             fsynced: HashMap::new(),
             log: Vec::new(),
@@ -617,6 +620,12 @@ impl Sim {
             for p in action.touched_paths(&old) {
                 self.dirty_paths.insert(p);
             }
+            if let Action::Rename(a, b) = action {
+                // Whatever a crash undoes below either name (an earlier
+                // move into the subtree, say) shows up under both.
+                self.dirty_trees.insert(a.clone());
+                self.dirty_trees.insert(b.clone());
+            }
             if let Some(i) = touched_ino {
                 self.dirty_files.insert(i);
                 self.fsynced.remove(&i);
@@ -693,6 +702,7 @@ impl Sim {
                     now.resolve(&obs, &bytes);
                     self.synced = now;
                     self.dirty_paths.clear();
+                    self.dirty_trees.clear();
                     self.dirty_files.clear();
                 }
             }
@@ -744,8 +754,12 @@ impl Sim {
         bytes: &HashMap<InodeId, Vec<u8>>,
     ) -> Result<(), Failure> {
         let mut problems = Vec::new();
+        let dirty = |p: &str| {
+            self.dirty_paths.contains(p)
+                || self.dirty_trees.iter().any(|t| p == t || p.starts_with(&format!("{t}/")))
+        };
         for (p, e) in &self.synced.names {
-            if self.dirty_paths.contains(p) {
+            if dirty(p) {
                 continue;
             }
             match obs.names.get(p) {
@@ -769,7 +783,7 @@ impl Sim {
             }
         }
         for p in obs.names.keys() {
-            if !self.dirty_paths.contains(p) && !self.synced.names.contains_key(p) {
+            if !dirty(p) && !self.synced.names.contains_key(p) {
                 problems.push(format!("{p} appeared, though no step since the last sync made it"));
             }
         }
