@@ -123,9 +123,13 @@ impl Pool {
     ) -> Result<Response, RpcError> {
         if let Some(net) = &self.local {
             if server.0 as usize >= self.addrs.len() {
-                return Err(RpcError::Config(format!("no server {server} in the cluster")));
+                return Err(RpcError::Config(format!(
+                    "no server {server} in the cluster"
+                )));
             }
-            return net.call(server, self.role, req.clone(), data.to_vec()).await;
+            return net
+                .call(server, self.role, req.clone(), data.to_vec())
+                .await;
         }
         self.connection(server).await?.call(req, data).await
     }

@@ -35,8 +35,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 // tokio's clock: the simulation (crates/sim) runs it paused and advances it.
-use tokio::time::Instant;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 pub(crate) type OpResult = Result<(Reply, Vec<u8>), WireError>;
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -61,8 +61,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 // tokio's clock: the simulation (crates/sim) runs it paused.
-use tokio::time::Instant;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 /// An operation waits this long at most for its touch before it replies
 /// anyway (the owner is unreachable; the touch is still retried). Below

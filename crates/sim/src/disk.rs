@@ -97,7 +97,8 @@ impl SimDisk {
     /// Every live pair with key starting with `prefix` (for the checker).
     pub fn scan_live(&self, prefix: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
         let live = self.lock().live.clone();
-        live.scan(prefix, prefix, usize::MAX).expect("MemStore scans")
+        live.scan(prefix, prefix, usize::MAX)
+            .expect("MemStore scans")
     }
 
     fn make_durable(s: &mut State) {

@@ -95,7 +95,7 @@ impl Action {
     }
 
     /// The file whose bytes this action may change.
-    pub fn touched_file<'a>(&'a self) -> Option<&'a str> {
+    pub fn touched_file(&self) -> Option<&str> {
         match self {
             Action::Write { path, .. } | Action::Truncate(path, _) => Some(path),
             _ => None,
@@ -120,7 +120,11 @@ pub struct Model {
 
 impl Model {
     pub fn is_dir(&self, path: &str) -> bool {
-        path.is_empty() || self.names.get(path).is_some_and(|e| e.kind == FileKind::Dir)
+        path.is_empty()
+            || self
+                .names
+                .get(path)
+                .is_some_and(|e| e.kind == FileKind::Dir)
     }
 
     fn has_children(&self, path: &str) -> bool {
@@ -219,11 +223,10 @@ impl Model {
                         return Ok(m); // two links of one file: nothing to do
                     }
                     match (src.kind, dst.kind) {
-                        (FileKind::Dir, FileKind::Dir) => {
-                            if m.has_children(b) {
-                                return Err("ENOTEMPTY".into());
-                            }
+                        (FileKind::Dir, FileKind::Dir) if m.has_children(b) => {
+                            return Err("ENOTEMPTY".into());
                         }
+                        (FileKind::Dir, FileKind::Dir) => {}
                         (FileKind::Dir, _) => return Err("ENOTDIR".into()),
                         (_, FileKind::Dir) => return Err("EISDIR".into()),
                         _ => {}
@@ -420,9 +423,8 @@ pub fn observe(disks: &[Arc<SimDisk>]) -> Observed {
             Some(_) => "a directory no name reaches",
         };
         let names: Vec<&str> = list.iter().map(|(n, _, _)| n.as_str()).collect();
-        obs.broken.push(format!(
-            "entries {names:?} live in {parent}, {what}"
-        ));
+        obs.broken
+            .push(format!("entries {names:?} live in {parent}, {what}"));
     }
     for (ino, inode) in &inodes {
         let names = names_of.get(ino).map_or(0, |v| v.len());
@@ -432,7 +434,8 @@ pub fn observe(disks: &[Arc<SimDisk>]) -> Observed {
         match inode.attr.kind {
             FileKind::Dir => {
                 if names == 0 {
-                    obs.leaked.insert(*ino, format!("directory {ino} has no name"));
+                    obs.leaked
+                        .insert(*ino, format!("directory {ino} has no name"));
                 }
             }
             _ => {

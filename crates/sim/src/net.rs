@@ -259,7 +259,9 @@ impl SimNet {
             .as_ref()
             .is_some_and(|u| u.incarnation == incarnation);
         if !same {
-            return Err(RpcError::Io(format!("server {to} crashed: connection reset")));
+            return Err(RpcError::Io(format!(
+                "server {to} crashed: connection reset"
+            )));
         }
         if plan.drop_reply {
             tokio::time::sleep(LOST_MESSAGE_TIMEOUT).await;
@@ -278,6 +280,10 @@ struct Endpoint {
 
 impl LocalNet for Endpoint {
     fn call(&self, server: ServerId, role: Role, req: Request, data: Vec<u8>) -> LocalCall {
-        Box::pin(self.net.clone().deliver(self.caller, server, role, req, data))
+        Box::pin(
+            self.net
+                .clone()
+                .deliver(self.caller, server, role, req, data),
+        )
     }
 }

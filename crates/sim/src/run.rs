@@ -3,7 +3,7 @@
 //! clients, injects faults, and checks the model after every step.
 
 use crate::disk::SimDisk;
-use crate::model::{observe, parent_of, Action, Model, Observed};
+use crate::model::{observe, Action, Model, Observed};
 use crate::net::{Caller, Faults, SimNet};
 use madfs_client::{CacheConfig, Client, ClientError, ErrorCode, OpenOptions};
 use madfs_proto::auth::Role;
@@ -76,7 +76,11 @@ pub struct Failure {
 
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "simulation seed {} failed at step {}:", self.seed, self.step)?;
+        writeln!(
+            f,
+            "simulation seed {} failed at step {}:",
+            self.seed, self.step
+        )?;
         writeln!(f, "  {}", self.message.replace('\n', "\n  "))?;
         writeln!(f, "last steps:")?;
         for l in self.log.iter().rev().take(25).rev() {
@@ -139,8 +143,9 @@ impl Cluster {
             cache_bytes: 0,
         };
         let data_dir = self.cfg.servers[id.0 as usize].data_dir.clone();
-        let server = Server::with_store_and_peers(&self.cfg, id, kv.clone(), data_dir, &opts, peers)
-            .map_err(|e| format!("server {id} does not start: {e}"))?;
+        let server =
+            Server::with_store_and_peers(&self.cfg, id, kv.clone(), data_dir, &opts, peers)
+                .map_err(|e| format!("server {id} does not start: {e}"))?;
         let server = Arc::new(server);
         self.net.install(id, inc, server.clone(), kv);
         server.start_background();
@@ -339,7 +344,11 @@ impl Sim {
                 } else {
                     self.rng.random_range(0..8192)
                 };
-                let max = if self.rng.random_bool(0.1) { 70_000 } else { 2000 };
+                let max = if self.rng.random_bool(0.1) {
+                    70_000
+                } else {
+                    2000
+                };
                 let data = self.data(max);
                 let fsync = self.rng.random_bool(0.5);
                 Action::Write {
@@ -519,8 +528,7 @@ impl Sim {
         if let Some(id) = full {
             self.cluster.disks[id].set_full(false);
         }
-        let disturbed =
-            crashed || full.is_some() || self.cluster.net.dropped() != dropped_before;
+        let disturbed = crashed || full.is_some() || self.cluster.net.dropped() != dropped_before;
         let desc = format!(
             "{}{}{} -> {}",
             action.describe(),
@@ -549,10 +557,7 @@ impl Sim {
     }
 
     /// Read every file the servers hold (by any one name).
-    async fn read_all(
-        &self,
-        obs: &Observed,
-    ) -> Result<HashMap<InodeId, Vec<u8>>, String> {
+    async fn read_all(&self, obs: &Observed) -> Result<HashMap<InodeId, Vec<u8>>, String> {
         let client = &self.clients[0];
         let mut out = HashMap::new();
         for (p, (kind, ino)) in &obs.names {
@@ -647,11 +652,11 @@ impl Sim {
                 }
                 (Err(e), Ok(_)) if !disturbed && !is_uncertain(e) => {
                     return Err(self.fail(format!(
-                        "{} failed ({:?} {}) with no fault injected, but the model says it succeeds",
-                        action.describe(),
-                        e.code,
-                        e.message
-                    )))
+                    "{} failed ({:?} {}) with no fault injected, but the model says it succeeds",
+                    action.describe(),
+                    e.code,
+                    e.message
+                )))
                 }
                 _ => {}
             }
@@ -756,7 +761,10 @@ impl Sim {
         let mut problems = Vec::new();
         let dirty = |p: &str| {
             self.dirty_paths.contains(p)
-                || self.dirty_trees.iter().any(|t| p == t || p.starts_with(&format!("{t}/")))
+                || self
+                    .dirty_trees
+                    .iter()
+                    .any(|t| p == t || p.starts_with(&format!("{t}/")))
         };
         for (p, e) in &self.synced.names {
             if dirty(p) {
@@ -784,7 +792,9 @@ impl Sim {
         }
         for p in obs.names.keys() {
             if !dirty(p) && !self.synced.names.contains_key(p) {
-                problems.push(format!("{p} appeared, though no step since the last sync made it"));
+                problems.push(format!(
+                    "{p} appeared, though no step since the last sync made it"
+                ));
             }
         }
         for (ino, want) in &self.fsynced {
@@ -845,6 +855,5 @@ fn diff(candidates: &[&Model], obs: &Observed) -> String {
             }
         }
     }
-    let _ = parent_of;
     out
 }
