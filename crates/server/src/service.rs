@@ -605,7 +605,7 @@ impl Server {
     fn seal_state(&self, dir: InodeId) -> Option<SealState> {
         let seals = self.seals.lock().unwrap_or_else(|e| e.into_inner());
         match seals.get(&dir) {
-            Some(SealState::Sealed(until)) if *until < Instant::now() => None,
+            Some(SealState::Sealed(until)) if *until <= Instant::now() => None,
             other => other.copied(),
         }
     }

@@ -94,6 +94,52 @@ impl Action {
         }
     }
 
+    /// This action with each path's parent directory resolved in
+    /// `before` (as a client does, to an inode, before the server acts)
+    /// and named as it is in `now`; Err if such a directory is gone.
+    pub fn rebased(&self, before: &Model, now: &Model) -> Result<Action, String> {
+        let re = |p: &String| -> Result<String, String> {
+            let parent = parent_of(p);
+            if parent.is_empty() {
+                return Ok(p.clone());
+            }
+            let ino = before
+                .names
+                .get(parent)
+                .filter(|e| e.kind == FileKind::Dir)
+                .and_then(|e| e.ino)
+                .ok_or("ENOENT (parent)")?;
+            let at = now
+                .names
+                .iter()
+                .find(|(_, e)| e.kind == FileKind::Dir && e.ino == Some(ino))
+                .map(|(q, _)| q.clone())
+                .ok_or("ENOENT (parent removed)")?;
+            Ok(format!("{at}{}", &p[parent.len()..]))
+        };
+        Ok(match self {
+            Action::Mkdir(p) => Action::Mkdir(re(p)?),
+            Action::Create(p, d) => Action::Create(re(p)?, d.clone()),
+            Action::Write {
+                path,
+                offset,
+                data,
+                fsync,
+            } => Action::Write {
+                path: re(path)?,
+                offset: *offset,
+                data: data.clone(),
+                fsync: *fsync,
+            },
+            Action::Truncate(p, n) => Action::Truncate(re(p)?, *n),
+            Action::Rename(a, b) => Action::Rename(re(a)?, re(b)?),
+            Action::Link(a, b) => Action::Link(re(a)?, re(b)?),
+            Action::Unlink(p) => Action::Unlink(re(p)?),
+            Action::Rmdir(p) => Action::Rmdir(re(p)?),
+            Action::SyncAll => Action::SyncAll,
+        })
+    }
+
     /// The file whose bytes this action may change.
     pub fn touched_file(&self) -> Option<&str> {
         match self {
@@ -252,11 +298,7 @@ impl Model {
             }
             Action::Link(a, b) => {
                 let src = m.names.get(a).cloned().ok_or("ENOENT")?;
-                if src.kind == FileKind::Dir {
-                    return Err("EPERM (link of a directory)".into());
-                }
-                new_name(&m, b)?;
-                m.names.insert(b.clone(), src);
+                return self.link_entry(src, b);
             }
             Action::Unlink(p) => match m.names.get(p) {
                 None => return Err("ENOENT".into()),
@@ -276,6 +318,23 @@ impl Model {
             },
             Action::SyncAll => {}
         }
+        Ok(m)
+    }
+
+    /// `Link` of the file `src` (a client resolves the source path to its
+    /// inode first: a concurrent rename of that path does not stop it).
+    pub fn link_entry(&self, src: Entry, b: &str) -> Result<Model, String> {
+        if src.kind == FileKind::Dir {
+            return Err("EPERM (link of a directory)".into());
+        }
+        if !self.is_dir(parent_of(b)) {
+            return Err("ENOENT/ENOTDIR (parent)".into());
+        }
+        if self.names.contains_key(b) {
+            return Err("EEXIST".into());
+        }
+        let mut m = self.clone();
+        m.names.insert(b.to_string(), src);
         Ok(m)
     }
 
