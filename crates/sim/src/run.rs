@@ -211,6 +211,9 @@ struct Sim {
     rename_races: bool,
 }
 
+/// What an operation returned (Ok(true): its fsync was acknowledged).
+type OpResult = Result<bool, ClientError>;
+
 fn is_uncertain(e: &ClientError) -> bool {
     matches!(e.code, ErrorCode::Unavailable | ErrorCode::TimedOut)
 }
@@ -658,7 +661,7 @@ impl Sim {
     /// Compare the servers with the model after a step.
     async fn check(
         &mut self,
-        op: Option<(&[Action], &[Result<bool, ClientError>], bool)>,
+        op: Option<(&[Action], &[OpResult], bool)>,
         crashed: bool,
     ) -> Result<(), Failure> {
         let obs = observe(&self.cluster.disks);
