@@ -140,6 +140,20 @@ impl Action {
         })
     }
 
+    /// Every path the action names.
+    pub fn paths(&self) -> Vec<&String> {
+        match self {
+            Action::Mkdir(p)
+            | Action::Create(p, _)
+            | Action::Truncate(p, _)
+            | Action::Unlink(p)
+            | Action::Rmdir(p)
+            | Action::Write { path: p, .. } => vec![p],
+            Action::Rename(a, b) | Action::Link(a, b) => vec![a, b],
+            Action::SyncAll => Vec::new(),
+        }
+    }
+
     /// The file whose bytes this action may change.
     pub fn touched_file(&self) -> Option<&str> {
         match self {

@@ -30,7 +30,8 @@ fn simulated_cluster_keeps_its_invariants() {
     };
     let replay = seeds.len() == 1;
     let started = std::time::Instant::now();
-    let (mut ops, mut failed, mut crashes, mut dropped, mut lost, mut leaks) = (0, 0, 0, 0, 0, 0);
+    let (mut ops, mut failed, mut crashes, mut dropped, mut lost, mut leaks, mut holes) =
+        (0, 0, 0, 0, 0, 0, 0);
     for &seed in &seeds {
         let mut cfg = SimConfig::new(seed, steps);
         cfg.verbose = replay;
@@ -42,6 +43,7 @@ fn simulated_cluster_keeps_its_invariants() {
                 dropped += o.dropped;
                 lost += o.lost_batches;
                 leaks += o.leaks;
+                holes += o.stale_holes;
             }
             Err(f) => panic!("{f}"),
         }
@@ -49,7 +51,7 @@ fn simulated_cluster_keeps_its_invariants() {
     eprintln!(
         "simulation: {} seeds x {steps} steps in {:.1?}: {ops} operations succeeded, {failed} failed, \
          {crashes} crashes ({lost} unsynced batches lost), {dropped} messages lost, \
-         {leaks} inodes leaked by a crash or a lost message",
+         {leaks} inodes leaked by a crash or a lost message, {holes} holes showing cut-off bytes",
         seeds.len(),
         started.elapsed()
     );
