@@ -12,4 +12,4 @@ pub mod model;
 pub mod net;
 pub mod run;
 
-pub use run::{run, Failure, Outcome, SimConfig};
+pub use run::{run, Failure, Outcome, RenameRaces, SimConfig};

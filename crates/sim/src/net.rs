@@ -24,6 +24,8 @@ use tokio::task::AbortHandle;
 
 /// How long a caller waits for a message that was lost (virtual time).
 pub const LOST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a caller waits for an answer at all (the pools' default).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Who is calling: a client, or one incarnation of a server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +57,7 @@ struct Inner {
     incarnations: Vec<u64>,
     dropped: u64,
     delivered: u64,
+    stalls: u64,
 }
 
 pub struct SimNet {
@@ -78,6 +81,7 @@ impl SimNet {
                 incarnations: vec![0; servers],
                 dropped: 0,
                 delivered: 0,
+                stalls: 0,
             }),
         })
     }
@@ -93,6 +97,12 @@ impl SimNet {
     /// Messages lost so far.
     pub fn dropped(&self) -> u64 {
         self.lock().dropped
+    }
+
+    /// Calls that got no answer within `CALL_TIMEOUT` although nothing
+    /// was lost: servers waiting on each other.
+    pub fn stalls(&self) -> u64 {
+        self.lock().stalls
     }
 
     /// Requests handed to a server so far.
@@ -244,12 +254,20 @@ impl SimNet {
                 _ => task.abort(),
             }
         }
-        let result = match task.await {
-            Ok(r) => r,
-            Err(_) => {
+        // As a TCP connection does (`Timeouts::call`): a request that
+        // waits forever (a deadlock between servers) fails the caller.
+        let result = match tokio::time::timeout(CALL_TIMEOUT, task).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => {
                 return Err(RpcError::Io(format!(
                     "server {to} crashed while handling the request"
                 )))
+            }
+            Err(_) => {
+                self.lock().stalls += 1;
+                return Err(RpcError::Timeout(format!(
+                    "server {to} did not answer within {CALL_TIMEOUT:?}"
+                )));
             }
         };
         if !plan.reply_delay.is_zero() {

@@ -32,6 +32,7 @@ fn simulated_cluster_keeps_its_invariants() {
     let started = std::time::Instant::now();
     let (mut ops, mut failed, mut crashes, mut dropped, mut lost, mut leaks, mut holes) =
         (0, 0, 0, 0, 0, 0, 0);
+    let mut stalled = Vec::new();
     for &seed in &seeds {
         let mut cfg = SimConfig::new(seed, steps);
         cfg.verbose = replay;
@@ -44,6 +45,9 @@ fn simulated_cluster_keeps_its_invariants() {
                 lost += o.lost_batches;
                 leaks += o.leaks;
                 holes += o.stale_holes;
+                if o.stalls > 0 {
+                    stalled.push(seed);
+                }
             }
             Err(f) => panic!("{f}"),
         }
@@ -51,7 +55,7 @@ fn simulated_cluster_keeps_its_invariants() {
     eprintln!(
         "simulation: {} seeds x {steps} steps in {:.1?}: {ops} operations succeeded, {failed} failed, \
          {crashes} crashes ({lost} unsynced batches lost), {dropped} messages lost, \
-         {leaks} inodes leaked by a crash or a lost message, {holes} holes showing cut-off bytes",
+         {leaks} inodes leaked by a crash or a lost message, {holes} holes showing cut-off bytes; seeds with calls stalled for the whole call timeout: {stalled:?}",
         seeds.len(),
         started.elapsed()
     );
