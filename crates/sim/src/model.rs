@@ -341,6 +341,11 @@ impl Model {
         if src.kind == FileKind::Dir {
             return Err("EPERM (link of a directory)".into());
         }
+        if src.ino.is_some() && !self.names.values().any(|e| e.ino == src.ino) {
+            // Its last name went: the inode is freed (Linux refuses to
+            // link an inode with no links too).
+            return Err("ENOENT (inode freed)".into());
+        }
         if !self.is_dir(parent_of(b)) {
             return Err("ENOENT/ENOTDIR (parent)".into());
         }

@@ -802,10 +802,14 @@ impl Sim {
                     {
                         uncertain_files.insert(i);
                     }
-                    if let Action::Create(p, _) = action {
-                        // Created, then the write failed: any bytes.
-                        if let Some((_, i)) = obs.names.get(p) {
-                            uncertain_files.insert(*i);
+                    if let Action::Create(..) = action {
+                        // Created, then the write failed: any bytes, under
+                        // whatever name (a concurrent rename may have
+                        // moved it).
+                        for (kind, i) in obs.names.values() {
+                            if *kind == FileKind::File && !old.content.contains_key(i) {
+                                uncertain_files.insert(*i);
+                            }
                         }
                     }
                 }
