@@ -360,13 +360,25 @@ impl Model {
     /// Does the namespace of the model match what the servers hold (kinds,
     /// and inode numbers where the model knows them)?
     pub fn matches(&self, obs: &Observed) -> bool {
+        // A new entry has a new inode: none the model knew.
+        let known: BTreeSet<InodeId> = self
+            .names
+            .values()
+            .filter_map(|e| e.ino)
+            .chain(self.content.keys().copied())
+            .collect();
         self.names.len() == obs.names.len()
             && self
                 .names
                 .iter()
                 .zip(obs.names.iter())
                 .all(|((p, e), (q, (kind, ino)))| {
-                    p == q && e.kind == *kind && e.ino.is_none_or(|i| i == *ino)
+                    p == q
+                        && e.kind == *kind
+                        && match e.ino {
+                            Some(i) => i == *ino,
+                            None => !known.contains(ino),
+                        }
                 })
     }
 
