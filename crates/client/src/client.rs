@@ -127,8 +127,20 @@ impl Client {
         timeouts: Timeouts,
     ) -> Result<Client> {
         cfg.validate()?;
-        Ok(Client {
-            pool: Arc::new(Pool::new(cfg, key, Role::Client, timeouts)),
+        let pool = Pool::new(cfg, key, Role::Client, timeouts);
+        Ok(Client::with_pool(cfg, pool, timeouts))
+    }
+
+    /// A client of the cluster `cfg` describes whose calls go through
+    /// `pool` (the simulation's in-process network, crates/sim).
+    pub fn from_pool(cfg: &ClusterConfig, pool: Pool) -> Result<Client> {
+        cfg.validate()?;
+        Ok(Client::with_pool(cfg, pool, Timeouts::default()))
+    }
+
+    fn with_pool(cfg: &ClusterConfig, pool: Pool, timeouts: Timeouts) -> Client {
+        Client {
+            pool: Arc::new(pool),
             creds: Arc::new(Credentials::current_process()),
             chunk_size: cfg.chunk_size,
             timeouts,
@@ -138,7 +150,7 @@ impl Client {
             open_files: Arc::new(OpenFiles::default()),
             preload_bytes: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             touched: Arc::new(Touched::default()),
-        })
+        }
     }
 
     /// This client (sharing its connections and counters) with a new,
@@ -421,6 +433,11 @@ impl Client {
             };
             if new_size < old_size && old_size > self.chunk_size {
                 self.truncate_chunks(ino, new_size).await?;
+            } else if new_size > old_size && new_size > limits::INLINE_DATA_MAX_BYTES {
+                // Chunk files may hold bytes past the size (a write whose
+                // size update a crash or a lost message undid): the
+                // extension must read as zeros, not bring them back.
+                self.truncate_chunks(ino, old_size).await?;
             }
         }
         let new_size = changes.size;

@@ -27,7 +27,7 @@ pub mod sync;
 mod touch;
 mod writeback;
 
-pub use service::Server;
+pub use service::{run_disk_io_inline, Server};
 
 use madfs_rpc::ClusterConfig;
 use madfs_types::ServerId;

@@ -14,7 +14,9 @@ use madfs_types::{Attr, Credentials, FileKind, InodeId, ServerId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's clock: the simulation (crates/sim) runs it paused and advances it.
+use tokio::time::Instant;
 
 /// Directories whose permissions one server keeps at once.
 const DIR_CACHE_MAX: usize = 100_000;

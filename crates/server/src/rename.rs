@@ -359,7 +359,13 @@ async fn rename_local(
         changes.add(sp, -dir_links(kind));
         let time = Timestamp::now();
         srv.touch_local(&mut b, &changes, time)?;
-        srv.kv.write(b, false).map_err(kv_err)?;
+        // Other servers act on a replaced target next (its owner drops a
+        // link, every server forgets a directory): the rename must outlive
+        // a power cut first, or the old name comes back without its link.
+        let remote = done
+            .replaced
+            .is_some_and(|(d, k)| d.owner() != srv.id || k == FileKind::Dir);
+        srv.kv.write(b, remote).map_err(kv_err)?;
         drop(guard);
         Ok((done, changes, time))
     }
@@ -622,7 +628,14 @@ pub(crate) fn resolve(
 ) -> Result<bool, WireError> {
     let marker = keys::rename_done(coordinator, tx);
     let installed = match srv.kv.get(&marker).map_err(kv_err)? {
-        Some(v) => matches!(decode_marker(&v), Some(Marker::Installed(..))),
+        // The target already was a link to the inode: the install changed
+        // nothing, and the source name must stay (rename(2) of two links
+        // of one file does nothing), so A is told "not installed".
+        Some(v) => match decode_marker(&v) {
+            Some(Marker::Installed(ino, Some((r, _)))) => r != ino,
+            Some(Marker::Installed(..)) => true,
+            _ => false,
+        },
         None => false,
     };
     let mut b = WriteBatch::new();

@@ -2,13 +2,15 @@
 //! every server so no entry appears in it while its owner removes it; a seal
 //! its rmdir never lifted expires after `SEAL_LEASE`.
 
-use crate::errors::{err, kv_err, OpResult};
+use crate::errors::{err, io_err, kv_err, OpResult};
 use crate::keys;
-use crate::service::Server;
+use crate::service::{blocking, Server};
 use madfs_proto::message::{Op, Reply, SealAction};
 use madfs_proto::{ErrorCode, WireError};
 use madfs_types::InodeId;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's clock: the simulation (crates/sim) runs it paused and advances it.
+use tokio::time::Instant;
 
 /// A seal that its rmdir never lifted expires (the rmdir's server died).
 pub(crate) const SEAL_LEASE: Duration = Duration::from_secs(30);
@@ -24,7 +26,7 @@ impl Server {
     pub(crate) fn seal_state(&self, dir: InodeId) -> Option<SealState> {
         let seals = self.seals.lock().unwrap_or_else(|e| e.into_inner());
         match seals.get(&dir) {
-            Some(SealState::Sealed(until)) if *until < Instant::now() => None,
+            Some(SealState::Sealed(until)) if *until <= Instant::now() => None,
             other => other.copied(),
         }
     }
@@ -65,6 +67,15 @@ impl Server {
                     .scan(&prefix, &prefix, 1)
                     .map_err(kv_err)?
                     .is_empty();
+                if empty {
+                    // The removals that emptied it must outlive a power
+                    // cut before the directory goes, or they come back
+                    // into a directory that does not exist.
+                    let kv = self.kv.clone();
+                    blocking(move || kv.sync_wal().map_err(std::io::Error::other))
+                        .await
+                        .map_err(io_err)?;
+                }
                 Ok((Reply::Sealed { empty }, Vec::new()))
             }
             SealAction::Unseal => {

@@ -91,6 +91,20 @@ impl Server {
         data_dir: PathBuf,
         opts: &RunOptions,
     ) -> Result<Server, ServerError> {
+        let peers = Pool::new(cfg, key, Role::Peer, Timeouts::default());
+        Self::with_store_and_peers(cfg, id, kv, data_dir, opts, peers)
+    }
+
+    /// `with_store`, reaching the other servers through `peers` (the
+    /// simulation's in-process network, crates/sim).
+    pub fn with_store_and_peers(
+        cfg: &ClusterConfig,
+        id: ServerId,
+        kv: Arc<dyn KvStore>,
+        data_dir: PathBuf,
+        opts: &RunOptions,
+        peers: Pool,
+    ) -> Result<Server, ServerError> {
         // Every write from here on goes through the index's wrapper.
         let indexed = Arc::new(IndexedKv::new(kv, opts.find_index_bytes));
         let kv: Arc<dyn KvStore> = indexed.clone();
@@ -155,7 +169,7 @@ impl Server {
             indexed,
             sync: SyncCoalescer::start(chunks.clone(), kv.clone()),
             chunks,
-            peers: Pool::new(cfg, key, Role::Peer, Timeouts::default()),
+            peers,
             locks: Locks::default(),
             inode_counter,
             inode_count: AtomicU64::new(inodes),
@@ -272,10 +286,24 @@ impl Server {
     }
 }
 
+/// Set by `run_disk_io_inline`.
+static DISK_IO_INLINE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Run chunk file I/O on the calling task instead of the blocking pool,
+/// in every server of this process: the deterministic simulation
+/// (crates/sim) needs it, since a blocking-pool thread finishes at a
+/// moment the runtime's scheduler does not choose.
+pub fn run_disk_io_inline(on: bool) {
+    DISK_IO_INLINE.store(on, Ordering::Relaxed);
+}
+
 /// Run disk work on the blocking pool.
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
 ) -> std::io::Result<T> {
+    if DISK_IO_INLINE.load(Ordering::Relaxed) {
+        return f();
+    }
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| std::io::Error::other(format!("disk task failed: {e}")))?

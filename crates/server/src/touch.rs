@@ -67,8 +67,10 @@ use madfs_proto::{ErrorCode, WireError};
 use madfs_types::{Attr, FileKind, InodeId, ServerId, Timestamp};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's clock: the simulation (crates/sim) runs it paused.
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 /// A GetAttr waits this long at most for the touches its tokens name, and
 /// a rename's install for its touch, before they answer anyway (the

@@ -162,7 +162,9 @@ impl Server {
         Self::put_dentry(&mut b, parent, name, kind, ino);
         let now = inode.attr.ctime;
         self.touch_local(&mut b, &changes, now)?;
-        self.kv.write(b, false).map_err(kv_err)?;
+        // Other servers may put entries into a new directory at once: it
+        // must outlive a power cut first, or they outlive it.
+        self.kv.write(b, kind == FileKind::Dir).map_err(kv_err)?;
         drop(g);
         drop(gate);
         self.inode_count.fetch_add(1, Ordering::Relaxed);

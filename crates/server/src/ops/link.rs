@@ -63,7 +63,9 @@ impl Server {
             (nlink, held) = self.unlink_inode_holding(&mut b, &mut inode, delta, hold);
             nlink
         };
-        self.kv.write(b, false).map_err(kv_err)?;
+        // A new link is counted before its name is written elsewhere: the
+        // count must outlive a power cut first, or the name outlives it.
+        self.kv.write(b, delta > 0).map_err(kv_err)?;
         if nlink == 0 && !held {
             self.after_free(&inode);
         }

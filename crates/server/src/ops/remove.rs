@@ -14,7 +14,9 @@ use madfs_proto::{ErrorCode, WireError};
 use madfs_types::{Credentials, FileKind, FileName, InodeId, ServerId, Timestamp};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's clock: the simulation (crates/sim) runs it paused and advances it.
+use tokio::time::Instant;
 
 /// How long a purge of freed chunks keeps asking servers it cannot reach.
 const PURGE_RETRY_FOR: Duration = Duration::from_secs(600);
@@ -239,7 +241,11 @@ impl Server {
         }
         let time = Timestamp::now();
         self.touch_local(&mut b, &changes, time)?;
-        self.kv.write(b, false).map_err(kv_err)?;
+        // Other servers act on the removal next (the owner drops the link,
+        // every server forgets the directory): it must outlive a power cut
+        // first, or the name comes back without its inode or directory.
+        let remote = want_dir || ino.owner() != self.id;
+        self.kv.write(b, remote).map_err(kv_err)?;
         drop(guard);
         let touched = self.touch_queued(&changes, time);
         if let Some(inode) = &freed {
