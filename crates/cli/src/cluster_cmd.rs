@@ -119,6 +119,7 @@ pub fn up(
                 id,
                 address: format!("127.0.0.1:{port}").parse().expect("valid address"),
                 data_dir: data.join(format!("server-{id}")),
+                host: None,
             });
         }
         let cfg = ClusterConfig {
@@ -229,7 +230,7 @@ fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
-pub fn down(data: &Path) -> Result<ExitCode, String> {
+pub fn down(data: &Path, wipe: bool) -> Result<ExitCode, String> {
     let data = absolute(data)?;
     let cfg_path = data.join(CLUSTER_FILE);
     let cfg = ClusterConfig::load(&cfg_path)
@@ -258,6 +259,22 @@ pub fn down(data: &Path) -> Result<ExitCode, String> {
     }
     for s in &cfg.servers {
         let _ = std::fs::remove_file(pid_file(&data, s.id));
+        if wipe {
+            let _ = std::fs::remove_dir_all(&s.data_dir);
+            let _ = std::fs::remove_file(log_file(&data, s.id));
+        }
+    }
+    if wipe {
+        let _ = std::fs::remove_file(&cfg_path);
+        let _ = std::fs::remove_file(&cfg.key_file);
+        // Only if nothing else is left in it.
+        let _ = std::fs::remove_dir(&data);
+        println!(
+            "MadFS cluster down: stopped {} servers, removed their data from {}",
+            pids.len(),
+            data.display()
+        );
+        return Ok(ExitCode::SUCCESS);
     }
     println!(
         "MadFS cluster down: stopped {} servers (data kept in {})",
@@ -284,38 +301,54 @@ pub fn status(cluster: Option<&Path>) -> Result<ExitCode, String> {
         .map_err(|e| e.to_string())?;
     let client = madfs_client::Client::connect(Some(&path)).map_err(|e| e.to_string())?;
     let stats = rt.block_on(client.server_stats());
-    println!(
-        "{:<4} {:<22} {:<6} {:>10} {:>14} {:>14}",
-        "ID", "ADDRESS", "STATE", "INODES", "DATA BYTES", "DISK FREE"
-    );
+    let multihost = cfg.servers.iter().any(|s| s.host.is_some());
+    let mut stats: std::collections::BTreeMap<u16, _> =
+        stats.into_iter().map(|(id, r)| (id.0, r)).collect();
     let mut all_up = true;
-    for (id, r) in stats {
-        let addr = cfg
-            .server(id)
-            .map(|s| s.address.to_string())
-            .unwrap_or_default();
-        match r {
-            Ok(s) => {
-                // A failed server answers but refuses writes until restarted.
-                let (state, why) = match &s.failure {
-                    None => ("up", String::new()),
-                    Some(f) => {
-                        all_up = false;
-                        ("failed", format!("  ({f})"))
-                    }
-                };
-                println!(
-                    "{:<4} {:<22} {:<6} {:>10} {:>14} {:>14}{why}",
-                    id.0, addr, state, s.inodes, s.data_bytes, s.bytes_avail
-                )
+    for (host, servers) in crate::hosts::hosts_of(&cfg) {
+        if multihost {
+            let up = servers
+                .iter()
+                .filter(|s| matches!(stats.get(&s.id), Some(Ok(_))))
+                .count();
+            println!("HOST {host}: {up}/{} servers answer", servers.len());
+        }
+        println!(
+            "{:<4} {:<22} {:<6} {:>10} {:>14} {:>14}",
+            "ID", "ADDRESS", "STATE", "INODES", "DATA BYTES", "DISK FREE"
+        );
+        for s in servers {
+            let (id, addr) = (s.id, s.address.to_string());
+            match stats.remove(&id) {
+                Some(Ok(s)) => {
+                    // A failed server answers but refuses writes until restarted.
+                    let (state, why) = match &s.failure {
+                        None => ("up", String::new()),
+                        Some(f) => {
+                            all_up = false;
+                            ("failed", format!("  ({f})"))
+                        }
+                    };
+                    println!(
+                        "{:<4} {:<22} {:<6} {:>10} {:>14} {:>14}{why}",
+                        id, addr, state, s.inodes, s.data_bytes, s.bytes_avail
+                    )
+                }
+                Some(Err(e)) => {
+                    all_up = false;
+                    println!(
+                        "{:<4} {:<22} {:<6} {:>10} {:>14} {:>14}  ({e})",
+                        id, addr, "down", "-", "-", "-"
+                    );
+                }
+                None => {
+                    all_up = false;
+                    println!("{id:<4} {addr:<22} no answer");
+                }
             }
-            Err(e) => {
-                all_up = false;
-                println!(
-                    "{:<4} {:<22} {:<6} {:>10} {:>14} {:>14}  ({e})",
-                    id.0, addr, "down", "-", "-", "-"
-                );
-            }
+        }
+        if multihost {
+            println!();
         }
     }
     Ok(if all_up {

@@ -373,6 +373,7 @@ fn start(n: usize, dead: &[u16]) -> Cluster {
             id: i as u16,
             address: l.local_addr().unwrap(),
             data_dir: "/nonexistent".into(),
+            host: None,
         })
         .collect();
     let cfg = ClusterConfig {

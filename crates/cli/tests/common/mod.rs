@@ -194,6 +194,7 @@ impl TestCluster {
                     id: i as u16,
                     address: format!("127.0.0.1:{p}").parse().unwrap(),
                     data_dir: self.root.join(format!("server-{i}")),
+                    host: None,
                 })
                 .collect(),
         };
