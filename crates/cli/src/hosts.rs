@@ -425,12 +425,23 @@ if [ ! -x {madfs} ]; then echo "{host}: "{madfs}" is not an executable file ther
 threads=$(( $(nproc 2>/dev/null || echo 1) / {n} ))
 [ "$threads" -ge 1 ] || threads=1
 cache={cache}
+new=""
 alive() {{ [ -f "$1" ] && p=$(cat "$1") && kill -0 "$p" 2>/dev/null && grep -q server "/proc/$p/cmdline" 2>/dev/null; }}
 for id in {ids}; do
   if alive server-$id.pid; then echo "running $id"; continue; fi
   setsid {madfs} --cluster {cfg} server --id $id --threads $threads --cache-mib $cache </dev/null >>server-$id.log 2>&1 &
   echo $! > server-$id.pid
   echo "started $id"
+  new="$new $id"
+done
+# A server that cannot start (address taken, bad data) usually exits at once.
+[ -z "$new" ] || sleep 0.5
+for id in $new; do
+  if ! alive server-$id.pid; then
+    echo "server $id exited at once; $(pwd)/server-$id.log says:" >&2
+    tail -n 5 server-$id.log >&2
+    exit 1
+  fi
 done
 "#,
         data = sqp(data),
@@ -612,17 +623,20 @@ fn stop_host(l: &Launcher, data: &Path, host: &str, ids: &[u16], wipe: bool) -> 
     run_on(&l.exec, host, &stop_script(l, data, ids, wipe)).map(|_| ())
 }
 
-/// Stop what this launch started, on every host, in parallel.
+/// Stop what this launch started, on every host, in parallel. Stop errors
+/// of hosts in `failed` (already reported) are not repeated.
 fn roll_back(
     l: &Launcher,
     data: &Path,
     started: &BTreeMap<String, Vec<u16>>,
+    failed: &[String],
     children: &mut [Child],
 ) {
     std::thread::scope(|sc| {
         for (host, ids) in started {
             sc.spawn(move || {
-                if let Err(e) = stop_host(l, data, host, ids, false) {
+                let r = stop_host(l, data, host, ids, false);
+                if let (Err(e), false) = (r, failed.contains(host)) {
                     eprintln!("madfs: stopping the servers started on host '{host}': {e}");
                 }
             });
@@ -650,7 +664,11 @@ pub fn up(data: &Path, o: &UpOptions) -> Result<ExitCode, String> {
                 data.display()
             ));
         }
-        create(&data, o)?
+        let (_, l) = create(&data, o)?;
+        (
+            ClusterConfig::load(&cfg_path).map_err(|e| e.to_string())?,
+            l,
+        )
     } else {
         let cfg = ClusterConfig::load(&cfg_path).map_err(|e| e.to_string())?;
         let l = load_launcher(&data)?;
@@ -678,6 +696,7 @@ pub fn up(data: &Path, o: &UpOptions) -> Result<ExitCode, String> {
     let mut started: BTreeMap<String, Vec<u16>> = BTreeMap::new();
     let mut children: Vec<Child> = Vec::new();
     let mut failures: Vec<String> = Vec::new();
+    let mut failed_hosts: Vec<String> = Vec::new();
     let results: Vec<HostStart> = std::thread::scope(|sc| {
         let handles: Vec<_> = hosts
             .iter()
@@ -718,13 +737,14 @@ pub fn up(data: &Path, o: &UpOptions) -> Result<ExitCode, String> {
             Err(e) => {
                 // It may have started some before failing.
                 started.insert(host.clone(), ids);
+                failed_hosts.push(host.clone());
                 failures.push(format!("host '{host}': {e}"));
             }
         }
         children.extend(child);
     }
     if !failures.is_empty() {
-        roll_back(&launcher, &data, &started, &mut children);
+        roll_back(&launcher, &data, &started, &failed_hosts, &mut children);
         if fresh {
             forget(&data);
         }
@@ -736,7 +756,7 @@ pub fn up(data: &Path, o: &UpOptions) -> Result<ExitCode, String> {
 
     // Wait until every server answers.
     if let Err(e) = wait_ready(&cfg_path, &cfg, &launcher, &data, &mut children) {
-        roll_back(&launcher, &data, &started, &mut children);
+        roll_back(&launcher, &data, &started, &[], &mut children);
         if fresh {
             forget(&data);
         }

@@ -1,0 +1,466 @@
+//! `madfs up --hosts` across hosts, each host a network namespace joined to
+//! the others by a bridge (`--exec 'ip netns exec {host}'`): a cluster of 4
+//! hosts x 2 servers stripes a large file over every host, renames across
+//! hosts, shows `status` by host, survives losing every server of one host
+//! (clients get a clear error, `madfs up` restarts them, data intact), and
+//! `down --wipe` leaves nothing behind. A host that cannot be reached makes
+//! `up` fail naming it, with no server left running on the others.
+//!
+//! Only addresses inside the namespaces (10.213.0.0/16) are used; the bridge
+//! has none, so the test's own network is untouched. Namespace, bridge and
+//! veth names carry the test's pid, and a guard deletes them and kills
+//! every process in them even when the test fails. Needs root (`ip netns`):
+//! skipped, with a message, otherwise.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const MADFS: &str = env!("CARGO_BIN_EXE_madfs");
+const CMD_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Run a command, killed after `CMD_TIMEOUT`.
+fn run(argv: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(argv[0]);
+    cmd.args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn().unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    let pid = child.id() as i32;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let d2 = done.clone();
+    let watchdog = std::thread::spawn(move || {
+        let deadline = Instant::now() + CMD_TIMEOUT;
+        while Instant::now() < deadline {
+            if d2.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // SAFETY: killing the child we spawned (still unreaped: the main
+        // thread waits on it).
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    });
+    let out = child.wait_with_output().expect("wait");
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let _ = watchdog.join();
+    out
+}
+
+fn ok(argv: &[&str]) -> String {
+    let out = run(argv, &[]);
+    assert!(
+        out.status.success(),
+        "{argv:?} failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A bridge and namespaces on it; everything goes when dropped.
+struct Net {
+    tag: String,
+    subnet: u8,
+    bridge: String,
+    namespaces: Vec<String>,
+    data: tempfile::TempDir,
+}
+
+impl Net {
+    /// None (after saying why) when network namespaces are unavailable.
+    fn new(test: char, subnet: u8) -> Option<Net> {
+        let tag = format!("{}{test}", std::process::id() % 1_000_000);
+        let probe = format!("mhprobe{tag}");
+        let out = run(&["ip", "netns", "add", &probe], &[]);
+        if !out.status.success() {
+            eprintln!(
+                "SKIPPED: cannot create network namespaces ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            return None;
+        }
+        run(&["ip", "netns", "del", &probe], &[]);
+        let net = Net {
+            bridge: format!("mb{tag}"),
+            tag,
+            subnet,
+            namespaces: Vec::new(),
+            data: tempfile::Builder::new()
+                .prefix("madfs-multihost-")
+                .tempdir()
+                .expect("tempdir"),
+        };
+        ok(&["ip", "link", "add", &net.bridge, "type", "bridge"]);
+        ok(&["ip", "link", "set", &net.bridge, "up"]);
+        Some(net)
+    }
+
+    /// Add namespace `name` (unique to this run) with address .`last`.
+    fn add(&mut self, name: &str, last: u8) -> String {
+        let ns = self.ns(name);
+        let i = self.namespaces.len();
+        ok(&["ip", "netns", "add", &ns]);
+        self.namespaces.push(ns.clone());
+        let (outer, inner) = (format!("mv{}o{i}", self.tag), format!("mv{}i{i}", self.tag));
+        ok(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
+        ok(&[
+            "ip", "link", "add", &outer, "type", "veth", "peer", "name", &inner, "netns", &ns,
+        ]);
+        ok(&["ip", "link", "set", &outer, "master", &self.bridge, "up"]);
+        let addr = self.addr(last);
+        ok(&[
+            "ip",
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{addr}/24"),
+            "dev",
+            &inner,
+        ]);
+        ok(&["ip", "-n", &ns, "link", "set", &inner, "up"]);
+        ns
+    }
+
+    fn ns(&self, name: &str) -> String {
+        format!("mh{}{name}", self.tag)
+    }
+
+    fn addr(&self, last: u8) -> String {
+        format!("10.213.{}.{last}", self.subnet)
+    }
+
+    fn data(&self) -> PathBuf {
+        self.data.path().join("data")
+    }
+
+    /// `madfs ARGS` run inside namespace `ns`, with the cluster file set.
+    fn madfs_in(&self, ns: &str, args: &[&str]) -> Output {
+        let cluster = self.data().join("cluster.toml");
+        let mut argv = vec!["ip", "netns", "exec", ns, MADFS];
+        argv.extend_from_slice(args);
+        run(&argv, &[("MADFS_CLUSTER", cluster.to_str().unwrap())])
+    }
+
+    /// Processes running in namespace `ns`.
+    fn pids(&self, ns: &str) -> Vec<i32> {
+        let out = run(&["ip", "netns", "pids", ns], &[]);
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect()
+    }
+
+    fn kill_all(&self, ns: &str) {
+        for pid in self.pids(ns) {
+            // SAFETY: only processes inside this test's namespace.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.pids(ns).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // Show the servers' last words.
+            if let Ok(rd) = std::fs::read_dir(self.data()) {
+                for e in rd.flatten() {
+                    let p = e.path();
+                    if p.extension().is_some_and(|x| x == "log") {
+                        let text = std::fs::read_to_string(&p).unwrap_or_default();
+                        let lines: Vec<&str> = text.lines().collect();
+                        eprintln!(
+                            "--- {}:\n{}",
+                            p.display(),
+                            lines[lines.len().saturating_sub(10)..].join("\n")
+                        );
+                    }
+                }
+            }
+        }
+        for ns in &self.namespaces {
+            self.kill_all(ns);
+        }
+        for ns in &self.namespaces {
+            run(&["ip", "netns", "del", ns], &[]);
+        }
+        run(&["ip", "link", "del", &self.bridge], &[]);
+    }
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn must(out: Output) -> String {
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Deterministic pseudo-random bytes.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Is anything listening on 0.0.0.0 (all interfaces) in `ns`?
+fn listens_on_any(ns: &str) -> bool {
+    let out = run(&["ip", "netns", "exec", ns, "cat", "/proc/net/tcp"], &[]);
+    String::from_utf8_lossy(&out.stdout).lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 3 && f[1].starts_with("00000000:") && f[3] == "0A"
+    })
+}
+
+const HOSTS: u8 = 4;
+const PER_HOST: usize = 2;
+const BIG: usize = 40 << 20;
+
+#[test]
+fn cluster_across_four_hosts_survives_losing_one() {
+    let t0 = Instant::now();
+    let Some(mut net) = Net::new('a', 1) else {
+        return;
+    };
+    let client = net.add("c", 2);
+    let mut hosts = Vec::new();
+    for i in 0..HOSTS {
+        let ns = net.add(&format!("h{i}"), 11 + i);
+        hosts.push((ns, net.addr(11 + i)));
+    }
+    let list: Vec<String> = hosts.iter().map(|(n, a)| format!("{n}={a}")).collect();
+    let data = net.data();
+    let data_s = data.to_str().unwrap().to_string();
+    let up_args = [
+        "up",
+        "--hosts",
+        &list.join(","),
+        "--servers-per-host",
+        "2",
+        "--exec",
+        "ip netns exec {host}",
+        "--data",
+        &data_s,
+        "--chunk-size",
+        "1048576",
+        "--cache-mib",
+        "16",
+    ];
+    let out = must(net.madfs_in(&client, &up_args));
+    assert!(out.contains("8 servers on 4 hosts"), "{out}");
+
+    // The files every host reads; the key private.
+    let cfg = std::fs::read_to_string(data.join("cluster.toml")).unwrap();
+    for (ns, addr) in &hosts {
+        assert!(cfg.contains(&format!("host = \"{ns}\"")), "{cfg}");
+        assert!(cfg.contains(&format!("{addr}:7100")), "{cfg}");
+        assert!(cfg.contains(&format!("{addr}:7101")), "{cfg}");
+        assert!(!listens_on_any(ns), "a server of {ns} listens on 0.0.0.0");
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(data.join("cluster.key"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    // A large file, striped over every host, comes back identical.
+    let big = pattern(7, BIG);
+    let local = net.data.path().join("big");
+    std::fs::write(&local, &big).unwrap();
+    must(net.madfs_in(&client, &["put", local.to_str().unwrap(), "/big"]));
+    let copy = net.data.path().join("big.copy");
+    must(net.madfs_in(&client, &["get", "/big", copy.to_str().unwrap()]));
+    assert!(std::fs::read(&copy).unwrap() == big, "/big differs");
+
+    // Status, by host: every server up and holding part of /big.
+    let status = must(net.madfs_in(&client, &["status"]));
+    for (ns, _) in &hosts {
+        assert!(
+            status.contains(&format!("HOST {ns}: 2/2 servers answer")),
+            "{status}"
+        );
+    }
+    let rows: Vec<Vec<&str>> = status
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.len() >= 6 && f[2] == "up")
+        .collect();
+    assert_eq!(rows.len(), HOSTS as usize * PER_HOST, "{status}");
+    for r in &rows {
+        let bytes: u64 = r[4].parse().unwrap();
+        assert!(bytes > 0, "server {} holds none of /big:\n{status}", r[0]);
+    }
+
+    // Renames across hosts: entries and directories live on different
+    // servers, so some of these move an entry from one host to another.
+    must(net.madfs_in(&client, &["mkdir", "/a", "/b", "/c"]));
+    let small = net.data.path().join("small");
+    for i in 0..8 {
+        std::fs::write(&small, format!("file {i}\n")).unwrap();
+        must(net.madfs_in(
+            &client,
+            &["put", small.to_str().unwrap(), &format!("/a/f{i}")],
+        ));
+    }
+    for i in 0..8 {
+        must(net.madfs_in(&client, &["mv", &format!("/a/f{i}"), &format!("/b/g{i}")]));
+    }
+    must(net.madfs_in(&client, &["mv", "/b", "/c/b2"]));
+    let ls = must(net.madfs_in(&client, &["ls", "/c/b2"]));
+    for i in 0..8 {
+        assert!(ls.contains(&format!("g{i}")), "{ls}");
+    }
+    assert!(must(net.madfs_in(&client, &["ls", "/a"])).trim().is_empty());
+    assert_eq!(
+        must(net.madfs_in(&client, &["cat", "/c/b2/g5"])),
+        "file 5\n"
+    );
+
+    // Every process of one host dies at once.
+    let (lost, _) = &hosts[2];
+    net.kill_all(lost);
+    let t = Instant::now();
+    let out = net.madfs_in(&client, &["get", "/big", copy.to_str().unwrap()]);
+    assert!(
+        !out.status.success(),
+        "get with a host down: {}",
+        text(&out)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("madfs:") && err.len() > 20, "{}", text(&out));
+    assert!(
+        t.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        t.elapsed()
+    );
+    eprintln!("with host {lost} down, get says: {}", err.trim());
+    let out = net.madfs_in(&client, &["status"]);
+    assert!(!out.status.success());
+    let status = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        status.contains(&format!("HOST {lost}: 0/2 servers answer")),
+        "{status}"
+    );
+
+    // `madfs up` on the same data restarts what is down; the data is intact.
+    let out = must(net.madfs_in(&client, &["up", "--data", &data_s]));
+    assert!(out.contains("(2 started now)"), "{out}");
+    must(net.madfs_in(&client, &["get", "/big", copy.to_str().unwrap()]));
+    assert!(
+        std::fs::read(&copy).unwrap() == big,
+        "/big differs after restart"
+    );
+    assert_eq!(
+        must(net.madfs_in(&client, &["cat", "/c/b2/g7"])),
+        "file 7\n"
+    );
+    must(net.madfs_in(&client, &["status"]));
+
+    // Down and wipe: no server left, no data left.
+    must(net.madfs_in(&client, &["down", "--data", &data_s, "--wipe"]));
+    for (ns, _) in &hosts {
+        assert!(
+            net.pids(ns).is_empty(),
+            "{ns} still runs {:?}",
+            net.pids(ns)
+        );
+    }
+    assert!(!data.exists(), "{} still exists", data.display());
+    eprintln!("multihost test took {:?}", t0.elapsed());
+}
+
+#[test]
+fn a_bad_host_fails_up_by_name_and_leaves_nothing_running() {
+    let Some(mut net) = Net::new('b', 2) else {
+        return;
+    };
+    let client = net.add("c", 2);
+    let good: Vec<(String, String)> = (0..3)
+        .map(|i| (net.add(&format!("h{i}"), 11 + i), net.addr(11 + i)))
+        .collect();
+    // A namespace that does not exist: `ip netns exec` fails for it.
+    let bad = net.ns("nosuch");
+    let mut list: Vec<String> = good.iter().map(|(n, a)| format!("{n}={a}")).collect();
+    list.insert(1, format!("{bad}={}", net.addr(99)));
+    let data_s = net.data().to_str().unwrap().to_string();
+    let out = net.madfs_in(
+        &client,
+        &[
+            "up",
+            "--hosts",
+            &list.join(","),
+            "--servers-per-host",
+            "2",
+            "--exec",
+            "ip netns exec {host}",
+            "--data",
+            &data_s,
+            "--cache-mib",
+            "16",
+        ],
+    );
+    assert!(!out.status.success(), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("host '{bad}'")), "{}", text(&out));
+    eprintln!("up with a bad host says: {}", err.trim());
+    for (ns, _) in &good {
+        assert!(
+            net.pids(ns).is_empty(),
+            "{ns} still runs {:?}",
+            net.pids(ns)
+        );
+    }
+    assert!(!Path::new(&data_s).join("cluster.toml").exists());
+
+    // No madfs binary on the hosts: the error says so, per host.
+    let list: Vec<String> = good.iter().map(|(n, a)| format!("{n}={a}")).collect();
+    let out = net.madfs_in(
+        &client,
+        &[
+            "up",
+            "--hosts",
+            &list.join(","),
+            "--exec",
+            "ip netns exec {host}",
+            "--data",
+            &data_s,
+            "--madfs",
+            "/nonexistent/madfs",
+        ],
+    );
+    assert!(!out.status.success(), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for (ns, _) in &good {
+        assert!(err.contains(&format!("host '{ns}'")), "{}", text(&out));
+        assert!(
+            net.pids(ns).is_empty(),
+            "{ns} still runs {:?}",
+            net.pids(ns)
+        );
+    }
+    assert!(err.contains("not an executable"), "{}", text(&out));
+}
