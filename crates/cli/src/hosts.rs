@@ -457,18 +457,29 @@ done
 
 /// The script that stops servers `ids` on a host (SIGTERM, SIGKILL after
 /// 30 s) and with `wipe` removes their data, logs and the cluster files.
-fn stop_script(l: &Launcher, data: &Path, ids: &[u16], wipe: bool) -> String {
+fn stop_script(l: &Launcher, data: &Path, host: &str, ids: &[u16], wipe: bool) -> String {
     let ids_s: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
-    let mut s = String::new();
+    let mut s = format!("cd {} 2>/dev/null || exit 0\n", sqp(data));
     if let Some(m) = &l.mount {
+        // Unmount (the daemon then exits), else SIGTERM the daemon, which
+        // unmounts too.
         s.push_str(&format!(
-            "{} umount {} >/dev/null 2>&1 || true\n",
-            sqp(&l.madfs),
-            sqp(m)
+            r#"if [ -f mount-{host}.pid ]; then
+  p=$(cat mount-{host}.pid)
+  if kill -0 "$p" 2>/dev/null && grep -q mount "/proc/$p/cmdline" 2>/dev/null; then
+    {madfs} umount {dir} >/dev/null 2>&1 || kill -TERM "$p"
+    i=0; while kill -0 "$p" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+    kill -0 "$p" 2>/dev/null && kill -KILL "$p"
+  fi
+  rm -f mount-{host}.pid
+fi
+"#,
+            madfs = sqp(&l.madfs),
+            dir = sqp(m),
         ));
     }
     s.push_str(&format!(
-        r#"cd {data} 2>/dev/null || exit 0
+        r#"
 stopping=""
 for id in {ids}; do
   f=server-$id.pid
@@ -487,13 +498,12 @@ for e in $stopping; do
 done
 for id in {ids}; do rm -f server-$id.pid; done
 "#,
-        data = sqp(data),
         ids = ids_s.join(" "),
     ));
     if wipe {
         s.push_str(&format!(
             r#"for id in {ids}; do rm -rf server-$id server-$id.log; done
-rm -f {CLUSTER_FILE} {KEY_FILE} {HOSTS_FILE} launch-*.log
+rm -f {CLUSTER_FILE} {KEY_FILE} {HOSTS_FILE} launch-{host}.log launch-mount-{host}.log mount-{host}.log
 cd /
 rmdir {data} 2>/dev/null || true
 "#,
@@ -620,7 +630,7 @@ fn create(data: &Path, o: &UpOptions) -> Result<(ClusterConfig, Launcher), Strin
 
 /// Stop servers `ids` of `host`; errors are returned, not fatal.
 fn stop_host(l: &Launcher, data: &Path, host: &str, ids: &[u16], wipe: bool) -> Result<(), String> {
-    run_on(&l.exec, host, &stop_script(l, data, ids, wipe)).map(|_| ())
+    run_on(&l.exec, host, &stop_script(l, data, host, ids, wipe)).map(|_| ())
 }
 
 /// Stop what this launch started, on every host, in parallel. Stop errors
@@ -773,8 +783,9 @@ pub fn up(data: &Path, o: &UpOptions) -> Result<ExitCode, String> {
         hosts.len(),
         cfg_path.display()
     );
-    if let Some(dir) = &o.mount {
-        mount_all(&mut launcher, &data, &hosts, dir)?;
+    // A restart mounts again where the cluster was mounted.
+    if let Some(dir) = o.mount.clone().or(launcher.mount.clone()) {
+        mount_all(&mut launcher, &data, &hosts, &dir)?;
         save_launcher(&data, &launcher)?;
         println!("Mounted on {} on every host", dir.display());
     }
@@ -850,6 +861,43 @@ fn wait_ready(
     }
 }
 
+/// The script that mounts the cluster on `dir` on a host (unless its mount
+/// daemon runs already): `madfs mount --foreground` started detached, with
+/// its pid in DATA/mount-HOST.pid for `down`, and waited for until the
+/// mount shows.
+fn mount_script(l: &Launcher, data: &Path, host: &str, dir: &Path) -> String {
+    let mut s = format!(
+        r#"cd {data}
+mkdir -p {dir}
+alive_m() {{ [ -f mount-{host}.pid ] && p=$(cat mount-{host}.pid) && kill -0 "$p" 2>/dev/null && grep -q mount "/proc/$p/cmdline" 2>/dev/null; }}
+if ! alive_m; then
+  setsid {madfs} --cluster {cfg} mount --foreground {dir} </dev/null >>mount-{host}.log 2>&1 &
+  echo $! > mount-{host}.pid
+  i=0
+  until awk -v d={dir} '$2 == d && $3 ~ /^fuse/ {{ f = 1 }} END {{ exit !f }}' /proc/self/mounts; do
+    if ! alive_m || [ $i -ge 300 ]; then
+      echo "mounting {dir_text} failed; $(pwd)/mount-{host}.log says:" >&2
+      tail -n 5 mount-{host}.log >&2
+      kill "$p" 2>/dev/null
+      exit 1
+    fi
+    sleep 0.1; i=$((i+1))
+  done
+  echo mounted
+fi
+"#,
+        data = sqp(data),
+        dir = sqp(dir),
+        dir_text = dir.display(),
+        madfs = sqp(&l.madfs),
+        cfg = sqp(&data.join(CLUSTER_FILE)),
+    );
+    if l.foreground {
+        s.push_str("wait\n");
+    }
+    s
+}
+
 fn mount_all(
     l: &mut Launcher,
     data: &Path,
@@ -857,36 +905,23 @@ fn mount_all(
     dir: &Path,
 ) -> Result<(), String> {
     let dir = absolute(dir)?;
-    let cfg = data.join(CLUSTER_FILE);
+    l.mount = Some(dir.clone());
     let errors: Vec<String> = std::thread::scope(|sc| {
         let hs: Vec<_> = hosts
             .iter()
             .map(|(host, _)| {
-                let (l, dir, cfg) = (&*l, &dir, &cfg);
+                let (l, dir) = (&*l, &dir);
                 sc.spawn(move || {
-                    let log = data.join(format!("mount-{host}.log"));
-                    if l.foreground {
-                        let script = format!(
-                            "mkdir -p {d}\nexec {m} --cluster {c} mount --foreground {d}\n",
-                            d = sqp(dir),
-                            m = sqp(&l.madfs),
-                            c = sqp(cfg)
-                        );
-                        spawn_on(&l.exec, host, &script, &log)
-                            .map(std::mem::forget)
-                            .map_err(|e| format!("host '{host}': mount: {e}"))
+                    let script = mount_script(l, data, host, dir);
+                    let r = if l.foreground {
+                        // The step must outlive this command (srun kills
+                        // a step's processes when it ends).
+                        let log = data.join(format!("launch-mount-{host}.log"));
+                        spawn_on(&l.exec, host, &script, &log).map(std::mem::forget)
                     } else {
-                        let script = format!(
-                            "mkdir -p {d}\n{m} --cluster {c} mount {d} </dev/null >{lg} 2>&1 || {{ cat {lg} >&2; exit 1; }}\n",
-                            d = sqp(dir),
-                            m = sqp(&l.madfs),
-                            c = sqp(cfg),
-                            lg = sqp(&log)
-                        );
-                        run_on(&l.exec, host, &script)
-                            .map(|_| ())
-                            .map_err(|e| format!("host '{host}': mount: {e}"))
-                    }
+                        run_on(&l.exec, host, &script).map(|_| ())
+                    };
+                    r.map_err(|e| format!("host '{host}': mount: {e}"))
                 })
             })
             .collect();
@@ -894,11 +929,13 @@ fn mount_all(
             .filter_map(|h| h.join().expect("mount thread").err())
             .collect()
     });
-    l.mount = Some(dir);
     if errors.is_empty() {
         Ok(())
     } else {
-        Err(errors.join("\n"))
+        Err(format!(
+            "the servers run, but mounting failed:\n  {}",
+            errors.join("\n  ")
+        ))
     }
 }
 
@@ -936,6 +973,7 @@ pub fn down(data: &Path, wipe: bool) -> Result<ExitCode, String> {
         for (host, _) in &hosts {
             let _ = std::fs::remove_file(data.join(format!("launch-{host}.log")));
             let _ = std::fs::remove_file(data.join(format!("mount-{host}.log")));
+            let _ = std::fs::remove_file(data.join(format!("launch-mount-{host}.log")));
         }
         let _ = std::fs::remove_dir(&data);
     }
@@ -1048,7 +1086,7 @@ mod tests {
         assert!(s.contains("umask 077"));
         assert!(s.contains("\nabcd\n"));
         assert!(s.ends_with("wait\n"));
-        let d = stop_script(&l, Path::new("/scratch/d"), &[3, 4], true);
+        let d = stop_script(&l, Path::new("/scratch/d"), "n1", &[3, 4], true);
         assert!(d.contains("rm -rf server-$id server-$id.log"));
         assert!(d.contains("rmdir '/scratch/d'"));
     }

@@ -235,6 +235,13 @@ fn listens_on_any(ns: &str) -> bool {
     })
 }
 
+/// Run `sh -c script` in the mount namespace of `host`'s mount daemon.
+fn in_mount(data: &Path, host: &str, script: &str) -> String {
+    let pid = std::fs::read_to_string(data.join(format!("mount-{host}.pid")))
+        .unwrap_or_else(|e| panic!("no mount daemon on {host}: {e}"));
+    ok(&["nsenter", "-t", pid.trim(), "-m", "sh", "-c", script])
+}
+
 const HOSTS: u8 = 4;
 const PER_HOST: usize = 2;
 const BIG: usize = 40 << 20;
@@ -254,6 +261,7 @@ fn cluster_across_four_hosts_survives_losing_one() {
     let list: Vec<String> = hosts.iter().map(|(n, a)| format!("{n}={a}")).collect();
     let data = net.data();
     let data_s = data.to_str().unwrap().to_string();
+    let mnt = net.data.path().join("mnt").to_str().unwrap().to_string();
     let up_args = [
         "up",
         "--hosts",
@@ -268,9 +276,12 @@ fn cluster_across_four_hosts_survives_losing_one() {
         "1048576",
         "--cache-mib",
         "16",
+        "--mount",
+        &mnt,
     ];
     let out = must(net.madfs_in(&client, &up_args));
     assert!(out.contains("8 servers on 4 hosts"), "{out}");
+    assert!(out.contains("Mounted on"), "{out}");
 
     // The files every host reads; the key private.
     let cfg = std::fs::read_to_string(data.join("cluster.toml")).unwrap();
@@ -340,6 +351,15 @@ fn cluster_across_four_hosts_survives_losing_one() {
         "file 5\n"
     );
 
+    // Every host mounted the cluster (in the mount namespace `ip netns
+    // exec` gave its daemon): what one host writes there, all read.
+    let (h0, _) = &hosts[0];
+    in_mount(&data, h0, &format!("echo through fuse > {mnt}/fromfuse"));
+    for (ns, _) in &hosts {
+        let got = in_mount(&data, ns, &format!("cat {mnt}/fromfuse {mnt}/c/b2/g5"));
+        assert_eq!(got, "through fuse\nfile 5\n", "through the mount on {ns}");
+    }
+
     // Every process of one host dies at once.
     let (lost, _) = &hosts[2];
     net.kill_all(lost);
@@ -379,6 +399,11 @@ fn cluster_across_four_hosts_survives_losing_one() {
         "file 7\n"
     );
     must(net.madfs_in(&client, &["status"]));
+    // ... and mounted again there.
+    assert_eq!(
+        in_mount(&data, lost, &format!("cat {mnt}/c/b2/g7")),
+        "file 7\n"
+    );
 
     // Down and wipe: no server left, no data left.
     must(net.madfs_in(&client, &["down", "--data", &data_s, "--wipe"]));
