@@ -640,7 +640,7 @@ fn roll_back(
     data: &Path,
     started: &BTreeMap<String, Vec<u16>>,
     failed: &[String],
-    children: &mut [Child],
+    children: &mut [(String, Child)],
 ) {
     std::thread::scope(|sc| {
         for (host, ids) in started {
@@ -652,7 +652,7 @@ fn roll_back(
             });
         }
     });
-    for c in children {
+    for (_, c) in children {
         let _ = c.kill();
         let _ = c.wait();
     }
@@ -704,7 +704,7 @@ pub fn up(data: &Path, o: &UpOptions) -> Result<ExitCode, String> {
 
     // Start every host's servers, in parallel.
     let mut started: BTreeMap<String, Vec<u16>> = BTreeMap::new();
-    let mut children: Vec<Child> = Vec::new();
+    let mut children: Vec<(String, Child)> = Vec::new();
     let mut failures: Vec<String> = Vec::new();
     let mut failed_hosts: Vec<String> = Vec::new();
     let results: Vec<HostStart> = std::thread::scope(|sc| {
@@ -742,7 +742,7 @@ pub fn up(data: &Path, o: &UpOptions) -> Result<ExitCode, String> {
     for (host, ids, r, child) in results {
         match r {
             Ok(s) => {
-                started.insert(host, s);
+                started.insert(host.clone(), s);
             }
             Err(e) => {
                 // It may have started some before failing.
@@ -751,7 +751,7 @@ pub fn up(data: &Path, o: &UpOptions) -> Result<ExitCode, String> {
                 failures.push(format!("host '{host}': {e}"));
             }
         }
-        children.extend(child);
+        children.extend(child.map(|c| (host, c)));
     }
     if !failures.is_empty() {
         roll_back(&launcher, &data, &started, &failed_hosts, &mut children);
@@ -773,7 +773,7 @@ pub fn up(data: &Path, o: &UpOptions) -> Result<ExitCode, String> {
         return Err(format!("{e}\n(stopped every server this command started)"));
     }
     // The srun steps keep running after this command exits.
-    for c in children {
+    for (_, c) in children {
         std::mem::forget(c);
     }
     let n_started: usize = started.values().map(Vec::len).sum();
@@ -799,6 +799,13 @@ pub fn up(data: &Path, o: &UpOptions) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The last lines of a local file.
+fn tail_local(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(10)..].join("\n")
+}
+
 /// Remove the launcher's files of a cluster that never started.
 fn forget(data: &Path) {
     for f in [CLUSTER_FILE, KEY_FILE, HOSTS_FILE] {
@@ -812,7 +819,7 @@ fn wait_ready(
     cfg: &ClusterConfig,
     l: &Launcher,
     data: &Path,
-    children: &mut [Child],
+    children: &mut [(String, Child)],
 ) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -829,11 +836,14 @@ fn wait_ready(
         if down.is_empty() {
             return Ok(());
         }
-        for c in children.iter_mut() {
+        for (host, c) in children.iter_mut() {
             if let Ok(Some(status)) = c.try_wait() {
+                let log = data.join(format!("launch-{host}.log"));
                 return Err(format!(
-                    "a host's launch command exited ({status}); see {}/launch-*.log",
-                    data.display()
+                    "host '{host}': the command running its servers exited ({status}); \
+                     {} says:\n{}",
+                    log.display(),
+                    tail_local(&log)
                 ));
             }
         }

@@ -21,15 +21,30 @@ const CMD_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Run a command, killed after `CMD_TIMEOUT`.
 fn run(argv: &[&str], env: &[(&str, &str)]) -> Output {
+    run_with_input(argv, env, None)
+}
+
+/// Run a command with `input` on its standard input, killed after
+/// `CMD_TIMEOUT`.
+fn run_with_input(argv: &[&str], env: &[(&str, &str)], input: Option<&str>) -> Output {
     let mut cmd = Command::new(argv[0]);
     cmd.args(&argv[1..])
-        .stdin(Stdio::null())
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let child = cmd.spawn().unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    if let Some(input) = input {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(input.as_bytes()).unwrap();
+    }
     let pid = child.id() as i32;
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let d2 = done.clone();
@@ -143,10 +158,19 @@ impl Net {
 
     /// `madfs ARGS` run inside namespace `ns`, with the cluster file set.
     fn madfs_in(&self, ns: &str, args: &[&str]) -> Output {
+        self.madfs_input(ns, args, None)
+    }
+
+    /// `madfs_in` with `input` on standard input.
+    fn madfs_input(&self, ns: &str, args: &[&str], input: Option<&str>) -> Output {
         let cluster = self.data().join("cluster.toml");
         let mut argv = vec!["ip", "netns", "exec", ns, MADFS];
         argv.extend_from_slice(args);
-        run(&argv, &[("MADFS_CLUSTER", cluster.to_str().unwrap())])
+        run_with_input(
+            &argv,
+            &[("MADFS_CLUSTER", cluster.to_str().unwrap())],
+            input,
+        )
     }
 
     /// Processes running in namespace `ns`.
@@ -278,8 +302,10 @@ fn cluster_across_four_hosts_survives_losing_one() {
         "16",
         "--mount",
         &mnt,
+        "--key-stdin",
     ];
-    let out = must(net.madfs_in(&client, &up_args));
+    let key = "0123456789abcdef".repeat(4);
+    let out = must(net.madfs_input(&client, &up_args, Some(&key)));
     assert!(out.contains("8 servers on 4 hosts"), "{out}");
     assert!(out.contains("Mounted on"), "{out}");
 
@@ -297,6 +323,8 @@ fn cluster_across_four_hosts_survives_losing_one() {
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o600);
+    let written = std::fs::read_to_string(data.join("cluster.key")).unwrap();
+    assert_eq!(written.trim(), key);
 
     // A large file, striped over every host, comes back identical.
     let big = pattern(7, BIG);
@@ -488,4 +516,59 @@ fn a_bad_host_fails_up_by_name_and_leaves_nothing_running() {
         );
     }
     assert!(err.contains("not an executable"), "{}", text(&out));
+}
+
+/// `--slurm` keeps each host's launch command running for as long as its
+/// servers (srun kills a step's processes when the step ends): here with
+/// `ip netns exec` standing in for srun.
+#[test]
+fn slurm_style_launch_keeps_one_command_per_host() {
+    let Some(mut net) = Net::new('c', 3) else {
+        return;
+    };
+    let client = net.add("c", 2);
+    let hosts: Vec<(String, String)> = (0..2)
+        .map(|i| (net.add(&format!("h{i}"), 11 + i), net.addr(11 + i)))
+        .collect();
+    let list: Vec<String> = hosts.iter().map(|(n, a)| format!("{n}={a}")).collect();
+    let data = net.data();
+    let data_s = data.to_str().unwrap().to_string();
+    let out = must(net.madfs_in(
+        &client,
+        &[
+            "up",
+            "--slurm",
+            "--hosts",
+            &list.join(","),
+            "--exec",
+            "ip netns exec {host}",
+            "--data",
+            &data_s,
+            "--cache-mib",
+            "16",
+        ],
+    ));
+    assert!(out.contains("2 servers on 2 hosts"), "{out}");
+    // Each host runs its server and the launch command waiting for it.
+    for (ns, _) in &hosts {
+        assert!(net.pids(ns).len() >= 2, "{ns}: {:?}", net.pids(ns));
+    }
+    let local = net.data.path().join("f");
+    std::fs::write(&local, pattern(3, 3 << 20)).unwrap();
+    must(net.madfs_in(&client, &["put", local.to_str().unwrap(), "/f"]));
+    let status = must(net.madfs_in(&client, &["status"]));
+    assert!(status.contains("1/1 servers answer"), "{status}");
+    must(net.madfs_in(&client, &["down", "--data", &data_s, "--wipe"]));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for (ns, _) in &hosts {
+        while !net.pids(ns).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(
+            net.pids(ns).is_empty(),
+            "{ns} still runs {:?}",
+            net.pids(ns)
+        );
+    }
+    assert!(!data.exists());
 }
