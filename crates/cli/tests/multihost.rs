@@ -4,7 +4,10 @@
 //! hosts, shows `status` by host, survives losing every server of one host
 //! (clients get a clear error, `madfs up` restarts them, data intact), and
 //! `down --wipe` leaves nothing behind. A host that cannot be reached makes
-//! `up` fail naming it, with no server left running on the others.
+//! `up` fail naming it, with no server left running on the others. The
+//! Slurm way of launching (one long-running command per host) runs with
+//! `ip netns exec` standing in for srun, and a client works through relays
+//! that add 200 us of latency each way (this kernel has no netem).
 //!
 //! Only addresses inside the namespaces (10.213.0.0/16) are used; the bridge
 //! has none, so the test's own network is untouched. Namespace, bridge and
@@ -92,7 +95,13 @@ impl Net {
     fn new(test: char, subnet: u8) -> Option<Net> {
         let tag = format!("{}{test}", std::process::id() % 1_000_000);
         let probe = format!("mhprobe{tag}");
-        let out = run(&["ip", "netns", "add", &probe], &[]);
+        let out = match Command::new("ip").args(["netns", "add", &probe]).output() {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("SKIPPED: cannot run `ip` (iproute2): {e}");
+                return None;
+            }
+        };
         if !out.status.success() {
             eprintln!(
                 "SKIPPED: cannot create network namespaces ({}): {}",
@@ -571,4 +580,202 @@ fn slurm_style_launch_keeps_one_command_per_host() {
         );
     }
     assert!(!data.exists());
+}
+
+/// A TCP relay that delays everything it forwards by `delay` each way
+/// (a delay line, not a rate limit: bytes keep their spacing), standing in
+/// for a link with latency where the kernel has no netem. It listens on
+/// loopback inside namespace `ns` and forwards to `target` from there.
+struct Relay {
+    addr: std::net::SocketAddr,
+    /// Bytes forwarded, both ways.
+    bytes: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Enter network namespace `ns` (this thread, and the threads it starts).
+fn enter_netns(ns: &str) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(format!("/var/run/netns/{ns}")).expect("open netns");
+    // SAFETY: setns on a valid namespace fd changes only this thread.
+    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(r, 0, "setns {ns}: {}", std::io::Error::last_os_error());
+}
+
+impl Relay {
+    fn start(ns: &str, target: std::net::SocketAddr, delay: Duration) -> Relay {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let ns = ns.to_string();
+        let stop2 = stop.clone();
+        let bytes = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (c1, c2) = (bytes.clone(), bytes.clone());
+        let thread = std::thread::spawn(move || {
+            enter_netns(&ns);
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind relay");
+            l.set_nonblocking(true).unwrap();
+            tx.send(l.local_addr().unwrap()).unwrap();
+            while !stop2.load(Ordering::SeqCst) {
+                match l.accept() {
+                    Ok((a, _)) => {
+                        a.set_nonblocking(false).unwrap();
+                        let Ok(b) = std::net::TcpStream::connect(target) else {
+                            continue;
+                        };
+                        for s in [&a, &b] {
+                            s.set_nodelay(true).unwrap();
+                        }
+                        let (a2, b2) = (a.try_clone().unwrap(), b.try_clone().unwrap());
+                        let (c1, c2) = (c1.clone(), c2.clone());
+                        std::thread::spawn(move || pump(a, b, delay, &c1));
+                        std::thread::spawn(move || pump(b2, a2, delay, &c2));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        let addr = rx.recv().expect("relay address");
+        Relay {
+            addr,
+            bytes,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Copy `from` to `to`, each piece `delay` after it arrived.
+fn pump(
+    mut from: std::net::TcpStream,
+    mut to: std::net::TcpStream,
+    delay: Duration,
+    count: &std::sync::atomic::AtomicU64,
+) {
+    use std::io::{Read, Write};
+    let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
+    let writer = {
+        let from = from.try_clone().unwrap();
+        std::thread::spawn(move || {
+            for (at, buf) in rx {
+                let due = at + delay;
+                // Sleep most of the way, spin the rest: sleeps overshoot.
+                while let Some(left) = due.checked_duration_since(Instant::now()) {
+                    if left > Duration::from_micros(100) {
+                        std::thread::sleep(left - Duration::from_micros(80));
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+                if to.write_all(&buf).is_err() {
+                    break;
+                }
+            }
+            let _ = to.shutdown(std::net::Shutdown::Both);
+            let _ = from.shutdown(std::net::Shutdown::Both);
+        })
+    };
+    let mut buf = vec![0u8; 256 << 10];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                count.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                if tx.send((Instant::now(), buf[..n].to_vec())).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    drop(tx);
+    let _ = writer.join();
+}
+
+/// A client whose every link to the servers has 200 us of latency each way
+/// (through `Relay`s: server-to-server traffic is not delayed) still reads
+/// back what it wrote and renames, over every link.
+#[test]
+fn clients_work_over_links_with_200us_latency() {
+    let Some(mut net) = Net::new('d', 4) else {
+        return;
+    };
+    let client = net.add("c", 2);
+    let hosts: Vec<(String, String)> = (0..2)
+        .map(|i| (net.add(&format!("h{i}"), 11 + i), net.addr(11 + i)))
+        .collect();
+    let list: Vec<String> = hosts.iter().map(|(n, a)| format!("{n}={a}")).collect();
+    let data = net.data();
+    let data_s = data.to_str().unwrap().to_string();
+    must(net.madfs_in(
+        &client,
+        &[
+            "up",
+            "--hosts",
+            &list.join(","),
+            "--servers-per-host",
+            "2",
+            "--exec",
+            "ip netns exec {host}",
+            "--data",
+            &data_s,
+            "--chunk-size",
+            "1048576",
+            "--cache-mib",
+            "16",
+        ],
+    ));
+    // The client's cluster file names the relays instead of the servers.
+    let text = std::fs::read_to_string(data.join("cluster.toml")).unwrap();
+    let mut relays = Vec::new();
+    let mut relayed = text.clone();
+    for (_, addr) in &hosts {
+        for port in [7100, 7101] {
+            let target: std::net::SocketAddr = format!("{addr}:{port}").parse().unwrap();
+            let r = Relay::start(&client, target, Duration::from_micros(200));
+            relayed = relayed.replace(&format!("\"{target}\""), &format!("\"{}\"", r.addr));
+            relays.push(r);
+        }
+    }
+    assert_ne!(relayed, text);
+    let relay_file = data.join("relayed.toml");
+    std::fs::write(&relay_file, &relayed).unwrap();
+    let via = |args: &[&str]| {
+        let mut argv = vec!["ip", "netns", "exec", &client, MADFS, "--cluster"];
+        argv.push(relay_file.to_str().unwrap());
+        argv.extend_from_slice(args);
+        run(&argv, &[])
+    };
+
+    let big = pattern(11, 12 << 20);
+    let local = net.data.path().join("big");
+    std::fs::write(&local, &big).unwrap();
+    let t = Instant::now();
+    must(via(&["put", local.to_str().unwrap(), "/big"]));
+    let put_time = t.elapsed();
+    let copy = net.data.path().join("big.copy");
+    must(via(&["get", "/big", copy.to_str().unwrap()]));
+    assert!(std::fs::read(&copy).unwrap() == big, "/big differs");
+    must(via(&["mkdir", "-p", "/d/e/f"]));
+    must(via(&["mv", "/big", "/d/e/f/moved"]));
+    let t = Instant::now();
+    let stat = must(via(&["stat", "/d/e/f/moved"]));
+    let stat_time = t.elapsed();
+    assert!(stat.contains(&(12u64 << 20).to_string()), "{stat}");
+    eprintln!("over 200 us links: put of 12 MiB {put_time:?}, stat of a 4-deep path {stat_time:?}");
+    for r in &relays {
+        let n = r.bytes.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(n > 0, "nothing went through the relay to one server");
+    }
+    drop(relays);
+    must(net.madfs_in(&client, &["down", "--data", &data_s, "--wipe"]));
 }
