@@ -83,10 +83,10 @@ pub struct UpOptions {
 
 fn valid_host_name(name: &str) -> bool {
     !name.is_empty()
-        && !name.starts_with('-')
+        && !name.starts_with(['-', '.'])
         && name
             .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'))
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
 }
 
 /// Hosts from a file (one per line, `#` comments) or a comma-separated list;
@@ -249,6 +249,13 @@ fn sqp(p: &Path) -> String {
     sq(p.to_string_lossy())
 }
 
+/// Where a host keeps its copy of the cluster file and key, its servers'
+/// data, logs and pid files: DATA/HOST (so a DATA shared by the hosts
+/// holds each host's files apart, and wiping one host leaves the others').
+fn host_dir(data: &Path, host: &str) -> PathBuf {
+    data.join(host)
+}
+
 fn absolute(p: &Path) -> Result<PathBuf, String> {
     if p.is_absolute() {
         Ok(p.to_path_buf())
@@ -409,8 +416,8 @@ fn start_script(
     let mut s = format!(
         r#"set -e
 umask 077
-mkdir -p {data}
-cd {data}
+mkdir -p {hd}
+cd {hd}
 cat > .cluster.key.{host}.tmp <<'MADFS_KEY_END'
 {key_hex}
 MADFS_KEY_END
@@ -444,9 +451,9 @@ for id in $new; do
   fi
 done
 "#,
-        data = sqp(data),
+        hd = sqp(&host_dir(data, host)),
         madfs = sqp(&l.madfs),
-        cfg = sqp(&data.join(CLUSTER_FILE)),
+        cfg = sqp(&host_dir(data, host).join(CLUSTER_FILE)),
         ids = ids_s.join(" "),
     );
     if l.foreground {
@@ -459,19 +466,19 @@ done
 /// 30 s) and with `wipe` removes their data, logs and the cluster files.
 fn stop_script(l: &Launcher, data: &Path, host: &str, ids: &[u16], wipe: bool) -> String {
     let ids_s: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
-    let mut s = format!("cd {} 2>/dev/null || exit 0\n", sqp(data));
+    let mut s = format!("cd {} 2>/dev/null || exit 0\n", sqp(&host_dir(data, host)));
     if let Some(m) = &l.mount {
         // Unmount (the daemon then exits), else SIGTERM the daemon, which
         // unmounts too.
         s.push_str(&format!(
-            r#"if [ -f mount-{host}.pid ]; then
-  p=$(cat mount-{host}.pid)
+            r#"if [ -f mount.pid ]; then
+  p=$(cat mount.pid)
   if kill -0 "$p" 2>/dev/null && grep -q mount "/proc/$p/cmdline" 2>/dev/null; then
     {madfs} umount {dir} >/dev/null 2>&1 || kill -TERM "$p"
     i=0; while kill -0 "$p" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
     kill -0 "$p" 2>/dev/null && kill -KILL "$p"
   fi
-  rm -f mount-{host}.pid
+  rm -f mount.pid
 fi
 "#,
             madfs = sqp(&l.madfs),
@@ -502,12 +509,11 @@ for id in {ids}; do rm -f server-$id.pid; done
     ));
     if wipe {
         s.push_str(&format!(
-            r#"for id in {ids}; do rm -rf server-$id server-$id.log; done
-rm -f {CLUSTER_FILE} {KEY_FILE} {HOSTS_FILE} launch-{host}.log launch-mount-{host}.log mount-{host}.log
-cd /
+            r#"cd /
+rm -rf {hd}
 rmdir {data} 2>/dev/null || true
 "#,
-            ids = ids_s.join(" "),
+            hd = sqp(&host_dir(data, host)),
             data = sqp(data),
         ));
     }
@@ -577,7 +583,7 @@ fn create(data: &Path, o: &UpOptions) -> Result<(ClusterConfig, Launcher), Strin
             servers.push(ServerEntry {
                 id,
                 address: SocketAddr::new(ip, base + i),
-                data_dir: data.join(format!("server-{id}")),
+                data_dir: host_dir(data, &h.name).join(format!("server-{id}")),
                 host: Some(h.name.clone()),
             });
         }
@@ -628,9 +634,20 @@ fn create(data: &Path, o: &UpOptions) -> Result<(ClusterConfig, Launcher), Strin
     Ok((cfg, launcher))
 }
 
-/// Stop servers `ids` of `host`; errors are returned, not fatal.
-fn stop_host(l: &Launcher, data: &Path, host: &str, ids: &[u16], wipe: bool) -> Result<(), String> {
-    run_on(&l.exec, host, &stop_script(l, data, host, ids, wipe)).map(|_| ())
+/// Stop servers `ids` of `host`: how many were running, or why it failed.
+fn stop_host(
+    l: &Launcher,
+    data: &Path,
+    host: &str,
+    ids: &[u16],
+    wipe: bool,
+) -> Result<usize, String> {
+    run_on(&l.exec, host, &stop_script(l, data, host, ids, wipe)).map(|r| {
+        r.stdout
+            .lines()
+            .filter(|l| l.starts_with("stopped "))
+            .count()
+    })
 }
 
 /// Stop what this launch started, on every host, in parallel. Stop errors
@@ -852,7 +869,7 @@ fn wait_ready(
             for (id, e) in down {
                 let Some(s) = cfg.server(id) else { continue };
                 let host = s.host.as_deref().unwrap_or("?");
-                let log = data.join(format!("server-{}.log", id.0));
+                let log = host_dir(data, host).join(format!("server-{}.log", id.0));
                 let tail = run_on(&l.exec, host, &format!("tail -n 5 {} 2>&1", sqp(&log)))
                     .map(|r| r.stdout)
                     .unwrap_or_else(|e| e);
@@ -877,17 +894,17 @@ fn wait_ready(
 /// mount shows.
 fn mount_script(l: &Launcher, data: &Path, host: &str, dir: &Path) -> String {
     let mut s = format!(
-        r#"cd {data}
+        r#"cd {hd}
 mkdir -p {dir}
-alive_m() {{ [ -f mount-{host}.pid ] && p=$(cat mount-{host}.pid) && kill -0 "$p" 2>/dev/null && grep -q mount "/proc/$p/cmdline" 2>/dev/null; }}
+alive_m() {{ [ -f mount.pid ] && p=$(cat mount.pid) && kill -0 "$p" 2>/dev/null && grep -q mount "/proc/$p/cmdline" 2>/dev/null; }}
 if ! alive_m; then
-  setsid {madfs} --cluster {cfg} mount --foreground {dir} </dev/null >>mount-{host}.log 2>&1 &
-  echo $! > mount-{host}.pid
+  setsid {madfs} --cluster {cfg} mount --foreground {dir} </dev/null >>mount.log 2>&1 &
+  echo $! > mount.pid
   i=0
   until awk -v d={dir} '$2 == d && $3 ~ /^fuse/ {{ f = 1 }} END {{ exit !f }}' /proc/self/mounts; do
     if ! alive_m || [ $i -ge 300 ]; then
-      echo "mounting {dir_text} failed; $(pwd)/mount-{host}.log says:" >&2
-      tail -n 5 mount-{host}.log >&2
+      echo "mounting {dir_text} failed; $(pwd)/mount.log says:" >&2
+      tail -n 5 mount.log >&2
       kill "$p" 2>/dev/null
       exit 1
     fi
@@ -896,11 +913,11 @@ if ! alive_m; then
   echo mounted
 fi
 "#,
-        data = sqp(data),
+        hd = sqp(&host_dir(data, host)),
         dir = sqp(dir),
         dir_text = dir.display(),
         madfs = sqp(&l.madfs),
-        cfg = sqp(&data.join(CLUSTER_FILE)),
+        cfg = sqp(&host_dir(data, host).join(CLUSTER_FILE)),
     );
     if l.foreground {
         s.push_str("wait\n");
@@ -955,7 +972,7 @@ pub fn down(data: &Path, wipe: bool) -> Result<ExitCode, String> {
     let cfg = ClusterConfig::load(&cfg_path).map_err(|e| e.to_string())?;
     let l = load_launcher(&data)?;
     let hosts = hosts_of(&cfg);
-    let errors: Vec<String> = std::thread::scope(|sc| {
+    let results: Vec<Result<usize, String>> = std::thread::scope(|sc| {
         let hs: Vec<_> = hosts
             .iter()
             .map(|(host, servers)| {
@@ -967,9 +984,11 @@ pub fn down(data: &Path, wipe: bool) -> Result<ExitCode, String> {
             })
             .collect();
         hs.into_iter()
-            .filter_map(|h| h.join().expect("host thread").err())
+            .map(|h| h.join().expect("host thread"))
             .collect()
     });
+    let stopped: usize = results.iter().filter_map(|r| r.as_ref().ok()).sum();
+    let errors: Vec<String> = results.into_iter().filter_map(Result::err).collect();
     if !errors.is_empty() {
         return Err(format!(
             "could not stop every host (run `madfs down` again once they are reachable):\n  {}",
@@ -982,13 +1001,12 @@ pub fn down(data: &Path, wipe: bool) -> Result<ExitCode, String> {
         }
         for (host, _) in &hosts {
             let _ = std::fs::remove_file(data.join(format!("launch-{host}.log")));
-            let _ = std::fs::remove_file(data.join(format!("mount-{host}.log")));
             let _ = std::fs::remove_file(data.join(format!("launch-mount-{host}.log")));
         }
         let _ = std::fs::remove_dir(&data);
     }
     println!(
-        "MadFS cluster down: {} servers on {} hosts stopped{}",
+        "MadFS cluster down: stopped {stopped} running servers of {} on {} hosts{}",
         cfg.server_count(),
         hosts.len(),
         if wipe {
@@ -1061,6 +1079,8 @@ mod tests {
         assert!(parse_hosts("a,a").unwrap_err().contains("twice"));
         assert!(parse_hosts("a=notanip").unwrap_err().contains("not an IP"));
         assert!(parse_hosts("a;rm -rf").is_err());
+        assert!(parse_hosts("..").is_err());
+        assert!(parse_hosts("-oProxyCommand=x").is_err());
         assert!(parse_hosts(" , ").is_err());
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("hosts");
@@ -1091,13 +1111,14 @@ mod tests {
             mount: None,
         };
         let s = start_script(&l, Path::new("/scratch/d"), "x = 1", "abcd", "n1", &[3, 4]);
-        assert!(s.contains(r"'/opt/it'\''s/madfs' --cluster '/scratch/d/cluster.toml' server"));
+        assert!(s.contains(r"'/opt/it'\''s/madfs' --cluster '/scratch/d/n1/cluster.toml' server"));
+        assert!(s.contains("cd '/scratch/d/n1'\n"));
         assert!(s.contains("for id in 3 4;"));
         assert!(s.contains("umask 077"));
         assert!(s.contains("\nabcd\n"));
         assert!(s.ends_with("wait\n"));
         let d = stop_script(&l, Path::new("/scratch/d"), "n1", &[3, 4], true);
-        assert!(d.contains("rm -rf server-$id server-$id.log"));
+        assert!(d.contains("rm -rf '/scratch/d/n1'\n"));
         assert!(d.contains("rmdir '/scratch/d'"));
     }
 }

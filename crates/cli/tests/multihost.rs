@@ -207,7 +207,16 @@ impl Drop for Net {
     fn drop(&mut self) {
         if std::thread::panicking() {
             // Show the servers' last words.
-            if let Ok(rd) = std::fs::read_dir(self.data()) {
+            let dirs = std::fs::read_dir(self.data())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.is_dir());
+            for dir in dirs.chain([self.data()]) {
+                let Ok(rd) = std::fs::read_dir(dir) else {
+                    continue;
+                };
                 for e in rd.flatten() {
                     let p = e.path();
                     if p.extension().is_some_and(|x| x == "log") {
@@ -270,7 +279,7 @@ fn listens_on_any(ns: &str) -> bool {
 
 /// Run `sh -c script` in the mount namespace of `host`'s mount daemon.
 fn in_mount(data: &Path, host: &str, script: &str) -> String {
-    let pid = std::fs::read_to_string(data.join(format!("mount-{host}.pid")))
+    let pid = std::fs::read_to_string(data.join(host).join("mount.pid"))
         .unwrap_or_else(|e| panic!("no mount daemon on {host}: {e}"));
     ok(&["nsenter", "-t", pid.trim(), "-m", "sh", "-c", script])
 }
