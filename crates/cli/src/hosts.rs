@@ -650,19 +650,21 @@ fn stop_host(
     })
 }
 
-/// Stop what this launch started, on every host, in parallel. Stop errors
-/// of hosts in `failed` (already reported) are not repeated.
+/// Stop what this launch started, on every host, in parallel, and with
+/// `wipe` (a new cluster) remove its files there. Stop errors of hosts in
+/// `failed` (already reported) are not repeated.
 fn roll_back(
     l: &Launcher,
     data: &Path,
     started: &BTreeMap<String, Vec<u16>>,
     failed: &[String],
+    wipe: bool,
     children: &mut [(String, Child)],
 ) {
     std::thread::scope(|sc| {
         for (host, ids) in started {
             sc.spawn(move || {
-                let r = stop_host(l, data, host, ids, false);
+                let r = stop_host(l, data, host, ids, wipe);
                 if let (Err(e), false) = (r, failed.contains(host)) {
                     eprintln!("madfs: stopping the servers started on host '{host}': {e}");
                 }
@@ -771,7 +773,14 @@ pub fn up(data: &Path, o: &UpOptions) -> Result<ExitCode, String> {
         children.extend(child.map(|c| (host, c)));
     }
     if !failures.is_empty() {
-        roll_back(&launcher, &data, &started, &failed_hosts, &mut children);
+        roll_back(
+            &launcher,
+            &data,
+            &started,
+            &failed_hosts,
+            fresh,
+            &mut children,
+        );
         if fresh {
             forget(&data);
         }
@@ -783,7 +792,7 @@ pub fn up(data: &Path, o: &UpOptions) -> Result<ExitCode, String> {
 
     // Wait until every server answers.
     if let Err(e) = wait_ready(&cfg_path, &cfg, &launcher, &data, &mut children) {
-        roll_back(&launcher, &data, &started, &[], &mut children);
+        roll_back(&launcher, &data, &started, &[], fresh, &mut children);
         if fresh {
             forget(&data);
         }
@@ -827,6 +836,14 @@ fn tail_local(path: &Path) -> String {
 fn forget(data: &Path) {
     for f in [CLUSTER_FILE, KEY_FILE, HOSTS_FILE] {
         let _ = std::fs::remove_file(data.join(f));
+    }
+    if let Ok(rd) = std::fs::read_dir(data) {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("launch-") && name.ends_with(".log") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
     }
     let _ = std::fs::remove_dir(data);
 }

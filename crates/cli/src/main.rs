@@ -71,9 +71,10 @@ enum Command {
         /// Number of servers (for a new local cluster).
         #[arg(long, default_value_t = 4)]
         servers: u16,
-        /// Where data, logs, the cluster file and the key go (with --hosts:
-        /// the same path on every host, shared or not; the cluster file and
-        /// key are written to each host through --exec).
+        /// Where data, logs, the cluster file and the key go. With --hosts
+        /// the same path on every host, shared or not: each host keeps its
+        /// servers' data, logs and a copy of the cluster file and key (sent
+        /// on the standard input of --exec, mode 0600) in DATA/HOST.
         #[arg(long, default_value = "madfs-data")]
         data: PathBuf,
         /// Chunk size in bytes (for a new cluster).
@@ -106,7 +107,8 @@ enum Command {
         #[arg(long, value_name = "TEMPLATE")]
         exec: Option<String>,
         /// Inside a Slurm allocation: the hosts are SLURM_JOB_NODELIST's
-        /// nodes, reached with srun (one step per host).
+        /// nodes (unless --hosts), reached with srun, one step per host that
+        /// runs as long as its servers.
         #[arg(long)]
         slurm: bool,
         /// The madfs binary on the hosts (default: this one's path).
@@ -323,7 +325,16 @@ fn main() -> ExitCode {
             madfs,
             key_stdin,
         } => {
-            if hosts.is_some() || slurm || hosts::is_multihost(&data) {
+            let multihost = hosts.is_some() || slurm || hosts::is_multihost(&data);
+            let stray = [
+                (exec.is_some(), "--exec"),
+                (madfs.is_some(), "--madfs"),
+                (key_stdin, "--key-stdin"),
+                (servers_per_host != 1, "--servers-per-host"),
+            ];
+            if let (false, Some((_, flag))) = (multihost, stray.iter().find(|(set, _)| *set)) {
+                Err(format!("{flag} needs --hosts or --slurm"))
+            } else if multihost {
                 hosts::up(
                     &data,
                     &hosts::UpOptions {

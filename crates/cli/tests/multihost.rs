@@ -505,7 +505,8 @@ fn a_bad_host_fails_up_by_name_and_leaves_nothing_running() {
             net.pids(ns)
         );
     }
-    assert!(!Path::new(&data_s).join("cluster.toml").exists());
+    // Nor any file: a new cluster that failed to start is wiped.
+    assert!(!Path::new(&data_s).exists(), "{data_s} is left behind");
 
     // No madfs binary on the hosts: the error says so, per host.
     let list: Vec<String> = good.iter().map(|(n, a)| format!("{n}={a}")).collect();
@@ -534,6 +535,7 @@ fn a_bad_host_fails_up_by_name_and_leaves_nothing_running() {
         );
     }
     assert!(err.contains("not an executable"), "{}", text(&out));
+    assert!(!Path::new(&data_s).exists(), "{data_s} is left behind");
 }
 
 /// `--slurm` keeps each host's launch command running for as long as its
