@@ -678,8 +678,24 @@ fn roll_back(
 }
 
 /// A host's start: its name, its servers, those it started (or why it
-/// failed), and the srun command left running.
-type HostStart = (String, Vec<u16>, Result<Vec<u16>, String>, Option<Child>);
+/// failed), and the srun command left running with where its log began.
+type HostStart = (
+    String,
+    Vec<u16>,
+    Result<Vec<u16>, String>,
+    Option<(Child, u64)>,
+);
+
+/// The servers a host's srun command says it started (`started ID` lines
+/// in its log after `from`).
+fn started_in_log(log: &Path, from: u64) -> Vec<u16> {
+    let all = std::fs::read(log).unwrap_or_default();
+    let new = String::from_utf8_lossy(all.get(from as usize..).unwrap_or_default()).into_owned();
+    new.lines()
+        .filter_map(|l| l.strip_prefix("started "))
+        .filter_map(|id| id.trim().parse().ok())
+        .collect()
+}
 
 pub fn up(data: &Path, o: &UpOptions) -> Result<ExitCode, String> {
     let data = absolute(data)?;
@@ -736,8 +752,9 @@ pub fn up(data: &Path, o: &UpOptions) -> Result<ExitCode, String> {
                 sc.spawn(move || {
                     if l.foreground {
                         let log = data.join(format!("launch-{host}.log"));
+                        let from = std::fs::metadata(&log).map_or(0, |m| m.len());
                         match spawn_on(&l.exec, host, &script, &log) {
-                            Ok(c) => (host.clone(), ids.clone(), Ok(ids), Some(c)),
+                            Ok(c) => (host.clone(), ids.clone(), Ok(ids), Some((c, from))),
                             Err(e) => (host.clone(), ids, Err(e), None),
                         }
                     } else {
@@ -758,6 +775,7 @@ pub fn up(data: &Path, o: &UpOptions) -> Result<ExitCode, String> {
             .map(|h| h.join().expect("host thread"))
             .collect()
     });
+    let mut log_starts: Vec<(String, u64)> = Vec::new();
     for (host, ids, r, child) in results {
         match r {
             Ok(s) => {
@@ -770,7 +788,10 @@ pub fn up(data: &Path, o: &UpOptions) -> Result<ExitCode, String> {
                 failures.push(format!("host '{host}': {e}"));
             }
         }
-        children.extend(child.map(|c| (host, c)));
+        if let Some((c, from)) = child {
+            log_starts.push((host.clone(), from));
+            children.push((host, c));
+        }
     }
     if !failures.is_empty() {
         roll_back(
@@ -792,6 +813,12 @@ pub fn up(data: &Path, o: &UpOptions) -> Result<ExitCode, String> {
 
     // Wait until every server answers.
     if let Err(e) = wait_ready(&cfg_path, &cfg, &launcher, &data, &mut children) {
+        // Under srun, only the servers a step says it started (not those
+        // that were running already).
+        for (host, from) in &log_starts {
+            let log = data.join(format!("launch-{host}.log"));
+            started.insert(host.clone(), started_in_log(&log, *from));
+        }
         roll_back(&launcher, &data, &started, &[], fresh, &mut children);
         if fresh {
             forget(&data);
@@ -801,6 +828,11 @@ pub fn up(data: &Path, o: &UpOptions) -> Result<ExitCode, String> {
     // The srun steps keep running after this command exits.
     for (_, c) in children {
         std::mem::forget(c);
+    }
+    // Under srun the steps have said by now which servers they started.
+    for (host, from) in &log_starts {
+        let log = data.join(format!("launch-{host}.log"));
+        started.insert(host.clone(), started_in_log(&log, *from));
     }
     let n_started: usize = started.values().map(Vec::len).sum();
     println!(

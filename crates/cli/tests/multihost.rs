@@ -578,6 +578,24 @@ fn slurm_style_launch_keeps_one_command_per_host() {
     must(net.madfs_in(&client, &["put", local.to_str().unwrap(), "/f"]));
     let status = must(net.madfs_in(&client, &["status"]));
     assert!(status.contains("1/1 servers answer"), "{status}");
+    // One server dies; `up` again starts it (alone) in a new step.
+    let (h1, _) = &hosts[1];
+    let pid: i32 = std::fs::read_to_string(data.join(h1).join("server-1.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: the server this test's cluster runs in its namespace.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !net.pids(h1).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(net.pids(h1).is_empty(), "the step outlived its server");
+    let out = must(net.madfs_in(&client, &["up", "--data", &data_s]));
+    assert!(out.contains("(1 started now)"), "{out}");
+    let status = must(net.madfs_in(&client, &["status"]));
+    assert_eq!(status.matches("1/1 servers answer").count(), 2, "{status}");
     must(net.madfs_in(&client, &["down", "--data", &data_s, "--wipe"]));
     let deadline = Instant::now() + Duration::from_secs(10);
     for (ns, _) in &hosts {
