@@ -903,7 +903,8 @@ fn wait_ready(
             return Ok(());
         }
         for (host, c) in children.iter_mut() {
-            if let Ok(Some(status)) = c.try_wait() {
+            // A step exits successfully at once when its servers ran already.
+            if let Ok(Some(status)) = c.try_wait().map(|s| s.filter(|s| !s.success())) {
                 let log = data.join(format!("launch-{host}.log"));
                 return Err(format!(
                     "host '{host}': the command running its servers exited ({status}); \
@@ -948,10 +949,15 @@ mkdir -p {dir}
 alive_m() {{ [ -f mount.pid ] && p=$(cat mount.pid) && kill -0 "$p" 2>/dev/null && grep -q mount "/proc/$p/cmdline" 2>/dev/null; }}
 if ! alive_m; then
   setsid {madfs} --cluster {cfg} mount --foreground {dir} </dev/null >>mount.log 2>&1 &
-  echo $! > mount.pid
+  p=$!
+  echo $p > mount.pid
   i=0
   until awk -v d={dir} '$2 == d && $3 ~ /^fuse/ {{ f = 1 }} END {{ exit !f }}' /proc/self/mounts; do
-    if ! alive_m || [ $i -ge 300 ]; then
+    # Still running (not exited, which leaves a zombie until this shell
+    # exits)? Its command line may not say "mount" yet: it may not have
+    # exec'd.
+    st=$(sed -n 's/.*) \(.\).*/\1/p' /proc/$p/stat 2>/dev/null)
+    if [ -z "$st" ] || [ "$st" = Z ] || [ $i -ge 300 ]; then
       echo "mounting {dir_text} failed; $(pwd)/mount.log says:" >&2
       tail -n 5 mount.log >&2
       kill "$p" 2>/dev/null
