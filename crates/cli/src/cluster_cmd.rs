@@ -1,5 +1,7 @@
 //! `madfs server`, `up`, `down` and `status`: running servers and the
-//! one-command local cluster.
+//! one-command local cluster. A cluster across hosts (`up --hosts`,
+//! `--slurm`) is started and stopped by `hosts.rs`; `status` here shows
+//! both, grouped by host.
 
 use madfs_rpc::cluster::{generate_key, write_key_file};
 use madfs_rpc::{ClusterConfig, ServerEntry};
