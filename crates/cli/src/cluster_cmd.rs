@@ -1,5 +1,7 @@
 //! `madfs server`, `up`, `down` and `status`: running servers and the
-//! one-command local cluster.
+//! one-command local cluster. A cluster across hosts (`up --hosts`,
+//! `--slurm`) is started and stopped by `hosts.rs`; `status` here shows
+//! both, grouped by host.
 
 use madfs_rpc::cluster::{generate_key, write_key_file};
 use madfs_rpc::{ClusterConfig, ServerEntry};
@@ -113,15 +115,26 @@ pub fn up(
         }
         let mut entries = Vec::new();
         for id in 0..servers {
-            let port = match base_port {
-                Some(b) => b.checked_add(id).ok_or("--base-port too high")?,
-                None => free_port()?,
+            // Servers on base, base+1, ...; their metrics after the last.
+            let (port, metrics_port) = match base_port {
+                Some(b) => (
+                    b.checked_add(id).ok_or("--base-port too high")?,
+                    b.checked_add(servers)
+                        .and_then(|m| m.checked_add(id))
+                        .ok_or("--base-port too high")?,
+                ),
+                None => (free_port()?, free_port()?),
             };
             entries.push(ServerEntry {
                 id,
                 address: format!("127.0.0.1:{port}").parse().expect("valid address"),
                 data_dir: data.join(format!("server-{id}")),
-                metrics: None,
+                metrics: Some(
+                    format!("127.0.0.1:{metrics_port}")
+                        .parse()
+                        .expect("valid address"),
+                ),
+                host: None,
             });
         }
         let cfg = ClusterConfig {
@@ -232,7 +245,7 @@ fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
-pub fn down(data: &Path) -> Result<ExitCode, String> {
+pub fn down(data: &Path, wipe: bool) -> Result<ExitCode, String> {
     let data = absolute(data)?;
     let cfg_path = data.join(CLUSTER_FILE);
     let cfg = ClusterConfig::load(&cfg_path)
@@ -261,6 +274,22 @@ pub fn down(data: &Path) -> Result<ExitCode, String> {
     }
     for s in &cfg.servers {
         let _ = std::fs::remove_file(pid_file(&data, s.id));
+        if wipe {
+            let _ = std::fs::remove_dir_all(&s.data_dir);
+            let _ = std::fs::remove_file(log_file(&data, s.id));
+        }
+    }
+    if wipe {
+        let _ = std::fs::remove_file(&cfg_path);
+        let _ = std::fs::remove_file(&cfg.key_file);
+        // Only if nothing else is left in it.
+        let _ = std::fs::remove_dir(&data);
+        println!(
+            "MadFS cluster down: stopped {} servers, removed their data from {}",
+            pids.len(),
+            data.display()
+        );
+        return Ok(ExitCode::SUCCESS);
     }
     println!(
         "MadFS cluster down: stopped {} servers (data kept in {})",
@@ -287,38 +316,84 @@ pub fn status(cluster: Option<&Path>) -> Result<ExitCode, String> {
         .map_err(|e| e.to_string())?;
     let client = madfs_client::Client::connect(Some(&path)).map_err(|e| e.to_string())?;
     let stats = rt.block_on(client.server_stats());
-    println!(
-        "{:<4} {:<22} {:<6} {:>10} {:>14} {:>14}",
-        "ID", "ADDRESS", "STATE", "INODES", "DATA BYTES", "DISK FREE"
-    );
+    let multihost = cfg.servers.iter().any(|s| s.host.is_some());
+    // Operations per second and p99 latency over one second, from the
+    // servers' metrics, where the cluster file says where they are.
+    let metrics: Vec<_> = crate::metrics_cmd::addresses(&cfg)
+        .into_iter()
+        .filter_map(|(id, a)| a.map(|a| (id.0, a)))
+        .collect();
+    let addrs: Vec<_> = metrics.iter().map(|&(_, a)| a).collect();
+    let mut load: std::collections::BTreeMap<u16, String> = metrics
+        .iter()
+        .map(|&(id, _)| id)
+        .zip(crate::metrics_cmd::summaries(
+            &addrs,
+            crate::metrics_cmd::DEFAULT_INTERVAL,
+        ))
+        .map(|(id, r)| (id, r.map(|s| s.short()).unwrap_or_else(|_| "-".into())))
+        .collect();
+    let mut stats: std::collections::BTreeMap<u16, _> =
+        stats.into_iter().map(|(id, r)| (id.0, r)).collect();
     let mut all_up = true;
-    for (id, r) in stats {
-        let addr = cfg
-            .server(id)
-            .map(|s| s.address.to_string())
-            .unwrap_or_default();
-        match r {
-            Ok(s) => {
-                // A failed server answers but refuses writes until restarted.
-                let (state, why) = match &s.failure {
-                    None => ("up", String::new()),
-                    Some(f) => {
-                        all_up = false;
-                        ("failed", format!("  ({f})"))
-                    }
-                };
-                println!(
-                    "{:<4} {:<22} {:<6} {:>10} {:>14} {:>14}{why}",
-                    id.0, addr, state, s.inodes, s.data_bytes, s.bytes_avail
-                )
+    for (host, servers) in crate::hosts::hosts_of(&cfg) {
+        if multihost {
+            let up = servers
+                .iter()
+                .filter(|s| matches!(stats.get(&s.id), Some(Ok(_))))
+                .count();
+            println!("HOST {host}: {up}/{} servers answer", servers.len());
+        }
+        println!(
+            "{:<4} {:<22} {:<6} {:>10} {:>14} {:>14}{}",
+            "ID",
+            "ADDRESS",
+            "STATE",
+            "INODES",
+            "DATA BYTES",
+            "DISK FREE",
+            if metrics.is_empty() {
+                ""
+            } else {
+                "  LOAD (last second)"
             }
-            Err(e) => {
-                all_up = false;
-                println!(
-                    "{:<4} {:<22} {:<6} {:>10} {:>14} {:>14}  ({e})",
-                    id.0, addr, "down", "-", "-", "-"
-                );
+        );
+        for s in servers {
+            let (id, addr) = (s.id, s.address.to_string());
+            match stats.remove(&id) {
+                Some(Ok(s)) => {
+                    // A failed server answers but refuses writes until restarted.
+                    let (state, why) = match &s.failure {
+                        None => ("up", String::new()),
+                        Some(f) => {
+                            all_up = false;
+                            ("failed", format!("  ({f})"))
+                        }
+                    };
+                    let load = load
+                        .remove(&id)
+                        .map(|l| format!("  {l}"))
+                        .unwrap_or_default();
+                    println!(
+                        "{:<4} {:<22} {:<6} {:>10} {:>14} {:>14}{load}{why}",
+                        id, addr, state, s.inodes, s.data_bytes, s.bytes_avail
+                    )
+                }
+                Some(Err(e)) => {
+                    all_up = false;
+                    println!(
+                        "{:<4} {:<22} {:<6} {:>10} {:>14} {:>14}  ({e})",
+                        id, addr, "down", "-", "-", "-"
+                    );
+                }
+                None => {
+                    all_up = false;
+                    println!("{id:<4} {addr:<22} no answer");
+                }
             }
+        }
+        if multihost {
+            println!();
         }
     }
     Ok(if all_up {

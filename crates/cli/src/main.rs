@@ -7,6 +7,7 @@ mod cluster_cmd;
 mod files;
 mod find_cmd;
 mod fsx_cmd;
+mod hosts;
 mod locate;
 mod metrics_cmd;
 mod mount_cmd;
@@ -69,35 +70,71 @@ enum Command {
         #[arg(long, value_name = "ADDR")]
         metrics: Option<std::net::SocketAddr>,
     },
-    /// Start a local cluster on 127.0.0.1 and wait until every server answers.
+    /// Start a cluster and wait until every server answers: on 127.0.0.1,
+    /// or with --hosts / --slurm on many hosts. Run again on the same
+    /// --data to restart whatever servers are down.
     Up {
-        /// Number of servers (for a new cluster).
+        /// Number of servers (for a new local cluster).
         #[arg(long, default_value_t = 4)]
         servers: u16,
-        /// Where data, logs, the cluster file and the key go.
+        /// Where data, logs, the cluster file and the key go. With --hosts
+        /// the same path on every host, shared or not: each host keeps its
+        /// servers' data, logs and a copy of the cluster file and key (sent
+        /// on the standard input of --exec, mode 0600) in DATA/HOST.
         #[arg(long, default_value = "madfs-data")]
         data: PathBuf,
         /// Chunk size in bytes (for a new cluster).
         #[arg(long, default_value_t = madfs_types::limits::CHUNK_SIZE_DEFAULT_BYTES)]
         chunk_size: u64,
-        /// First TCP port (default: free ports chosen by the OS).
+        /// First TCP port (default: free ports chosen by the OS; with
+        /// --hosts 7100): a host's servers use P, P+1, ...
         #[arg(long)]
         base_port: Option<u16>,
-        /// Also mount the cluster on this directory (as `madfs mount`).
+        /// Also mount the cluster on this directory (as `madfs mount`; with
+        /// --hosts on every host).
         #[arg(long)]
         mount: Option<PathBuf>,
         /// Chunk cache of each server in MiB (as `madfs server
-        /// --cache-mib`; default: a quarter of this machine's memory
-        /// divided among the servers).
+        /// --cache-mib`; default: a quarter of the host's memory divided
+        /// among its servers).
         #[arg(long)]
         cache_mib: Option<usize>,
+        /// Start the servers on these hosts: a file (one host per line, `#`
+        /// comments) or a comma-separated list; each NAME, NAME=ADDR or
+        /// NAME@ADDR. Servers listen on ADDR (default: NAME resolved here).
+        #[arg(long, value_name = "FILE|LIST")]
+        hosts: Option<String>,
+        /// Servers on each host (with --hosts or --slurm).
+        #[arg(long, default_value_t = 1)]
+        servers_per_host: u16,
+        /// How to run a command on a host; {host} is replaced by its name.
+        /// Default `ssh -o BatchMode=yes -o ConnectTimeout=10 {host}`;
+        /// with --slurm `srun --overlap -N1 -n1 -w {host}`.
+        #[arg(long, value_name = "TEMPLATE")]
+        exec: Option<String>,
+        /// Inside a Slurm allocation: the hosts are SLURM_JOB_NODELIST's
+        /// nodes (unless --hosts), reached with srun, one step per host that
+        /// runs as long as its servers.
+        #[arg(long)]
+        slurm: bool,
+        /// The madfs binary on the hosts (default: this one's path).
+        #[arg(long, value_name = "PATH")]
+        madfs: Option<PathBuf>,
+        /// Read the cluster key (64 hex digits) from standard input instead
+        /// of generating one (with --hosts or --slurm).
+        #[arg(long)]
+        key_stdin: bool,
     },
-    /// Stop the local cluster started by `madfs up`.
+    /// Stop the cluster started by `madfs up` (on every host).
     Down {
         #[arg(long, default_value = "madfs-data")]
         data: PathBuf,
+        /// Also remove every server's data, logs, the cluster file and key
+        /// (on every host).
+        #[arg(long)]
+        wipe: bool,
     },
-    /// Show every server: address, up/down, inodes, bytes used.
+    /// Show every server (grouped by host): address, up/down, inodes, bytes used.
     Status,
     /// Show one server's operations per second, p99 latency and totals,
     /// from two scrapes of its Prometheus metrics a second apart.
@@ -301,13 +338,56 @@ fn main() -> ExitCode {
             base_port,
             mount,
             cache_mib,
-        } => cluster_cmd::up(servers, &data, chunk_size, base_port, cache_mib).and_then(|code| {
-            match mount {
-                Some(dir) => mount_cmd::mount(Some(&data.join("cluster.toml")), &dir, false),
-                None => Ok(code),
+            hosts,
+            servers_per_host,
+            exec,
+            slurm,
+            madfs,
+            key_stdin,
+        } => {
+            let multihost = hosts.is_some() || slurm || hosts::is_multihost(&data);
+            let stray = [
+                (exec.is_some(), "--exec"),
+                (madfs.is_some(), "--madfs"),
+                (key_stdin, "--key-stdin"),
+                (servers_per_host != 1, "--servers-per-host"),
+            ];
+            if let (false, Some((_, flag))) = (multihost, stray.iter().find(|(set, _)| *set)) {
+                Err(format!("{flag} needs --hosts or --slurm"))
+            } else if multihost {
+                hosts::up(
+                    &data,
+                    &hosts::UpOptions {
+                        hosts,
+                        slurm,
+                        exec,
+                        servers_per_host,
+                        base_port,
+                        chunk_size,
+                        cache_mib,
+                        madfs,
+                        key_stdin,
+                        mount,
+                    },
+                )
+            } else {
+                cluster_cmd::up(servers, &data, chunk_size, base_port, cache_mib).and_then(|code| {
+                    match mount {
+                        Some(dir) => {
+                            mount_cmd::mount(Some(&data.join("cluster.toml")), &dir, false)
+                        }
+                        None => Ok(code),
+                    }
+                })
             }
-        }),
-        Command::Down { data } => cluster_cmd::down(&data),
+        }
+        Command::Down { data, wipe } => {
+            if hosts::is_multihost(&data) {
+                hosts::down(&data, wipe)
+            } else {
+                cluster_cmd::down(&data, wipe)
+            }
+        }
         Command::Status => cluster_cmd::status(cli.cluster.as_deref()),
         Command::Metrics { server, address } => metrics_cmd::show(
             cli.cluster.as_deref(),

@@ -177,7 +177,6 @@ impl Summary {
 
     /// "1234.5 ops/s, p99 1.23 ms" (the p99 since start in parentheses when
     /// the interval saw no request).
-    #[allow(dead_code)] // For `madfs status`.
     pub fn short(&self) -> String {
         let p99 = match (self.p99_seconds, self.p99_since_start_seconds) {
             (Some(p), _) => format!("p99 {}", duration(p)),
@@ -234,7 +233,6 @@ pub fn summaries(addrs: &[SocketAddr], interval: Duration) -> Vec<Result<Summary
 }
 
 /// The metrics address of each server of `cfg` (None: not configured).
-#[allow(dead_code)] // For `madfs status`.
 pub fn addresses(cfg: &ClusterConfig) -> Vec<(ServerId, Option<SocketAddr>)> {
     cfg.servers
         .iter()

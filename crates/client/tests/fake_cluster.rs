@@ -374,6 +374,7 @@ fn start(n: usize, dead: &[u16]) -> Cluster {
             address: l.local_addr().unwrap(),
             data_dir: "/nonexistent".into(),
             metrics: None,
+            host: None,
         })
         .collect();
     let cfg = ClusterConfig {

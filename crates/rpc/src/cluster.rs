@@ -34,6 +34,10 @@ pub struct ServerEntry {
     /// nowhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<SocketAddr>,
+    /// The host this server runs on, as `madfs up --hosts` named it (how
+    /// the launcher reaches it); none for a local cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 impl ClusterConfig {
@@ -169,6 +173,7 @@ mod tests {
                     address: format!("127.0.0.1:{}", 7000 + i).parse().unwrap(),
                     data_dir: format!("/tmp/s{i}").into(),
                     metrics: None,
+                    host: (i > 0).then(|| format!("h{i}")),
                 })
                 .collect(),
         }
@@ -206,6 +211,15 @@ mod tests {
         assert!(c.validate().is_err());
         assert!(ClusterConfig::from_toml("cluster_id = 3").is_err());
         assert!(ClusterConfig::from_toml(&(sample().to_toml() + "\nbogus = 1\n")).is_err());
+    }
+
+    #[test]
+    fn files_without_hosts_still_load() {
+        let old = "cluster_id = \"t\"\nchunk_size = 1048576\nkey_file = \"k\"\n\
+                   [[server]]\nid = 0\naddress = \"127.0.0.1:7000\"\ndata_dir = \"/d\"\n";
+        let c = ClusterConfig::from_toml(old).unwrap();
+        assert_eq!(c.servers[0].host, None);
+        assert!(!c.to_toml().contains("host"));
     }
 
     #[test]

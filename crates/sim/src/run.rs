@@ -265,6 +265,7 @@ impl Sim {
                 address: std::net::SocketAddr::from(([127, 0, 0, 1], 7000 + i as u16)),
                 data_dir: dir.path().join(format!("server{i}")),
                 metrics: None,
+                host: None,
             })
             .collect();
         let ccfg = ClusterConfig {

@@ -203,6 +203,7 @@ impl TestCluster {
                     address: format!("127.0.0.1:{p}").parse().unwrap(),
                     data_dir: self.root.join(format!("server-{i}")),
                     metrics: metrics(i),
+                    host: None,
                 })
                 .collect(),
         };

@@ -1,0 +1,810 @@
+//! `madfs up --hosts` across hosts, each host a network namespace joined to
+//! the others by a bridge (`--exec 'ip netns exec {host}'`): a cluster of 4
+//! hosts x 2 servers stripes a large file over every host, renames across
+//! hosts, shows `status` by host, survives losing every server of one host
+//! (clients get a clear error, `madfs up` restarts them, data intact), and
+//! `down --wipe` leaves nothing behind. A host that cannot be reached makes
+//! `up` fail naming it, with no server left running on the others. The
+//! Slurm way of launching (one long-running command per host) runs with
+//! `ip netns exec` standing in for srun, and a client works through relays
+//! that add 200 us of latency each way (this kernel has no netem).
+//!
+//! Only addresses inside the namespaces (10.213.0.0/16) are used; the bridge
+//! has none, so the test's own network is untouched. Namespace, bridge and
+//! veth names carry the test's pid, and a guard deletes them and kills
+//! every process in them even when the test fails. Needs root (`ip netns`):
+//! skipped, with a message, otherwise.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const MADFS: &str = env!("CARGO_BIN_EXE_madfs");
+const CMD_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Run a command, killed after `CMD_TIMEOUT`.
+fn run(argv: &[&str], env: &[(&str, &str)]) -> Output {
+    run_with_input(argv, env, None)
+}
+
+/// Run a command with `input` on its standard input, killed after
+/// `CMD_TIMEOUT`.
+fn run_with_input(argv: &[&str], env: &[(&str, &str)], input: Option<&str>) -> Output {
+    let mut cmd = Command::new(argv[0]);
+    cmd.args(&argv[1..])
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    if let Some(input) = input {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(input.as_bytes()).unwrap();
+    }
+    let pid = child.id() as i32;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let d2 = done.clone();
+    let watchdog = std::thread::spawn(move || {
+        let deadline = Instant::now() + CMD_TIMEOUT;
+        while Instant::now() < deadline {
+            if d2.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // SAFETY: killing the child we spawned (still unreaped: the main
+        // thread waits on it).
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    });
+    let out = child.wait_with_output().expect("wait");
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let _ = watchdog.join();
+    out
+}
+
+fn ok(argv: &[&str]) -> String {
+    let out = run(argv, &[]);
+    assert!(
+        out.status.success(),
+        "{argv:?} failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A bridge and namespaces on it; everything goes when dropped.
+struct Net {
+    tag: String,
+    subnet: u8,
+    bridge: String,
+    namespaces: Vec<String>,
+    data: tempfile::TempDir,
+}
+
+impl Net {
+    /// None (after saying why) when network namespaces are unavailable.
+    fn new(test: char, subnet: u8) -> Option<Net> {
+        let tag = format!("{}{test}", std::process::id() % 1_000_000);
+        let probe = format!("mhprobe{tag}");
+        let out = match Command::new("ip").args(["netns", "add", &probe]).output() {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("SKIPPED: cannot run `ip` (iproute2): {e}");
+                return None;
+            }
+        };
+        if !out.status.success() {
+            eprintln!(
+                "SKIPPED: cannot create network namespaces ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            return None;
+        }
+        run(&["ip", "netns", "del", &probe], &[]);
+        let net = Net {
+            bridge: format!("mb{tag}"),
+            tag,
+            subnet,
+            namespaces: Vec::new(),
+            data: tempfile::Builder::new()
+                .prefix("madfs-multihost-")
+                .tempdir()
+                .expect("tempdir"),
+        };
+        ok(&["ip", "link", "add", &net.bridge, "type", "bridge"]);
+        ok(&["ip", "link", "set", &net.bridge, "up"]);
+        Some(net)
+    }
+
+    /// Add namespace `name` (unique to this run) with address .`last`.
+    fn add(&mut self, name: &str, last: u8) -> String {
+        let ns = self.ns(name);
+        let i = self.namespaces.len();
+        ok(&["ip", "netns", "add", &ns]);
+        self.namespaces.push(ns.clone());
+        let (outer, inner) = (format!("mv{}o{i}", self.tag), format!("mv{}i{i}", self.tag));
+        ok(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
+        ok(&[
+            "ip", "link", "add", &outer, "type", "veth", "peer", "name", &inner, "netns", &ns,
+        ]);
+        ok(&["ip", "link", "set", &outer, "master", &self.bridge, "up"]);
+        let addr = self.addr(last);
+        ok(&[
+            "ip",
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{addr}/24"),
+            "dev",
+            &inner,
+        ]);
+        ok(&["ip", "-n", &ns, "link", "set", &inner, "up"]);
+        ns
+    }
+
+    fn ns(&self, name: &str) -> String {
+        format!("mh{}{name}", self.tag)
+    }
+
+    fn addr(&self, last: u8) -> String {
+        format!("10.213.{}.{last}", self.subnet)
+    }
+
+    fn data(&self) -> PathBuf {
+        self.data.path().join("data")
+    }
+
+    /// `madfs ARGS` run inside namespace `ns`, with the cluster file set.
+    fn madfs_in(&self, ns: &str, args: &[&str]) -> Output {
+        self.madfs_input(ns, args, None)
+    }
+
+    /// `madfs_in` with `input` on standard input.
+    fn madfs_input(&self, ns: &str, args: &[&str], input: Option<&str>) -> Output {
+        let cluster = self.data().join("cluster.toml");
+        let mut argv = vec!["ip", "netns", "exec", ns, MADFS];
+        argv.extend_from_slice(args);
+        run_with_input(
+            &argv,
+            &[("MADFS_CLUSTER", cluster.to_str().unwrap())],
+            input,
+        )
+    }
+
+    /// Processes running in namespace `ns`.
+    fn pids(&self, ns: &str) -> Vec<i32> {
+        let out = run(&["ip", "netns", "pids", ns], &[]);
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect()
+    }
+
+    fn kill_all(&self, ns: &str) {
+        for pid in self.pids(ns) {
+            // SAFETY: only processes inside this test's namespace.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.pids(ns).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // Show the servers' last words.
+            let dirs = std::fs::read_dir(self.data())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.is_dir());
+            for dir in dirs.chain([self.data()]) {
+                let Ok(rd) = std::fs::read_dir(dir) else {
+                    continue;
+                };
+                for e in rd.flatten() {
+                    let p = e.path();
+                    if p.extension().is_some_and(|x| x == "log") {
+                        let text = std::fs::read_to_string(&p).unwrap_or_default();
+                        let lines: Vec<&str> = text.lines().collect();
+                        eprintln!(
+                            "--- {}:\n{}",
+                            p.display(),
+                            lines[lines.len().saturating_sub(10)..].join("\n")
+                        );
+                    }
+                }
+            }
+        }
+        for ns in &self.namespaces {
+            self.kill_all(ns);
+        }
+        for ns in &self.namespaces {
+            run(&["ip", "netns", "del", ns], &[]);
+        }
+        run(&["ip", "link", "del", &self.bridge], &[]);
+    }
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn must(out: Output) -> String {
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Deterministic pseudo-random bytes.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Is anything listening on 0.0.0.0 (all interfaces) in `ns`?
+fn listens_on_any(ns: &str) -> bool {
+    let out = run(&["ip", "netns", "exec", ns, "cat", "/proc/net/tcp"], &[]);
+    String::from_utf8_lossy(&out.stdout).lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 3 && f[1].starts_with("00000000:") && f[3] == "0A"
+    })
+}
+
+/// Run `sh -c script` in the mount namespace of `host`'s mount daemon.
+fn in_mount(data: &Path, host: &str, script: &str) -> String {
+    let pid = std::fs::read_to_string(data.join(host).join("mount.pid"))
+        .unwrap_or_else(|e| panic!("no mount daemon on {host}: {e}"));
+    ok(&["nsenter", "-t", pid.trim(), "-m", "sh", "-c", script])
+}
+
+const HOSTS: u8 = 4;
+const PER_HOST: usize = 2;
+const BIG: usize = 40 << 20;
+
+#[test]
+fn cluster_across_four_hosts_survives_losing_one() {
+    let t0 = Instant::now();
+    let Some(mut net) = Net::new('a', 1) else {
+        return;
+    };
+    let client = net.add("c", 2);
+    let mut hosts = Vec::new();
+    for i in 0..HOSTS {
+        let ns = net.add(&format!("h{i}"), 11 + i);
+        hosts.push((ns, net.addr(11 + i)));
+    }
+    let list: Vec<String> = hosts.iter().map(|(n, a)| format!("{n}={a}")).collect();
+    let data = net.data();
+    let data_s = data.to_str().unwrap().to_string();
+    let mnt = net.data.path().join("mnt").to_str().unwrap().to_string();
+    let up_args = [
+        "up",
+        "--hosts",
+        &list.join(","),
+        "--servers-per-host",
+        "2",
+        "--exec",
+        "ip netns exec {host}",
+        "--data",
+        &data_s,
+        "--chunk-size",
+        "1048576",
+        "--cache-mib",
+        "16",
+        "--mount",
+        &mnt,
+        "--key-stdin",
+    ];
+    let key = "0123456789abcdef".repeat(4);
+    let out = must(net.madfs_input(&client, &up_args, Some(&key)));
+    assert!(out.contains("8 servers on 4 hosts"), "{out}");
+    assert!(out.contains("Mounted on"), "{out}");
+
+    // The files every host reads; the key private.
+    let cfg = std::fs::read_to_string(data.join("cluster.toml")).unwrap();
+    for (ns, addr) in &hosts {
+        assert!(cfg.contains(&format!("host = \"{ns}\"")), "{cfg}");
+        assert!(cfg.contains(&format!("{addr}:7100")), "{cfg}");
+        assert!(cfg.contains(&format!("{addr}:7101")), "{cfg}");
+        assert!(!listens_on_any(ns), "a server of {ns} listens on 0.0.0.0");
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(data.join("cluster.key"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let written = std::fs::read_to_string(data.join("cluster.key")).unwrap();
+    assert_eq!(written.trim(), key);
+
+    // A large file, striped over every host, comes back identical.
+    let big = pattern(7, BIG);
+    let local = net.data.path().join("big");
+    std::fs::write(&local, &big).unwrap();
+    must(net.madfs_in(&client, &["put", local.to_str().unwrap(), "/big"]));
+    let copy = net.data.path().join("big.copy");
+    must(net.madfs_in(&client, &["get", "/big", copy.to_str().unwrap()]));
+    assert!(std::fs::read(&copy).unwrap() == big, "/big differs");
+
+    // Status, by host: every server up and holding part of /big.
+    let status = must(net.madfs_in(&client, &["status"]));
+    for (ns, _) in &hosts {
+        assert!(
+            status.contains(&format!("HOST {ns}: 2/2 servers answer")),
+            "{status}"
+        );
+    }
+    let rows: Vec<Vec<&str>> = status
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.len() >= 6 && f[2] == "up")
+        .collect();
+    assert_eq!(rows.len(), HOSTS as usize * PER_HOST, "{status}");
+    for r in &rows {
+        let bytes: u64 = r[4].parse().unwrap();
+        assert!(bytes > 0, "server {} holds none of /big:\n{status}", r[0]);
+    }
+
+    // Renames across hosts: entries and directories live on different
+    // servers, so some of these move an entry from one host to another.
+    must(net.madfs_in(&client, &["mkdir", "/a", "/b", "/c"]));
+    let small = net.data.path().join("small");
+    for i in 0..8 {
+        std::fs::write(&small, format!("file {i}\n")).unwrap();
+        must(net.madfs_in(
+            &client,
+            &["put", small.to_str().unwrap(), &format!("/a/f{i}")],
+        ));
+    }
+    for i in 0..8 {
+        must(net.madfs_in(&client, &["mv", &format!("/a/f{i}"), &format!("/b/g{i}")]));
+    }
+    must(net.madfs_in(&client, &["mv", "/b", "/c/b2"]));
+    let ls = must(net.madfs_in(&client, &["ls", "/c/b2"]));
+    for i in 0..8 {
+        assert!(ls.contains(&format!("g{i}")), "{ls}");
+    }
+    assert!(must(net.madfs_in(&client, &["ls", "/a"])).trim().is_empty());
+    assert_eq!(
+        must(net.madfs_in(&client, &["cat", "/c/b2/g5"])),
+        "file 5\n"
+    );
+
+    // Every host mounted the cluster (in the mount namespace `ip netns
+    // exec` gave its daemon): what one host writes there, all read.
+    let (h0, _) = &hosts[0];
+    in_mount(&data, h0, &format!("echo through fuse > {mnt}/fromfuse"));
+    for (ns, _) in &hosts {
+        let got = in_mount(&data, ns, &format!("cat {mnt}/fromfuse {mnt}/c/b2/g5"));
+        assert_eq!(got, "through fuse\nfile 5\n", "through the mount on {ns}");
+    }
+
+    // Every process of one host dies at once.
+    let (lost, _) = &hosts[2];
+    net.kill_all(lost);
+    let t = Instant::now();
+    let out = net.madfs_in(&client, &["get", "/big", copy.to_str().unwrap()]);
+    assert!(
+        !out.status.success(),
+        "get with a host down: {}",
+        text(&out)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("madfs:") && err.len() > 20, "{}", text(&out));
+    assert!(
+        t.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        t.elapsed()
+    );
+    eprintln!("with host {lost} down, get says: {}", err.trim());
+    let out = net.madfs_in(&client, &["status"]);
+    assert!(!out.status.success());
+    let status = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        status.contains(&format!("HOST {lost}: 0/2 servers answer")),
+        "{status}"
+    );
+
+    // `madfs up` on the same data restarts what is down; the data is intact.
+    let out = must(net.madfs_in(&client, &["up", "--data", &data_s]));
+    assert!(out.contains("(2 started now)"), "{out}");
+    must(net.madfs_in(&client, &["get", "/big", copy.to_str().unwrap()]));
+    assert!(
+        std::fs::read(&copy).unwrap() == big,
+        "/big differs after restart"
+    );
+    assert_eq!(
+        must(net.madfs_in(&client, &["cat", "/c/b2/g7"])),
+        "file 7\n"
+    );
+    must(net.madfs_in(&client, &["status"]));
+    // ... and mounted again there.
+    assert_eq!(
+        in_mount(&data, lost, &format!("cat {mnt}/c/b2/g7")),
+        "file 7\n"
+    );
+
+    // Down and wipe: no server left, no data left.
+    must(net.madfs_in(&client, &["down", "--data", &data_s, "--wipe"]));
+    for (ns, _) in &hosts {
+        assert!(
+            net.pids(ns).is_empty(),
+            "{ns} still runs {:?}",
+            net.pids(ns)
+        );
+    }
+    assert!(!data.exists(), "{} still exists", data.display());
+    eprintln!("multihost test took {:?}", t0.elapsed());
+}
+
+#[test]
+fn a_bad_host_fails_up_by_name_and_leaves_nothing_running() {
+    let Some(mut net) = Net::new('b', 2) else {
+        return;
+    };
+    let client = net.add("c", 2);
+    let good: Vec<(String, String)> = (0..3)
+        .map(|i| (net.add(&format!("h{i}"), 11 + i), net.addr(11 + i)))
+        .collect();
+    // A namespace that does not exist: `ip netns exec` fails for it.
+    let bad = net.ns("nosuch");
+    let mut list: Vec<String> = good.iter().map(|(n, a)| format!("{n}={a}")).collect();
+    list.insert(1, format!("{bad}={}", net.addr(99)));
+    let data_s = net.data().to_str().unwrap().to_string();
+    let out = net.madfs_in(
+        &client,
+        &[
+            "up",
+            "--hosts",
+            &list.join(","),
+            "--servers-per-host",
+            "2",
+            "--exec",
+            "ip netns exec {host}",
+            "--data",
+            &data_s,
+            "--cache-mib",
+            "16",
+        ],
+    );
+    assert!(!out.status.success(), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("host '{bad}'")), "{}", text(&out));
+    eprintln!("up with a bad host says: {}", err.trim());
+    for (ns, _) in &good {
+        assert!(
+            net.pids(ns).is_empty(),
+            "{ns} still runs {:?}",
+            net.pids(ns)
+        );
+    }
+    // Nor any file: a new cluster that failed to start is wiped.
+    assert!(!Path::new(&data_s).exists(), "{data_s} is left behind");
+
+    // No madfs binary on the hosts: the error says so, per host.
+    let list: Vec<String> = good.iter().map(|(n, a)| format!("{n}={a}")).collect();
+    let out = net.madfs_in(
+        &client,
+        &[
+            "up",
+            "--hosts",
+            &list.join(","),
+            "--exec",
+            "ip netns exec {host}",
+            "--data",
+            &data_s,
+            "--madfs",
+            "/nonexistent/madfs",
+        ],
+    );
+    assert!(!out.status.success(), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for (ns, _) in &good {
+        assert!(err.contains(&format!("host '{ns}'")), "{}", text(&out));
+        assert!(
+            net.pids(ns).is_empty(),
+            "{ns} still runs {:?}",
+            net.pids(ns)
+        );
+    }
+    assert!(err.contains("not an executable"), "{}", text(&out));
+    assert!(!Path::new(&data_s).exists(), "{data_s} is left behind");
+}
+
+/// `--slurm` keeps each host's launch command running for as long as its
+/// servers (srun kills a step's processes when the step ends): here with
+/// `ip netns exec` standing in for srun.
+#[test]
+fn slurm_style_launch_keeps_one_command_per_host() {
+    let Some(mut net) = Net::new('c', 3) else {
+        return;
+    };
+    let client = net.add("c", 2);
+    let hosts: Vec<(String, String)> = (0..2)
+        .map(|i| (net.add(&format!("h{i}"), 11 + i), net.addr(11 + i)))
+        .collect();
+    let list: Vec<String> = hosts.iter().map(|(n, a)| format!("{n}={a}")).collect();
+    let data = net.data();
+    let data_s = data.to_str().unwrap().to_string();
+    let out = must(net.madfs_in(
+        &client,
+        &[
+            "up",
+            "--slurm",
+            "--hosts",
+            &list.join(","),
+            "--exec",
+            "ip netns exec {host}",
+            "--data",
+            &data_s,
+            "--cache-mib",
+            "16",
+        ],
+    ));
+    assert!(out.contains("2 servers on 2 hosts"), "{out}");
+    // Each host runs its server and the launch command waiting for it.
+    for (ns, _) in &hosts {
+        assert!(net.pids(ns).len() >= 2, "{ns}: {:?}", net.pids(ns));
+    }
+    let local = net.data.path().join("f");
+    std::fs::write(&local, pattern(3, 3 << 20)).unwrap();
+    must(net.madfs_in(&client, &["put", local.to_str().unwrap(), "/f"]));
+    let status = must(net.madfs_in(&client, &["status"]));
+    assert!(status.contains("1/1 servers answer"), "{status}");
+    // One server dies; `up` again starts it (alone) in a new step.
+    let (h1, _) = &hosts[1];
+    let pid: i32 = std::fs::read_to_string(data.join(h1).join("server-1.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: the server this test's cluster runs in its namespace.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !net.pids(h1).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(net.pids(h1).is_empty(), "the step outlived its server");
+    let out = must(net.madfs_in(&client, &["up", "--data", &data_s]));
+    assert!(out.contains("(1 started now)"), "{out}");
+    let status = must(net.madfs_in(&client, &["status"]));
+    assert_eq!(status.matches("1/1 servers answer").count(), 2, "{status}");
+    must(net.madfs_in(&client, &["down", "--data", &data_s, "--wipe"]));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for (ns, _) in &hosts {
+        while !net.pids(ns).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(
+            net.pids(ns).is_empty(),
+            "{ns} still runs {:?}",
+            net.pids(ns)
+        );
+    }
+    assert!(!data.exists());
+}
+
+/// A TCP relay that delays everything it forwards by `delay` each way
+/// (a delay line, not a rate limit: bytes keep their spacing), standing in
+/// for a link with latency where the kernel has no netem. It listens on
+/// loopback inside namespace `ns` and forwards to `target` from there.
+struct Relay {
+    addr: std::net::SocketAddr,
+    /// Bytes forwarded, both ways.
+    bytes: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Enter network namespace `ns` (this thread, and the threads it starts).
+fn enter_netns(ns: &str) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(format!("/var/run/netns/{ns}")).expect("open netns");
+    // SAFETY: setns on a valid namespace fd changes only this thread.
+    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(r, 0, "setns {ns}: {}", std::io::Error::last_os_error());
+}
+
+impl Relay {
+    fn start(ns: &str, target: std::net::SocketAddr, delay: Duration) -> Relay {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let ns = ns.to_string();
+        let stop2 = stop.clone();
+        let bytes = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (c1, c2) = (bytes.clone(), bytes.clone());
+        let thread = std::thread::spawn(move || {
+            enter_netns(&ns);
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind relay");
+            l.set_nonblocking(true).unwrap();
+            tx.send(l.local_addr().unwrap()).unwrap();
+            while !stop2.load(Ordering::SeqCst) {
+                match l.accept() {
+                    Ok((a, _)) => {
+                        a.set_nonblocking(false).unwrap();
+                        let Ok(b) = std::net::TcpStream::connect(target) else {
+                            continue;
+                        };
+                        for s in [&a, &b] {
+                            s.set_nodelay(true).unwrap();
+                        }
+                        let (a2, b2) = (a.try_clone().unwrap(), b.try_clone().unwrap());
+                        let (c1, c2) = (c1.clone(), c2.clone());
+                        std::thread::spawn(move || pump(a, b, delay, &c1));
+                        std::thread::spawn(move || pump(b2, a2, delay, &c2));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        let addr = rx.recv().expect("relay address");
+        Relay {
+            addr,
+            bytes,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Copy `from` to `to`, each piece `delay` after it arrived.
+fn pump(
+    mut from: std::net::TcpStream,
+    mut to: std::net::TcpStream,
+    delay: Duration,
+    count: &std::sync::atomic::AtomicU64,
+) {
+    use std::io::{Read, Write};
+    let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
+    let writer = {
+        let from = from.try_clone().unwrap();
+        std::thread::spawn(move || {
+            for (at, buf) in rx {
+                let due = at + delay;
+                // Sleep most of the way, spin the rest: sleeps overshoot.
+                while let Some(left) = due.checked_duration_since(Instant::now()) {
+                    if left > Duration::from_micros(100) {
+                        std::thread::sleep(left - Duration::from_micros(80));
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+                if to.write_all(&buf).is_err() {
+                    break;
+                }
+            }
+            let _ = to.shutdown(std::net::Shutdown::Both);
+            let _ = from.shutdown(std::net::Shutdown::Both);
+        })
+    };
+    let mut buf = vec![0u8; 256 << 10];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                count.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                if tx.send((Instant::now(), buf[..n].to_vec())).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    drop(tx);
+    let _ = writer.join();
+}
+
+/// A client whose every link to the servers has 200 us of latency each way
+/// (through `Relay`s: server-to-server traffic is not delayed) still reads
+/// back what it wrote and renames, over every link.
+#[test]
+fn clients_work_over_links_with_200us_latency() {
+    let Some(mut net) = Net::new('d', 4) else {
+        return;
+    };
+    let client = net.add("c", 2);
+    let hosts: Vec<(String, String)> = (0..2)
+        .map(|i| (net.add(&format!("h{i}"), 11 + i), net.addr(11 + i)))
+        .collect();
+    let list: Vec<String> = hosts.iter().map(|(n, a)| format!("{n}={a}")).collect();
+    let data = net.data();
+    let data_s = data.to_str().unwrap().to_string();
+    must(net.madfs_in(
+        &client,
+        &[
+            "up",
+            "--hosts",
+            &list.join(","),
+            "--servers-per-host",
+            "2",
+            "--exec",
+            "ip netns exec {host}",
+            "--data",
+            &data_s,
+            "--chunk-size",
+            "1048576",
+            "--cache-mib",
+            "16",
+        ],
+    ));
+    // The client's cluster file names the relays instead of the servers.
+    let text = std::fs::read_to_string(data.join("cluster.toml")).unwrap();
+    let mut relays = Vec::new();
+    let mut relayed = text.clone();
+    for (_, addr) in &hosts {
+        for port in [7100, 7101] {
+            let target: std::net::SocketAddr = format!("{addr}:{port}").parse().unwrap();
+            let r = Relay::start(&client, target, Duration::from_micros(200));
+            relayed = relayed.replace(&format!("\"{target}\""), &format!("\"{}\"", r.addr));
+            relays.push(r);
+        }
+    }
+    assert_ne!(relayed, text);
+    let relay_file = data.join("relayed.toml");
+    std::fs::write(&relay_file, &relayed).unwrap();
+    let via = |args: &[&str]| {
+        let mut argv = vec!["ip", "netns", "exec", &client, MADFS, "--cluster"];
+        argv.push(relay_file.to_str().unwrap());
+        argv.extend_from_slice(args);
+        run(&argv, &[])
+    };
+
+    let big = pattern(11, 12 << 20);
+    let local = net.data.path().join("big");
+    std::fs::write(&local, &big).unwrap();
+    let t = Instant::now();
+    must(via(&["put", local.to_str().unwrap(), "/big"]));
+    let put_time = t.elapsed();
+    let copy = net.data.path().join("big.copy");
+    must(via(&["get", "/big", copy.to_str().unwrap()]));
+    assert!(std::fs::read(&copy).unwrap() == big, "/big differs");
+    must(via(&["mkdir", "-p", "/d/e/f"]));
+    must(via(&["mv", "/big", "/d/e/f/moved"]));
+    let t = Instant::now();
+    let stat = must(via(&["stat", "/d/e/f/moved"]));
+    let stat_time = t.elapsed();
+    assert!(stat.contains(&(12u64 << 20).to_string()), "{stat}");
+    eprintln!("over 200 us links: put of 12 MiB {put_time:?}, stat of a 4-deep path {stat_time:?}");
+    for r in &relays {
+        let n = r.bytes.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(n > 0, "nothing went through the relay to one server");
+    }
+    drop(relays);
+    must(net.madfs_in(&client, &["down", "--data", &data_s, "--wipe"]));
+}
