@@ -17,7 +17,7 @@ use madfs_proto::message::{DirEntry, Entry, FsStats, Hold, SetAttrs};
 use madfs_proto::{ErrorCode, Op, Reply, Request};
 use madfs_rpc::join::{join_bounded, try_join_bounded};
 use madfs_rpc::pool::Timeouts;
-use madfs_rpc::{ClusterConfig, Pool, Response};
+use madfs_rpc::{ClusterConfig, Pool, Response, SharedData};
 use madfs_types::{
     chunk_server, dentry_server, limits, Attr, Credentials, FileKind, FileName, InodeId, ServerId,
     Timestamp,
@@ -236,6 +236,24 @@ impl Client {
             op,
         };
         Ok(self.pool.call(server, &req, data).await?)
+    }
+
+    /// `call_data` with a range of a buffer this client shares with the
+    /// connection's writer: no copy (the pieces of a write behind).
+    async fn call_shared(
+        &self,
+        server: ServerId,
+        op: Op,
+        data: Arc<Vec<u8>>,
+        range: std::ops::Range<usize>,
+    ) -> Result<Response> {
+        self.counts.record(op.opcode());
+        let req = Request {
+            creds: (*self.creds).clone(),
+            op,
+        };
+        let data = SharedData::Shared(data, range);
+        Ok(self.pool.call_shared(server, &req, data).await?)
     }
 
     pub(crate) async fn call(&self, server: ServerId, op: Op) -> Result<Reply> {
@@ -1003,16 +1021,39 @@ impl Client {
     /// concurrently. The owner grows the size for a write to chunk 0; writes
     /// to other chunks leave the size to `update_size` (see `WriteOutcome`).
     pub async fn write(&self, ino: InodeId, offset: u64, data: &[u8]) -> Result<WriteOutcome> {
-        write_end(offset, data.len())?;
+        self.write_from(ino, offset, WriteData::Lent(data)).await
+    }
+
+    /// `write` of a buffer shared with the caller: each piece is sent from
+    /// it as it is (a lent buffer is copied into each request's frame, as
+    /// the frame must outlive a caller that is dropped).
+    pub async fn write_shared(
+        &self,
+        ino: InodeId,
+        offset: u64,
+        data: Arc<Vec<u8>>,
+    ) -> Result<WriteOutcome> {
+        self.write_from(ino, offset, WriteData::Shared(data)).await
+    }
+
+    async fn write_from(
+        &self,
+        ino: InodeId,
+        offset: u64,
+        data: WriteData<'_>,
+    ) -> Result<WriteOutcome> {
+        let bytes = data.as_slice();
+        write_end(offset, bytes.len())?;
         // Size and mtime change: a cached stat must not hide that (before
         // and after, so that a getattr racing with the write is not kept).
         self.cache.forget_attr(ino);
-        let pieces = split_range(offset, data.len() as u64, self.chunk_size);
+        let pieces = split_range(offset, bytes.len() as u64, self.chunk_size);
         let servers = self.server_count();
         let placed: Vec<_> = pieces
             .iter()
             .map(|p| (p, chunk_server(ino, p.chunk, servers)))
             .collect();
+        let data = &data;
         let calls = placed.iter().map(|&(p, server)| async move {
             let op = Op::Write {
                 ino,
@@ -1020,7 +1061,12 @@ impl Client {
                 offset: p.offset_in_chunk,
                 file_size: p.file_end(),
             };
-            self.call_data(server, op, &data[p.buf_range()]).await
+            match data {
+                WriteData::Lent(d) => self.call_data(server, op, &d[p.buf_range()]).await,
+                WriteData::Shared(d) => {
+                    self.call_shared(server, op, d.clone(), p.buf_range()).await
+                }
+            }
         });
         let calls: Vec<_> = calls.collect();
         let sent = try_join_bounded(calls, IN_FLIGHT_PER_CALL).await;
@@ -1057,6 +1103,21 @@ impl Client {
         )
         .await?;
         Ok(())
+    }
+}
+
+/// The bytes of a write: lent by the caller, or shared with it.
+enum WriteData<'a> {
+    Lent(&'a [u8]),
+    Shared(Arc<Vec<u8>>),
+}
+
+impl WriteData<'_> {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            WriteData::Lent(d) => d,
+            WriteData::Shared(d) => d,
+        }
     }
 }
 

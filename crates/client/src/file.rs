@@ -656,9 +656,9 @@ impl File {
             wb.clone(),
         );
         let len = data.len();
-        let data = data.into_owned();
+        let data = Arc::new(data.into_owned());
         tokio::spawn(async move {
-            let result = client.write(ino, offset, &data).await.map(|outcome| {
+            let result = client.write_shared(ino, offset, data).await.map(|outcome| {
                 // Recorded before the ticket is released, so a drain that
                 // returns sees what fsync and close must publish.
                 let mut st = lock_state(&state);

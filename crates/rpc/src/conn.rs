@@ -216,23 +216,41 @@ type Waiter = oneshot::Sender<Result<Response, RpcError>>;
 struct OutFrame {
     /// Header and body; also the data when the caller only lent it.
     head: Vec<u8>,
-    /// Data the caller handed over, sent from where it is (no copy).
-    data: Vec<u8>,
+    /// Data the caller handed over or shares, sent from where it is (no
+    /// copy).
+    data: SharedData,
     /// Its share of the queue's byte budget, given back once written.
     _bytes: OwnedSemaphorePermit,
+}
+
+/// Bytes a frame sends without copying them: a buffer it owns, or a range
+/// of one it shares with the caller (the pieces of one write, each to its
+/// server, share the write's buffer).
+pub enum SharedData {
+    Owned(Vec<u8>),
+    Shared(Arc<Vec<u8>>, std::ops::Range<usize>),
+}
+
+impl SharedData {
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            SharedData::Owned(v) => v,
+            SharedData::Shared(v, r) => &v[r.clone()],
+        }
+    }
 }
 
 /// A request's bulk data as the caller gives it.
 enum Payload<'a> {
     Lent(&'a [u8]),
-    Given(Vec<u8>),
+    Given(SharedData),
 }
 
 impl Payload<'_> {
     fn len(&self) -> usize {
         match self {
             Payload::Lent(d) => d.len(),
-            Payload::Given(d) => d.len(),
+            Payload::Given(d) => d.as_slice().len(),
         }
     }
 }
@@ -256,7 +274,7 @@ impl OutFrame {
                 buf.extend_from_slice(d);
                 OutFrame {
                     head: buf,
-                    data: Vec::new(),
+                    data: SharedData::Owned(Vec::new()),
                     _bytes: bytes,
                 }
             }
@@ -273,7 +291,7 @@ impl OutFrame {
         };
         // In release builds too: a torn frame would break the connection.
         assert_eq!(
-            frame.head.len() + frame.data.len(),
+            frame.head.len() + frame.data.as_slice().len(),
             announced_len(&head),
             "encoded frame length differs from what its header announces"
         );
@@ -393,6 +411,13 @@ impl Connection {
     /// `call` for data the caller can give away: it is written from its own
     /// buffer, not copied.
     pub async fn call_owned(&self, req: &Request, data: Vec<u8>) -> Result<Response, RpcError> {
+        self.send(req, Payload::Given(SharedData::Owned(data)))
+            .await
+    }
+
+    /// `call` for data the caller shares (a range of a buffer it keeps an
+    /// `Arc` of): written from that buffer, not copied.
+    pub async fn call_shared(&self, req: &Request, data: SharedData) -> Result<Response, RpcError> {
         self.send(req, Payload::Given(data)).await
     }
 
@@ -477,7 +502,7 @@ async fn write_loop(mut w: OwnedWriteHalf, mut frames: mpsc::Receiver<OutFrame>,
         let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * batch.len());
         for f in &batch {
             parts.push(&f.head);
-            parts.push(&f.data);
+            parts.push(f.data.as_slice());
         }
         if let Err(e) = write_all_vectored(&mut w, &mut parts).await {
             // No more frames in; then fail every caller waiting, including

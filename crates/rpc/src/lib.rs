@@ -11,7 +11,7 @@ pub mod pool;
 pub mod serve;
 
 pub use cluster::{ClusterConfig, ServerEntry};
-pub use conn::{Connection, Response};
+pub use conn::{Connection, Response, SharedData};
 pub use error::RpcError;
 pub use pool::Pool;
 pub use serve::{CallContext, Handler};

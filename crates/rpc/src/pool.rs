@@ -3,7 +3,7 @@
 //! the cluster size) and reopened after a failure.
 
 use crate::cluster::ClusterConfig;
-use crate::conn::{Connection, Response};
+use crate::conn::{Connection, Response, SharedData};
 use crate::error::RpcError;
 use madfs_proto::auth::{ClusterKey, Role};
 use madfs_proto::Request;
@@ -132,5 +132,25 @@ impl Pool {
                 .await;
         }
         self.connection(server).await?.call(req, data).await
+    }
+
+    /// `call` with data shared with the caller: sent without a copy.
+    pub async fn call_shared(
+        &self,
+        server: ServerId,
+        req: &Request,
+        data: SharedData,
+    ) -> Result<Response, RpcError> {
+        if let Some(net) = &self.local {
+            if server.0 as usize >= self.addrs.len() {
+                return Err(RpcError::Config(format!(
+                    "no server {server} in the cluster"
+                )));
+            }
+            return net
+                .call(server, self.role, req.clone(), data.as_slice().to_vec())
+                .await;
+        }
+        self.connection(server).await?.call_shared(req, data).await
     }
 }
