@@ -55,7 +55,11 @@ use madfs_types::{
 use std::sync::Arc;
 use std::time::Duration;
 
-const LOCK_WAIT: Duration = Duration::from_secs(10);
+/// How long an install waits for the destination's locks before it answers
+/// TryAgain. Short: the coordinator holds the source's locks meanwhile, and
+/// two renames that swap names wait on each other until one gives up; the
+/// coordinator then retries after a pause (`retry_races`).
+const LOCK_WAIT: Duration = Duration::from_millis(250);
 const MARK_INSTALLED: u8 = 0;
 const MARK_REPLACED: u8 = 1;
 const MARK_ABORTED: u8 = 2;
