@@ -184,6 +184,12 @@ impl Client {
         })
     }
 
+    /// Connections this client (and its clones sharing them) holds open:
+    /// one per server it talked to, never one per server of the cluster.
+    pub fn open_connections(&self) -> usize {
+        self.pool.open_connections()
+    }
+
     pub fn cache_config(&self) -> CacheConfig {
         self.cache.config()
     }

@@ -86,6 +86,19 @@ impl Pool {
         self.addrs.len()
     }
 
+    /// Connections open now (a slot being connected counts as open).
+    /// Connections are opened on first use, so this grows with the servers
+    /// a process talked to, not with the cluster.
+    pub fn open_connections(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|slot| match slot.try_lock() {
+                Ok(c) => c.as_ref().is_some_and(|c| !c.is_closed()),
+                Err(_) => true,
+            })
+            .count()
+    }
+
     pub fn servers(&self) -> impl Iterator<Item = ServerId> {
         (0..self.addrs.len() as u16).map(ServerId)
     }

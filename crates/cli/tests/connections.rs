@@ -1,0 +1,102 @@
+//! Guards that what a client holds grows with what it uses, not with the
+//! cluster (the FEFS lesson, issue 15): on a cluster of 64 servers, a
+//! client that stats one file holds at most 2 connections (the file name's
+//! server and the inode's owner), and a FUSE mount that stats one file and
+//! then sits idle holds a handful of sockets, far fewer than the servers.
+//! A client that connected to every server at start, or a periodic
+//! exchange with all of them, fails both.
+
+mod common;
+#[path = "common/mount.rs"]
+mod mount;
+
+use common::{Options, TestCluster};
+use mount::Mount;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const SERVERS: usize = 64;
+
+/// Sockets among process `pid`'s descriptors.
+fn sockets_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|dir| {
+            dir.flatten()
+                .filter(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// The mount process's pid, from its "(pid N, log ...)" line.
+fn mount_pid(m: &Mount<'_>) -> u32 {
+    let log = m.log();
+    log.split("(pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in the mount's output:\n{log}"))
+}
+
+#[test]
+fn a_client_and_a_mount_hold_connections_to_the_servers_they_use_only() {
+    let tc = TestCluster::start_with(
+        SERVERS,
+        Options {
+            // 64 servers on one test machine: small caches, one thread each.
+            server_args: vec![
+                "--cache-mib".into(),
+                "8".into(),
+                "--threads".into(),
+                "1".into(),
+                "--find-index-mib".into(),
+                "16".into(),
+            ],
+            ..Options::default()
+        },
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let writer = tc.client();
+        writer.write_file("/one", b"hello").await.unwrap();
+        // A fresh client: its own connections, nothing cached.
+        let c = madfs_client::Client::connect(Some(tc.cluster_file())).unwrap();
+        assert_eq!(c.open_connections(), 0, "connections before any use");
+        let a = c.stat("/one").await.unwrap();
+        assert_eq!(a.size, 5);
+        let held = c.open_connections();
+        eprintln!("a stat of one file on {SERVERS} servers: {held} connections");
+        assert!(
+            (1..=2).contains(&held),
+            "a stat of one file holds {held} connections on {SERVERS} servers"
+        );
+    });
+
+    let m = Mount::new(&tc);
+    let pid = mount_pid(&m);
+    let before = sockets_of(pid);
+    let a = std::fs::metadata(m.join("one")).unwrap();
+    assert_eq!(a.len(), 5);
+    // Idle: nothing should reach out to the other servers meanwhile.
+    let idle_until = Instant::now() + Duration::from_secs(2);
+    let mut most = sockets_of(pid);
+    while Instant::now() < idle_until {
+        most = most.max(sockets_of(pid));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("the mount: {before} sockets at start, at most {most} after a stat and 2 s idle");
+    // The FUSE device, the mount's pipes, and at most 2 servers for each of
+    // its clients (the main one and the reader threads' own).
+    assert!(
+        most < before + 2 * 5 && most < SERVERS / 2,
+        "the mount holds {most} sockets after a stat on {SERVERS} servers \
+         ({before} before it)"
+    );
+    assert!(Path::new(&format!("/proc/{pid}")).exists());
+}
