@@ -31,14 +31,52 @@ fn sockets_of(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
-/// The mount process's pid, from its "(pid N, log ...)" line.
+/// The mount process's pid: from its "(pid N, log ...)" line once `madfs
+/// mount` has printed it (it may come a moment after the mount appears),
+/// else the process whose command line names the mount point.
 fn mount_pid(m: &Mount<'_>) -> u32 {
-    let log = m.log();
-    log.split("(pid ")
-        .nth(1)
-        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no pid in the mount's output:\n{log}"))
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = m.log();
+        let from_log = log
+            .split("(pid ")
+            .nth(1)
+            .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse().ok());
+        // The process serving the mount holds /dev/fuse (the `madfs
+        // mount` that started it may still be exiting).
+        if let Some(pid) = from_log
+            .or_else(|| pid_naming(m.path()))
+            .filter(|&p| holds_fuse(p))
+        {
+            return pid;
+        }
+        assert!(Instant::now() < deadline, "no mount process found:\n{log}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A `madfs mount` process whose arguments name `dir`.
+fn pid_naming(dir: &Path) -> Option<u32> {
+    let want = dir.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+        let args: Vec<String> = cmd
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        (args.iter().any(|a| a == "mount") && args.contains(&want) && holds_fuse(pid))
+            .then_some(pid)
+    })
+}
+
+/// Whether process `pid` has /dev/fuse open.
+fn holds_fuse(pid: u32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|dir| {
+        dir.flatten()
+            .any(|e| std::fs::read_link(e.path()).is_ok_and(|t| t == Path::new("/dev/fuse")))
+    })
 }
 
 #[test]
@@ -91,6 +129,10 @@ fn a_client_and_a_mount_hold_connections_to_the_servers_they_use_only() {
         std::thread::sleep(Duration::from_millis(100));
     }
     eprintln!("the mount: {before} sockets at start, at most {most} after a stat and 2 s idle");
+    assert!(
+        most >= 1,
+        "the mount process {pid} holds no socket: not the mount?"
+    );
     // The FUSE device, the mount's pipes, and at most 2 servers for each of
     // its clients (the main one and the reader threads' own).
     assert!(
