@@ -158,6 +158,26 @@ impl<'a> Decoder<'a> {
         self.buf.len() - self.pos
     }
 
+    /// A list's entry count `n` (already read), refused when over `max`
+    /// (`what` names the list) or when the rest of the body cannot hold
+    /// that many entries of at least `min_bytes` each: checked before any
+    /// memory is reserved for them.
+    pub fn list_len(
+        &self,
+        n: usize,
+        max: usize,
+        min_bytes: usize,
+        what: &'static str,
+    ) -> Result<usize, ProtoError> {
+        if n > max {
+            return Err(ProtoError::BadValue(what));
+        }
+        if n.saturating_mul(min_bytes) > self.remaining() {
+            return Err(ProtoError::Truncated);
+        }
+        Ok(n)
+    }
+
     /// Succeeds only if every byte was consumed.
     pub fn finish(&self) -> Result<(), ProtoError> {
         match self.remaining() {

@@ -248,14 +248,8 @@ pub(crate) fn encode_page(
 /// what the rest of the body can hold (each entry takes at least `min` bytes)
 /// before any memory is reserved.
 fn list_len(d: &mut Decoder<'_>, min: usize) -> Result<usize, ProtoError> {
-    let n = d.u32()?;
-    if n > FIND_PAGE_ENTRIES_MAX {
-        return Err(ProtoError::BadValue("find page length"));
-    }
-    if (n as usize).saturating_mul(min) > d.remaining() {
-        return Err(ProtoError::Truncated);
-    }
-    Ok(n as usize)
+    let n = d.u32()? as usize;
+    d.list_len(n, FIND_PAGE_ENTRIES_MAX as usize, min, "find page length")
 }
 
 pub(crate) type Page = (

@@ -218,12 +218,7 @@ impl Hold {
             0 => Hold::Nothing,
             1 => {
                 let n = d.u16()? as usize;
-                if n > HOLD_INODES_MAX {
-                    return Err(ProtoError::BadValue("hold list length"));
-                }
-                if n.saturating_mul(8) > d.remaining() {
-                    return Err(ProtoError::Truncated);
-                }
+                let n = d.list_len(n, HOLD_INODES_MAX, 8, "hold list length")?;
                 let mut list = Vec::with_capacity(n);
                 for _ in 0..n {
                     list.push(d.ino()?);
@@ -813,12 +808,7 @@ impl Request {
             Opcode::GetAttr => {
                 let ino = d.ino()?;
                 let n = d.u16()? as usize;
-                if n > GETATTR_WAITS_MAX {
-                    return Err(ProtoError::BadValue("touches to wait for"));
-                }
-                if n.saturating_mul(10) > d.remaining() {
-                    return Err(ProtoError::Truncated);
-                }
+                let n = d.list_len(n, GETATTR_WAITS_MAX, 10, "touches to wait for")?;
                 let mut after = Vec::with_capacity(n);
                 for _ in 0..n {
                     after.push(TouchWait {
@@ -1172,16 +1162,15 @@ impl Reply {
                 touched: decode_touched(&mut d)?,
             },
             tag::DIR_PAGE => {
-                let n = d.u32()?;
-                if n > limits::READDIR_PAGE_ENTRIES_MAX {
-                    return Err(ProtoError::BadValue("readdir page length"));
-                }
-                // Each entry takes at least 11 bytes: refuse counts the body
-                // cannot hold before reserving memory for them.
-                if (n as usize).saturating_mul(11) > d.remaining() {
-                    return Err(ProtoError::Truncated);
-                }
-                let mut entries = Vec::with_capacity(n as usize);
+                // Each entry takes at least 11 bytes.
+                let n = d.u32()? as usize;
+                let n = d.list_len(
+                    n,
+                    limits::READDIR_PAGE_ENTRIES_MAX as usize,
+                    11,
+                    "readdir page length",
+                )?;
+                let mut entries = Vec::with_capacity(n);
                 for _ in 0..n {
                     entries.push(DirEntry {
                         name: d.name()?,
