@@ -182,6 +182,30 @@ impl Net {
         )
     }
 
+    /// Server hosts h0, h1, ... at .11, .12, ...: each namespace and address.
+    fn hosts(&mut self, count: u8) -> Vec<(String, String)> {
+        (0..count)
+            .map(|i| (self.add(&format!("h{i}"), 11 + i), self.addr(11 + i)))
+            .collect()
+    }
+
+    /// `madfs up --hosts LIST --exec 'ip netns exec {host}' --data DATA
+    /// MORE...` run in namespace `ns`, with `input` on standard input.
+    fn up(&self, ns: &str, hosts: &[String], more: &[&str], input: Option<&str>) -> Output {
+        let (list, data) = (hosts.join(","), self.data());
+        let mut args = vec![
+            "up",
+            "--hosts",
+            &list,
+            "--exec",
+            "ip netns exec {host}",
+            "--data",
+            data.to_str().unwrap(),
+        ];
+        args.extend_from_slice(more);
+        self.madfs_input(ns, &args, input)
+    }
+
     /// Processes running in namespace `ns`.
     fn pids(&self, ns: &str) -> Vec<i32> {
         let out = run(&["ip", "netns", "pids", ns], &[]);
@@ -256,6 +280,11 @@ fn must(out: Output) -> String {
 }
 
 /// Deterministic pseudo-random bytes.
+/// The `--hosts` entries NAME=ADDR of `hosts`.
+fn host_list(hosts: &[(String, String)]) -> Vec<String> {
+    hosts.iter().map(|(n, a)| format!("{n}={a}")).collect()
+}
+
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..len)
@@ -295,25 +324,14 @@ fn cluster_across_four_hosts_survives_losing_one() {
         return;
     };
     let client = net.add("c", 2);
-    let mut hosts = Vec::new();
-    for i in 0..HOSTS {
-        let ns = net.add(&format!("h{i}"), 11 + i);
-        hosts.push((ns, net.addr(11 + i)));
-    }
-    let list: Vec<String> = hosts.iter().map(|(n, a)| format!("{n}={a}")).collect();
+    let hosts = net.hosts(HOSTS);
+    let list = host_list(&hosts);
     let data = net.data();
     let data_s = data.to_str().unwrap().to_string();
     let mnt = net.data.path().join("mnt").to_str().unwrap().to_string();
-    let up_args = [
-        "up",
-        "--hosts",
-        &list.join(","),
+    let more = [
         "--servers-per-host",
         "2",
-        "--exec",
-        "ip netns exec {host}",
-        "--data",
-        &data_s,
         "--chunk-size",
         "1048576",
         "--cache-mib",
@@ -323,7 +341,7 @@ fn cluster_across_four_hosts_survives_losing_one() {
         "--key-stdin",
     ];
     let key = "0123456789abcdef".repeat(4);
-    let out = must(net.madfs_input(&client, &up_args, Some(&key)));
+    let out = must(net.up(&client, &list, &more, Some(&key)));
     assert!(out.contains("8 servers on 4 hosts"), "{out}");
     assert!(out.contains("Mounted on"), "{out}");
 
@@ -470,30 +488,14 @@ fn a_bad_host_fails_up_by_name_and_leaves_nothing_running() {
         return;
     };
     let client = net.add("c", 2);
-    let good: Vec<(String, String)> = (0..3)
-        .map(|i| (net.add(&format!("h{i}"), 11 + i), net.addr(11 + i)))
-        .collect();
+    let good = net.hosts(3);
     // A namespace that does not exist: `ip netns exec` fails for it.
     let bad = net.ns("nosuch");
-    let mut list: Vec<String> = good.iter().map(|(n, a)| format!("{n}={a}")).collect();
+    let mut list = host_list(&good);
     list.insert(1, format!("{bad}={}", net.addr(99)));
     let data_s = net.data().to_str().unwrap().to_string();
-    let out = net.madfs_in(
-        &client,
-        &[
-            "up",
-            "--hosts",
-            &list.join(","),
-            "--servers-per-host",
-            "2",
-            "--exec",
-            "ip netns exec {host}",
-            "--data",
-            &data_s,
-            "--cache-mib",
-            "16",
-        ],
-    );
+    let more = ["--servers-per-host", "2", "--cache-mib", "16"];
+    let out = net.up(&client, &list, &more, None);
     assert!(!out.status.success(), "{}", text(&out));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&format!("host '{bad}'")), "{}", text(&out));
@@ -509,21 +511,8 @@ fn a_bad_host_fails_up_by_name_and_leaves_nothing_running() {
     assert!(!Path::new(&data_s).exists(), "{data_s} is left behind");
 
     // No madfs binary on the hosts: the error says so, per host.
-    let list: Vec<String> = good.iter().map(|(n, a)| format!("{n}={a}")).collect();
-    let out = net.madfs_in(
-        &client,
-        &[
-            "up",
-            "--hosts",
-            &list.join(","),
-            "--exec",
-            "ip netns exec {host}",
-            "--data",
-            &data_s,
-            "--madfs",
-            "/nonexistent/madfs",
-        ],
-    );
+    let list = host_list(&good);
+    let out = net.up(&client, &list, &["--madfs", "/nonexistent/madfs"], None);
     assert!(!out.status.success(), "{}", text(&out));
     let err = String::from_utf8_lossy(&out.stderr);
     for (ns, _) in &good {
@@ -547,27 +536,11 @@ fn slurm_style_launch_keeps_one_command_per_host() {
         return;
     };
     let client = net.add("c", 2);
-    let hosts: Vec<(String, String)> = (0..2)
-        .map(|i| (net.add(&format!("h{i}"), 11 + i), net.addr(11 + i)))
-        .collect();
-    let list: Vec<String> = hosts.iter().map(|(n, a)| format!("{n}={a}")).collect();
+    let hosts = net.hosts(2);
+    let list = host_list(&hosts);
     let data = net.data();
     let data_s = data.to_str().unwrap().to_string();
-    let out = must(net.madfs_in(
-        &client,
-        &[
-            "up",
-            "--slurm",
-            "--hosts",
-            &list.join(","),
-            "--exec",
-            "ip netns exec {host}",
-            "--data",
-            &data_s,
-            "--cache-mib",
-            "16",
-        ],
-    ));
+    let out = must(net.up(&client, &list, &["--slurm", "--cache-mib", "16"], None));
     assert!(out.contains("2 servers on 2 hosts"), "{out}");
     // Each host runs its server and the launch command waiting for it.
     for (ns, _) in &hosts {
@@ -739,30 +712,19 @@ fn clients_work_over_links_with_200us_latency() {
         return;
     };
     let client = net.add("c", 2);
-    let hosts: Vec<(String, String)> = (0..2)
-        .map(|i| (net.add(&format!("h{i}"), 11 + i), net.addr(11 + i)))
-        .collect();
-    let list: Vec<String> = hosts.iter().map(|(n, a)| format!("{n}={a}")).collect();
+    let hosts = net.hosts(2);
+    let list = host_list(&hosts);
     let data = net.data();
     let data_s = data.to_str().unwrap().to_string();
-    must(net.madfs_in(
-        &client,
-        &[
-            "up",
-            "--hosts",
-            &list.join(","),
-            "--servers-per-host",
-            "2",
-            "--exec",
-            "ip netns exec {host}",
-            "--data",
-            &data_s,
-            "--chunk-size",
-            "1048576",
-            "--cache-mib",
-            "16",
-        ],
-    ));
+    let more = [
+        "--servers-per-host",
+        "2",
+        "--chunk-size",
+        "1048576",
+        "--cache-mib",
+        "16",
+    ];
+    must(net.up(&client, &list, &more, None));
     // The client's cluster file names the relays instead of the servers.
     let text = std::fs::read_to_string(data.join("cluster.toml")).unwrap();
     let mut relays = Vec::new();
