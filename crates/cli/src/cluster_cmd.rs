@@ -16,15 +16,27 @@ const KEY_FILE: &str = "cluster.key";
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
-pub fn server(
-    cluster: Option<&Path>,
-    id: u16,
-    threads: Option<usize>,
-    find_index_mib: usize,
-    direct_io: bool,
-    cache_mib: Option<usize>,
-    metrics: Option<std::net::SocketAddr>,
-) -> Result<ExitCode, String> {
+/// `madfs server`'s options, as given on its command line.
+pub struct ServerArgs {
+    pub id: u16,
+    pub threads: Option<usize>,
+    pub find_index_mib: usize,
+    pub direct_io: bool,
+    pub cache_mib: Option<usize>,
+    pub metrics: Option<std::net::SocketAddr>,
+    pub listen_all: bool,
+}
+
+pub fn server(cluster: Option<&Path>, a: ServerArgs) -> Result<ExitCode, String> {
+    let ServerArgs {
+        id,
+        threads,
+        find_index_mib,
+        direct_io,
+        cache_mib,
+        metrics,
+        listen_all,
+    } = a;
     let path = ClusterConfig::locate(cluster);
     let cfg = ClusterConfig::load(&path).map_err(|e| e.to_string())?;
     if threads == Some(0) {
@@ -43,6 +55,7 @@ pub fn server(
         direct_io,
         cache_bytes,
         metrics,
+        listen_all,
     };
     madfs_server::run(cfg, ServerId(id), opts).map_err(|e| format!("server {id}: {e}"))?;
     Ok(ExitCode::SUCCESS)

@@ -64,6 +64,13 @@ pub struct Launcher {
     /// Where `--mount` mounted the cluster on every host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mount: Option<PathBuf>,
+    /// Hosts that get the cluster file and key (and the mount) but run no
+    /// server: the job's compute nodes when the servers run elsewhere.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clients: Vec<String>,
+    /// Servers listen on every interface, not only on their address.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub listen_all: bool,
 }
 
 /// `madfs up` options for a cluster across hosts.
@@ -79,6 +86,9 @@ pub struct UpOptions {
     pub madfs: Option<PathBuf>,
     pub key_stdin: bool,
     pub mount: Option<PathBuf>,
+    /// `--client-hosts FILE|LIST`: hosts without servers.
+    pub client_hosts: Option<String>,
+    pub listen_all: bool,
 }
 
 fn valid_host_name(name: &str) -> bool {
@@ -277,6 +287,18 @@ pub fn hosts_of(cfg: &ClusterConfig) -> Vec<(String, Vec<&ServerEntry>)> {
     out
 }
 
+/// Every host the launcher reaches: the server hosts (with their servers)
+/// and then the client hosts (with none).
+fn all_hosts<'a>(cfg: &'a ClusterConfig, l: &Launcher) -> Vec<(String, Vec<&'a ServerEntry>)> {
+    let mut hosts = hosts_of(cfg);
+    for c in &l.clients {
+        if !hosts.iter().any(|(h, _)| h == c) {
+            hosts.push((c.clone(), Vec::new()));
+        }
+    }
+    hosts
+}
+
 fn resolve(h: &HostSpec, many: bool) -> Result<IpAddr, String> {
     if let Some(a) = h.addr {
         return Ok(a);
@@ -436,7 +458,7 @@ new=""
 alive() {{ [ -f "$1" ] && p=$(cat "$1") && kill -0 "$p" 2>/dev/null && grep -q server "/proc/$p/cmdline" 2>/dev/null; }}
 for id in {ids}; do
   if alive server-$id.pid; then echo "running $id"; continue; fi
-  setsid {madfs} --cluster {cfg} server --id $id --threads $threads --cache-mib $cache </dev/null >>server-$id.log 2>&1 &
+  setsid {madfs} --cluster {cfg} server --id $id --threads $threads --cache-mib $cache{listen} </dev/null >>server-$id.log 2>&1 &
   echo $! > server-$id.pid
   echo "started $id"
   new="$new $id"
@@ -455,6 +477,7 @@ done
         madfs = sqp(&l.madfs),
         cfg = sqp(&host_dir(data, host).join(CLUSTER_FILE)),
         ids = ids_s.join(" "),
+        listen = if l.listen_all { " --listen-all" } else { "" },
     );
     if l.foreground {
         s.push_str("wait\n");
@@ -625,6 +648,23 @@ fn create(data: &Path, o: &UpOptions) -> Result<(ClusterConfig, Launcher), Strin
         madfs,
         cache_mib: o.cache_mib,
         mount: None,
+        clients: match &o.client_hosts {
+            None => Vec::new(),
+            Some(list) => {
+                let mut names = Vec::new();
+                for h in parse_hosts(list)? {
+                    if specs.iter().any(|s| s.name == h.name) {
+                        return Err(format!(
+                            "host '{}' is in both --hosts and --client-hosts",
+                            h.name
+                        ));
+                    }
+                    names.push(h.name);
+                }
+                names
+            }
+        },
+        listen_all: o.listen_all,
     };
     // Check the template before writing anything.
     exec_argv(&launcher.exec, "h")?;
@@ -737,7 +777,8 @@ pub fn up(data: &Path, o: &UpOptions) -> Result<ExitCode, String> {
     };
     let cfg_text = std::fs::read_to_string(&cfg_path).map_err(|e| e.to_string())?;
     let key_hex = cfg.load_key().map_err(|e| e.to_string())?.to_hex();
-    let hosts = hosts_of(&cfg);
+    let server_hosts = hosts_of(&cfg).len();
+    let hosts = all_hosts(&cfg, &launcher);
 
     // Start every host's servers, in parallel.
     let mut started: BTreeMap<String, Vec<u16>> = BTreeMap::new();
@@ -837,10 +878,14 @@ pub fn up(data: &Path, o: &UpOptions) -> Result<ExitCode, String> {
         started.insert(host.clone(), started_in_log(&log, *from));
     }
     let n_started: usize = started.values().map(Vec::len).sum();
+    let clients = match launcher.clients.len() {
+        0 => String::new(),
+        n => format!(" and {n} client hosts"),
+    };
     println!(
-        "MadFS cluster up: {} servers on {} hosts ({n_started} started now), cluster file {}",
+        "MadFS cluster up: {} servers on {server_hosts} hosts{clients} ({n_started} started now), \
+         cluster file {}",
         cfg.server_count(),
-        hosts.len(),
         cfg_path.display()
     );
     // A restart mounts again where the cluster was mounted.
@@ -1028,7 +1073,8 @@ pub fn down(data: &Path, wipe: bool) -> Result<ExitCode, String> {
     let cfg_path = data.join(CLUSTER_FILE);
     let cfg = ClusterConfig::load(&cfg_path).map_err(|e| e.to_string())?;
     let l = load_launcher(&data)?;
-    let hosts = hosts_of(&cfg);
+    let server_hosts = hosts_of(&cfg).len();
+    let hosts = all_hosts(&cfg, &l);
     let results: Vec<Result<usize, String>> = std::thread::scope(|sc| {
         let hs: Vec<_> = hosts
             .iter()
@@ -1063,9 +1109,12 @@ pub fn down(data: &Path, wipe: bool) -> Result<ExitCode, String> {
         let _ = std::fs::remove_dir(&data);
     }
     println!(
-        "MadFS cluster down: stopped {stopped} running servers of {} on {} hosts{}",
+        "MadFS cluster down: stopped {stopped} running servers of {} on {server_hosts} hosts{}{}",
         cfg.server_count(),
-        hosts.len(),
+        match l.clients.len() {
+            0 => String::new(),
+            n => format!(" (and the mounts of {n} client hosts)"),
+        },
         if wipe {
             ", their data removed"
         } else {
@@ -1166,16 +1215,23 @@ mod tests {
             madfs: "/opt/it's/madfs".into(),
             cache_mib: Some(64),
             mount: None,
+            clients: vec!["c1".into()],
+            listen_all: true,
         };
         let s = start_script(&l, Path::new("/scratch/d"), "x = 1", "abcd", "n1", &[3, 4]);
         assert!(s.contains(r"'/opt/it'\''s/madfs' --cluster '/scratch/d/n1/cluster.toml' server"));
         assert!(s.contains("cd '/scratch/d/n1'\n"));
         assert!(s.contains("for id in 3 4;"));
+        assert!(s.contains("--cache-mib $cache --listen-all </dev/null"));
         assert!(s.contains("umask 077"));
         assert!(s.contains("\nabcd\n"));
         assert!(s.ends_with("wait\n"));
         let d = stop_script(&l, Path::new("/scratch/d"), "n1", &[3, 4], true);
         assert!(d.contains("rm -rf '/scratch/d/n1'\n"));
         assert!(d.contains("rmdir '/scratch/d'"));
+        // A client host: the files, no server.
+        let c = start_script(&l, Path::new("/scratch/d"), "x = 1", "abcd", "c1", &[]);
+        assert!(c.contains("for id in ; do"));
+        assert!(c.contains("\nabcd\n"));
     }
 }

@@ -69,6 +69,10 @@ enum Command {
         /// the cluster file; absent there too: none).
         #[arg(long, value_name = "ADDR")]
         metrics: Option<std::net::SocketAddr>,
+        /// Listen on every interface (0.0.0.0 or ::, at the port the
+        /// cluster file gives), not only on the cluster file's address.
+        #[arg(long)]
+        listen_all: bool,
     },
     /// Start a cluster and wait until every server answers: on 127.0.0.1,
     /// or with --hosts / --slurm on many hosts. Run again on the same
@@ -124,6 +128,15 @@ enum Command {
         /// of generating one (with --hosts or --slurm).
         #[arg(long)]
         key_stdin: bool,
+        /// Hosts that run no server but get the cluster file and key (and
+        /// with --mount, the mount): a file or comma-separated list, as
+        /// --hosts, reached through the same --exec.
+        #[arg(long, value_name = "FILE|LIST")]
+        client_hosts: Option<String>,
+        /// Servers listen on every interface (0.0.0.0 or ::), not only on
+        /// the address the cluster file gives them.
+        #[arg(long)]
+        listen_all: bool,
     },
     /// Stop the cluster started by `madfs up` (on every host).
     Down {
@@ -322,14 +335,18 @@ fn main() -> ExitCode {
             no_direct_io,
             cache_mib,
             metrics,
+            listen_all,
         } => cluster_cmd::server(
             cli.cluster.as_deref(),
-            id,
-            threads,
-            find_index_mib,
-            !no_direct_io,
-            cache_mib,
-            metrics,
+            cluster_cmd::ServerArgs {
+                id,
+                threads,
+                find_index_mib,
+                direct_io: !no_direct_io,
+                cache_mib,
+                metrics,
+                listen_all,
+            },
         ),
         Command::Up {
             servers,
@@ -344,6 +361,8 @@ fn main() -> ExitCode {
             slurm,
             madfs,
             key_stdin,
+            client_hosts,
+            listen_all,
         } => {
             let multihost = hosts.is_some() || slurm || hosts::is_multihost(&data);
             let stray = [
@@ -351,6 +370,8 @@ fn main() -> ExitCode {
                 (madfs.is_some(), "--madfs"),
                 (key_stdin, "--key-stdin"),
                 (servers_per_host != 1, "--servers-per-host"),
+                (client_hosts.is_some(), "--client-hosts"),
+                (listen_all, "--listen-all"),
             ];
             if let (false, Some((_, flag))) = (multihost, stray.iter().find(|(set, _)| *set)) {
                 Err(format!("{flag} needs --hosts or --slurm"))
@@ -368,6 +389,8 @@ fn main() -> ExitCode {
                         madfs,
                         key_stdin,
                         mount,
+                        client_hosts,
+                        listen_all,
                     },
                 )
             } else {

@@ -2,7 +2,8 @@
 //! cluster (the FEFS lesson, issue 15): on a cluster of 64 servers, a
 //! client that stats one file holds at most 2 connections (the file name's
 //! server and the inode's owner), and a FUSE mount that stats one file and
-//! then sits idle holds a handful of sockets, far fewer than the servers.
+//! then sits idle holds a handful of sockets, far fewer than the servers,
+//! and about the memory a mount of 2 servers holds.
 //! A client that connected to every server at start, or a periodic
 //! exchange with all of them, fails both.
 
@@ -141,4 +142,34 @@ fn a_client_and_a_mount_hold_connections_to_the_servers_they_use_only() {
          ({before} before it)"
     );
     assert!(Path::new(&format!("/proc/{pid}")).exists());
+    let rss_many = rss_kib(pid);
+    drop(m);
+
+    // The same mount of a cluster of 2 servers, used the same way: its
+    // idle memory is what the 64-server mount's is, give or take.
+    let few = TestCluster::start_with(2, Options::default());
+    rt.block_on(async { few.client().write_file("/one", b"hello").await.unwrap() });
+    let m = Mount::new(&few);
+    let pid = mount_pid(&m);
+    assert_eq!(std::fs::metadata(m.join("one")).unwrap().len(), 5);
+    std::thread::sleep(Duration::from_secs(2));
+    let rss_few = rss_kib(pid);
+    eprintln!("idle mount memory: {rss_many} KiB on {SERVERS} servers, {rss_few} KiB on 2 servers");
+    // Anything held per server (a connection, a buffer, a cache) of even
+    // 256 KiB would add 16 MiB over 64 servers.
+    assert!(
+        rss_many < rss_few + 16 * 1024,
+        "an idle mount takes {rss_many} KiB on {SERVERS} servers, {rss_few} KiB on 2"
+    );
+}
+
+/// Resident memory of process `pid` in KiB (VmRSS).
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS for {pid}:\n{status}"))
 }

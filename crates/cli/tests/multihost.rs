@@ -1,13 +1,18 @@
 //! `madfs up --hosts` across hosts, each host a network namespace joined to
 //! the others by a bridge (`--exec 'ip netns exec {host}'`): a cluster of 4
 //! hosts x 2 servers stripes a large file over every host, renames across
-//! hosts, shows `status` by host, survives losing every server of one host
-//! (clients get a clear error, `madfs up` restarts them, data intact), and
-//! `down --wipe` leaves nothing behind. A host that cannot be reached makes
+//! hosts, shows `status` by host, takes creates from two client hosts
+//! (`--client-hosts`, mounts only) at once and passes close-to-open between
+//! their mounts, survives losing every server of one host (clients get a
+//! clear error, `madfs up` restarts them, data intact), and `down --wipe`
+//! leaves nothing behind. There every link, server-to-server ones
+//! included, carries 100 us each way, added by the servers' transport
+//! (`MADFS_NET_DELAY_US`). A host that cannot be reached makes
 //! `up` fail naming it, with no server left running on the others. The
 //! Slurm way of launching (one long-running command per host) runs with
-//! `ip netns exec` standing in for srun, and a client works through relays
-//! that add 200 us of latency each way (this kernel has no netem).
+//! `ip netns exec` standing in for srun (with `--listen-all`), and a client
+//! works through TCP relays that add 200 us each way (this kernel has no
+//! netem).
 //!
 //! Only addresses inside the namespaces (10.213.0.0/16) are used; the bridge
 //! has none, so the test's own network is untouched. Namespace, bridge and
@@ -88,6 +93,8 @@ struct Net {
     bridge: String,
     namespaces: Vec<String>,
     data: tempfile::TempDir,
+    /// One-way delay the servers add to every frame (MADFS_NET_DELAY_US).
+    delay_us: u32,
 }
 
 impl Net {
@@ -120,6 +127,7 @@ impl Net {
                 .prefix("madfs-multihost-")
                 .tempdir()
                 .expect("tempdir"),
+            delay_us: 0,
         };
         ok(&["ip", "link", "add", &net.bridge, "type", "bridge"]);
         ok(&["ip", "link", "set", &net.bridge, "up"]);
@@ -175,11 +183,14 @@ impl Net {
         let cluster = self.data().join("cluster.toml");
         let mut argv = vec!["ip", "netns", "exec", ns, MADFS];
         argv.extend_from_slice(args);
-        run_with_input(
-            &argv,
-            &[("MADFS_CLUSTER", cluster.to_str().unwrap())],
-            input,
-        )
+        let mut env = vec![("MADFS_CLUSTER", cluster.to_str().unwrap())];
+        // Inherited by the servers `up` starts (ip netns exec keeps the
+        // environment).
+        let delay = self.delay_us.to_string();
+        if self.delay_us > 0 {
+            env.push(("MADFS_NET_DELAY_US", &delay));
+        }
+        run_with_input(&argv, &env, input)
     }
 
     /// Server hosts h0, h1, ... at .11, .12, ...: each namespace and address.
@@ -323,7 +334,11 @@ fn cluster_across_four_hosts_survives_losing_one() {
     let Some(mut net) = Net::new('a', 1) else {
         return;
     };
+    // Every link, client-server and server-server, gets 100 us each way
+    // in the servers' transport: round trips of about 200 us more.
+    net.delay_us = 100;
     let client = net.add("c", 2);
+    let client2 = net.add("d", 3);
     let hosts = net.hosts(HOSTS);
     let list = host_list(&hosts);
     let data = net.data();
@@ -339,11 +354,24 @@ fn cluster_across_four_hosts_survives_losing_one() {
         "--mount",
         &mnt,
         "--key-stdin",
+        "--client-hosts",
+        &format!("{client},{client2}"),
     ];
     let key = "0123456789abcdef".repeat(4);
     let out = must(net.up(&client, &list, &more, Some(&key)));
-    assert!(out.contains("8 servers on 4 hosts"), "{out}");
+    assert!(
+        out.contains("8 servers on 4 hosts and 2 client hosts"),
+        "{out}"
+    );
     assert!(out.contains("Mounted on"), "{out}");
+    for (i, (ns, _)) in hosts.iter().enumerate() {
+        let log = data.join(ns).join(format!("server-{}.log", PER_HOST * i));
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            log.contains("MADFS_NET_DELAY_US"),
+            "{ns}: its servers do not delay:\n{log}"
+        );
+    }
 
     // The files every host reads; the key private.
     let cfg = std::fs::read_to_string(data.join("cluster.toml")).unwrap();
@@ -424,6 +452,44 @@ fn cluster_across_four_hosts_survives_losing_one() {
         assert_eq!(got, "through fuse\nfile 5\n", "through the mount on {ns}");
     }
 
+    // Both client hosts create in one directory at once, through their
+    // mounts: every name lands exactly once, with its content.
+    in_mount(&data, &client, &format!("mkdir {mnt}/storm"));
+    std::thread::scope(|sc| {
+        for ns in [&client, &client2] {
+            let (data, mnt) = (&data, &mnt);
+            sc.spawn(move || {
+                in_mount(
+                    data,
+                    ns,
+                    &format!("for i in $(seq 150); do echo {ns} $i > {mnt}/storm/{ns}-$i || exit 1; done"),
+                )
+            });
+        }
+    });
+    for ns in [&client, &client2] {
+        let names = in_mount(&data, ns, &format!("ls {mnt}/storm"));
+        let names: Vec<&str> = names.lines().collect();
+        assert_eq!(names.len(), 300, "{ns} lists {} names", names.len());
+        for other in [&client, &client2] {
+            for i in [1, 77, 150] {
+                let got = in_mount(&data, ns, &format!("cat {mnt}/storm/{other}-{i}"));
+                assert_eq!(got, format!("{other} {i}\n"), "{ns} reads {other}-{i}");
+            }
+        }
+    }
+
+    // Close-to-open between the two client hosts: what one closed, the
+    // other's next open reads, both ways, on a file both had read before.
+    let f = format!("{mnt}/shared");
+    in_mount(&data, &client, &format!("echo one > {f}"));
+    assert_eq!(in_mount(&data, &client2, &format!("cat {f}")), "one\n");
+    in_mount(&data, &client2, &format!("echo two >> {f}"));
+    assert_eq!(in_mount(&data, &client, &format!("cat {f}")), "one\ntwo\n");
+    in_mount(&data, &client, &format!("echo three > {f}"));
+    assert_eq!(in_mount(&data, &client2, &format!("cat {f}")), "three\n");
+    assert_eq!(in_mount(&data, &client2, &format!("stat -c %s {f}")), "6\n");
+
     // Every process of one host dies at once.
     let (lost, _) = &hosts[2];
     net.kill_all(lost);
@@ -469,9 +535,10 @@ fn cluster_across_four_hosts_survives_losing_one() {
         "file 7\n"
     );
 
-    // Down and wipe: no server left, no data left.
-    must(net.madfs_in(&client, &["down", "--data", &data_s, "--wipe"]));
-    for (ns, _) in &hosts {
+    // Down and wipe: no server left, no data left, no mount left.
+    let out = must(net.madfs_in(&client, &["down", "--data", &data_s, "--wipe"]));
+    assert!(out.contains("the mounts of 2 client hosts"), "{out}");
+    for ns in hosts.iter().map(|(n, _)| n).chain([&client2]) {
         assert!(
             net.pids(ns).is_empty(),
             "{ns} still runs {:?}",
@@ -540,8 +607,13 @@ fn slurm_style_launch_keeps_one_command_per_host() {
     let list = host_list(&hosts);
     let data = net.data();
     let data_s = data.to_str().unwrap().to_string();
-    let out = must(net.up(&client, &list, &["--slurm", "--cache-mib", "16"], None));
+    let more = ["--slurm", "--cache-mib", "16", "--listen-all"];
+    let out = must(net.up(&client, &list, &more, None));
     assert!(out.contains("2 servers on 2 hosts"), "{out}");
+    // Asked to, the servers listen on every interface.
+    for (ns, _) in &hosts {
+        assert!(listens_on_any(ns), "no server of {ns} listens on 0.0.0.0");
+    }
     // Each host runs its server and the launch command waiting for it.
     for (ns, _) in &hosts {
         assert!(net.pids(ns).len() >= 2, "{ns}: {:?}", net.pids(ns));

@@ -37,10 +37,32 @@ pub const CONNECTIONS_MAX: usize = 4096;
 /// so memory is bounded in bytes and not only in request counts.
 pub const BULK_BYTES_BUDGET: usize = 1 << 30;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest delay `MADFS_NET_DELAY_US` may add each way.
+const NET_DELAY_MAX: Duration = Duration::from_millis(100);
 
 static HANDLER_PANICS: AtomicU64 = AtomicU64::new(0);
 static PROTOCOL_ERRORS: AtomicU64 = AtomicU64::new(0);
 static CONNECTIONS: AtomicU64 = AtomicU64::new(0);
+
+/// The one-way delay this server adds to every request before handling it
+/// and to every response before sending it, from `MADFS_NET_DELAY_US`
+/// (at most 100 ms; unset or 0: none). A test seam: this machine's kernel
+/// has no netem, so the namespace tests give every link, server-to-server
+/// ones included, the round trip of a real network this way. Each frame is
+/// delayed in its own task, so frames keep their spacing (a delay line, not
+/// a rate limit).
+pub fn net_delay() -> Option<Duration> {
+    static DELAY: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    *DELAY.get_or_init(|| {
+        let us: u64 = std::env::var("MADFS_NET_DELAY_US")
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        let d = Duration::from_micros(us).min(NET_DELAY_MAX);
+        (!d.is_zero()).then_some(d)
+    })
+}
 
 /// Request handlers that panicked in this process since it started (each
 /// was answered with an Io error); for a server's status report.
@@ -225,7 +247,11 @@ async fn connection<H: Handler>(
         let bytes_permit = budget.reserve(bulk).await?;
         let data = read_data(&mut r, &h).await?;
         let (handler, writer) = (handler.clone(), writer.clone());
+        let delay = net_delay();
         tokio::spawn(async move {
+            if let Some(d) = delay {
+                tokio::time::sleep(d).await;
+            }
             let opcode = req.op.opcode();
             // Everything that runs the handler or encodes what it returned
             // is caught: a panic there must still answer the caller (who
@@ -257,6 +283,9 @@ async fn connection<H: Handler>(
                     ))
                 }
             };
+            if let Some(d) = delay {
+                tokio::time::sleep(d).await;
+            }
             let mut w = writer.lock().await;
             if let Err(e) = write_frame(
                 &mut *w,

@@ -99,6 +99,9 @@ pub struct RunOptions {
     /// Where to serve Prometheus metrics (`GET /metrics`); None: the
     /// cluster file's `metrics` of this server, if any.
     pub metrics: Option<std::net::SocketAddr>,
+    /// Listen on every interface at the cluster file's port, not only on
+    /// the cluster file's address.
+    pub listen_all: bool,
 }
 
 impl Default for RunOptions {
@@ -109,6 +112,7 @@ impl Default for RunOptions {
             direct_io: true,
             cache_bytes: 0,
             metrics: None,
+            listen_all: false,
         }
     }
 }
@@ -134,10 +138,28 @@ pub fn run(cfg: ClusterConfig, id: ServerId, opts: RunOptions) -> Result<(), Ser
             .load_key()
             .map_err(|e| ServerError::Config(e.to_string()))?;
         let server = Arc::new(Server::open(&cfg, id, key.clone(), &opts)?);
-        let listener = tokio::net::TcpListener::bind(entry.address)
+        let bind = if opts.listen_all {
+            let any: std::net::IpAddr = if entry.address.is_ipv4() {
+                std::net::Ipv4Addr::UNSPECIFIED.into()
+            } else {
+                std::net::Ipv6Addr::UNSPECIFIED.into()
+            };
+            std::net::SocketAddr::new(any, entry.address.port())
+        } else {
+            entry.address
+        };
+        let listener = tokio::net::TcpListener::bind(bind)
             .await
-            .map_err(|e| ServerError::Bind(format!("{}: {e}", entry.address)))?;
-        tracing::info!("server {id} listening on {}", entry.address);
+            .map_err(|e| ServerError::Bind(format!("{bind}: {e}")))?;
+        tracing::info!(
+            "server {id} listening on {}",
+            listener.local_addr().unwrap_or(entry.address)
+        );
+        if let Some(d) = madfs_rpc::serve::net_delay() {
+            tracing::warn!(
+                "MADFS_NET_DELAY_US (a test seam) is set: every request and response waits {d:?}"
+            );
+        }
         let metrics = Arc::new(metrics::Metrics::new(server.sync.stats()));
         let metrics_http = match opts.metrics.or(entry.metrics) {
             None => None,

@@ -198,6 +198,7 @@ impl Cluster {
             direct_io: false,
             cache_bytes: 0,
             metrics: None,
+            listen_all: false,
         };
         let data_dir = self.cfg.servers[id.0 as usize].data_dir.clone();
         let server =
