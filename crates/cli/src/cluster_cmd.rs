@@ -25,6 +25,7 @@ pub struct ServerArgs {
     pub cache_mib: Option<usize>,
     pub metrics: Option<std::net::SocketAddr>,
     pub listen_all: bool,
+    pub data_dir: Option<PathBuf>,
 }
 
 pub fn server(cluster: Option<&Path>, a: ServerArgs) -> Result<ExitCode, String> {
@@ -36,6 +37,7 @@ pub fn server(cluster: Option<&Path>, a: ServerArgs) -> Result<ExitCode, String>
         cache_mib,
         metrics,
         listen_all,
+        data_dir,
     } = a;
     let path = ClusterConfig::locate(cluster);
     let cfg = ClusterConfig::load(&path).map_err(|e| e.to_string())?;
@@ -56,6 +58,7 @@ pub fn server(cluster: Option<&Path>, a: ServerArgs) -> Result<ExitCode, String>
         cache_bytes,
         metrics,
         listen_all,
+        data_dir,
     };
     madfs_server::run(cfg, ServerId(id), opts).map_err(|e| format!("server {id}: {e}"))?;
     Ok(ExitCode::SUCCESS)
@@ -112,6 +115,7 @@ pub fn up(
     chunk_size: u64,
     base_port: Option<u16>,
     cache_mib: Option<usize>,
+    replicas: u8,
 ) -> Result<ExitCode, String> {
     let data = absolute(data)?;
     std::fs::create_dir_all(&data).map_err(|e| format!("{}: {e}", data.display()))?;
@@ -154,6 +158,7 @@ pub fn up(
             cluster_id: format!("madfs-local-{}", std::process::id()),
             chunk_size,
             key_file: PathBuf::from(KEY_FILE),
+            replicas,
             servers: entries,
         };
         cfg.validate().map_err(|e| e.to_string())?;

@@ -89,6 +89,8 @@ pub struct UpOptions {
     /// `--client-hosts FILE|LIST`: hosts without servers.
     pub client_hosts: Option<String>,
     pub listen_all: bool,
+    /// Copies of every record and chunk (the cluster file's `replicas`).
+    pub replicas: u8,
 }
 
 fn valid_host_name(name: &str) -> bool {
@@ -621,6 +623,7 @@ fn create(data: &Path, o: &UpOptions) -> Result<(ClusterConfig, Launcher), Strin
         ),
         chunk_size: o.chunk_size,
         key_file: PathBuf::from(KEY_FILE),
+        replicas: o.replicas,
         servers,
     };
     cfg.validate().map_err(|e| e.to_string())?;

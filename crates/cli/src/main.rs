@@ -73,6 +73,11 @@ enum Command {
         /// cluster file gives), not only on the cluster file's address.
         #[arg(long)]
         listen_all: bool,
+        /// Serve from this directory instead of the cluster file's
+        /// data_dir: e.g. another server's copy of this server's set
+        /// (DATA/server-N/replica-of-ID) after this server's disk is lost.
+        #[arg(long, value_name = "DIR")]
+        data_dir: Option<PathBuf>,
     },
     /// Start a cluster and wait until every server answers: on 127.0.0.1,
     /// or with --hosts / --slurm on many hosts. Run again on the same
@@ -137,6 +142,11 @@ enum Command {
         /// the address the cluster file gives them.
         #[arg(long)]
         listen_all: bool,
+        /// Keep every record and chunk on this many servers (1 to 3; on
+        /// different hosts where there are enough): with 2 or more, what
+        /// was acknowledged survives the loss of a server's disk.
+        #[arg(long, default_value_t = 1)]
+        replicas: u8,
     },
     /// Stop the cluster started by `madfs up` (on every host).
     Down {
@@ -336,6 +346,7 @@ fn main() -> ExitCode {
             cache_mib,
             metrics,
             listen_all,
+            data_dir,
         } => cluster_cmd::server(
             cli.cluster.as_deref(),
             cluster_cmd::ServerArgs {
@@ -346,6 +357,7 @@ fn main() -> ExitCode {
                 cache_mib,
                 metrics,
                 listen_all,
+                data_dir,
             },
         ),
         Command::Up {
@@ -363,6 +375,7 @@ fn main() -> ExitCode {
             key_stdin,
             client_hosts,
             listen_all,
+            replicas,
         } => {
             let multihost = hosts.is_some() || slurm || hosts::is_multihost(&data);
             let stray = [
@@ -391,17 +404,17 @@ fn main() -> ExitCode {
                         mount,
                         client_hosts,
                         listen_all,
+                        replicas,
                     },
                 )
             } else {
-                cluster_cmd::up(servers, &data, chunk_size, base_port, cache_mib).and_then(|code| {
-                    match mount {
+                cluster_cmd::up(servers, &data, chunk_size, base_port, cache_mib, replicas)
+                    .and_then(|code| match mount {
                         Some(dir) => {
                             mount_cmd::mount(Some(&data.join("cluster.toml")), &dir, false)
                         }
                         None => Ok(code),
-                    }
-                })
+                    })
             }
         }
         Command::Down { data, wipe } => {

@@ -381,6 +381,7 @@ fn start(n: usize, dead: &[u16]) -> Cluster {
         cluster_id: "fake".into(),
         chunk_size: CS,
         key_file: "/nonexistent".into(),
+        replicas: 1,
         servers,
     };
     let (fs2, key2, dead) = (fs.clone(), key.clone(), dead.to_vec());

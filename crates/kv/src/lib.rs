@@ -143,6 +143,64 @@ impl WriteBatch {
     pub(crate) fn ops(&self) -> &[Op] {
         &self.ops
     }
+
+    /// The batch as bytes another process can `decode` and apply the same
+    /// way (replication ships batches to a server's replicas): per
+    /// operation a tag (1 put, 2 delete), the key's length and bytes, and
+    /// for a put the value's length and bytes; lengths are u32 LE.
+    pub fn encode(&self) -> Vec<u8> {
+        let size: usize = self
+            .ops
+            .iter()
+            .map(|op| match op {
+                Op::Put(k, v) => 9 + k.len() + v.len(),
+                Op::Delete(k) => 5 + k.len(),
+            })
+            .sum();
+        let mut out = Vec::with_capacity(size);
+        let field = |out: &mut Vec<u8>, b: &[u8]| {
+            out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+            out.extend_from_slice(b);
+        };
+        for op in &self.ops {
+            match op {
+                Op::Put(k, v) => {
+                    out.push(1);
+                    field(&mut out, k);
+                    field(&mut out, v);
+                }
+                Op::Delete(k) => {
+                    out.push(2);
+                    field(&mut out, k);
+                }
+            }
+        }
+        out
+    }
+
+    /// A batch `encode` made; None if `bytes` is not one.
+    pub fn decode(mut bytes: &[u8]) -> Option<WriteBatch> {
+        fn field<'a>(b: &mut &'a [u8]) -> Option<&'a [u8]> {
+            let len = u32::from_le_bytes(b.get(..4)?.try_into().ok()?) as usize;
+            let v = b.get(4..4 + len)?;
+            *b = &b[4 + len..];
+            Some(v)
+        }
+        let mut batch = WriteBatch::new();
+        while let Some((&tag, rest)) = bytes.split_first() {
+            bytes = rest;
+            match tag {
+                1 => {
+                    let k = field(&mut bytes)?;
+                    let v = field(&mut bytes)?;
+                    batch.put(k, v);
+                }
+                2 => batch.delete(field(&mut bytes)?),
+                _ => return None,
+            }
+        }
+        Some(batch)
+    }
 }
 
 /// Where a scan for `prefix` starting at `start` should begin:

@@ -399,3 +399,22 @@ fn scan_visit_rocks() {
     let (_dir, store) = rocks();
     visit_suite(&store);
 }
+
+#[test]
+fn batches_round_trip_through_bytes() {
+    let mut b = WriteBatch::new();
+    b.put(b"", b"");
+    b.put(b"k1", &[7u8; 300]);
+    b.delete(b"k2");
+    b.put(b"k1", b"again");
+    let bytes = b.encode();
+    let back = WriteBatch::decode(&bytes).expect("decodes");
+    assert_eq!(back.ops(), b.ops());
+    assert!(WriteBatch::decode(&[]).unwrap().is_empty());
+    // Cut anywhere inside, or a bad tag: refused, never a panic.
+    for cut in 1..bytes.len() {
+        let partial = WriteBatch::decode(&bytes[..cut]);
+        assert!(partial.is_none() || partial.unwrap().len() < b.len());
+    }
+    assert!(WriteBatch::decode(&[9, 0, 0, 0, 0]).is_none());
+}

@@ -9,6 +9,7 @@
 use crate::codec::{Decoder, Encoder};
 use crate::error::ProtoError;
 use crate::find::{self, FindDir, FindMatch, FindQuery};
+use crate::frame::BODY_MAX_BYTES;
 use madfs_types::{
     limits, Attr, ChunkIndex, Credentials, FileKind, FileName, InodeId, ServerId, TimeSet,
     Timestamp, TxId,
@@ -87,6 +88,7 @@ pub enum Opcode {
     PurgeChunks = 44,
     InvalidateDir = 45,
     TouchDir = 46,
+    ReplicaApply = 47,
 }
 
 impl Opcode {
@@ -122,6 +124,7 @@ impl Opcode {
             44 => PurgeChunks,
             45 => InvalidateDir,
             46 => TouchDir,
+            47 => ReplicaApply,
             _ => return None,
         })
     }
@@ -431,6 +434,16 @@ pub enum Op {
         time: Timestamp,
         nlink_delta: i32,
     },
+    /// Records `first_seq`, `first_seq + 1`, ... of the primary's stream
+    /// `stream` for replica set `set`, to apply in order: `heads` describes
+    /// each record (the server's replication module defines its layout),
+    /// and the frame's data holds their payloads back to back.
+    ReplicaApply {
+        set: ServerId,
+        stream: u64,
+        first_seq: u64,
+        heads: Vec<u8>,
+    },
 }
 
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -501,6 +514,10 @@ pub enum Reply {
     Links {
         nlink: u32,
     },
+    /// ReplicaApply: the replica has applied its stream up to `applied`.
+    ReplicaAck {
+        applied: u64,
+    },
     Installed {
         replaced: Option<(InodeId, FileKind)>,
         /// The replaced inode lost its last link and is held (`Hold`).
@@ -561,12 +578,13 @@ impl Op {
             Op::PurgeChunks { .. } => Opcode::PurgeChunks,
             Op::InvalidateDir { .. } => Opcode::InvalidateDir,
             Op::TouchDir { .. } => Opcode::TouchDir,
+            Op::ReplicaApply { .. } => Opcode::ReplicaApply,
         }
     }
 
     /// Whether a request with this opcode may carry bulk data.
     pub fn carries_data(opcode: Opcode) -> bool {
-        opcode == Opcode::Write || opcode == Opcode::Create
+        opcode == Opcode::Write || opcode == Opcode::Create || opcode == Opcode::ReplicaApply
     }
 
     /// Whether a reply to this opcode may carry bulk data.
@@ -741,6 +759,18 @@ impl Request {
                 e.u64(*seq);
                 e.ts(*time);
                 e.i32(*nlink_delta);
+            }
+            Op::ReplicaApply {
+                set,
+                stream,
+                first_seq,
+                heads,
+            } => {
+                e.u16(set.0);
+                e.u64(*stream);
+                e.u64(*first_seq);
+                e.u32(heads.len() as u32);
+                e.raw(heads);
             }
             Op::RenameInstall {
                 tx,
@@ -931,6 +961,18 @@ impl Request {
                 time: d.ts()?,
                 nlink_delta: d.i32()?,
             },
+            Opcode::ReplicaApply => Op::ReplicaApply {
+                set: ServerId(d.u16()?),
+                stream: d.u64()?,
+                first_seq: d.u64()?,
+                heads: {
+                    let n = d.u32()? as usize;
+                    if n > BODY_MAX_BYTES as usize {
+                        return Err(ProtoError::BadValue("replica record heads"));
+                    }
+                    d.raw(n)?.to_vec()
+                },
+            },
             Opcode::RenameInstall => Op::RenameInstall {
                 tx: TxId(d.u64()?),
                 coordinator: ServerId(d.u16()?),
@@ -978,6 +1020,7 @@ mod tag {
     pub const FIND_PAGE: u8 = 13;
     pub const LINKED: u8 = 14;
     pub const RENAMED: u8 = 15;
+    pub const REPLICA_ACK: u8 = 16;
 }
 
 fn encode_touched(e: &mut Encoder, touched: &[TouchToken]) {
@@ -1107,6 +1150,10 @@ impl Reply {
                 e.u8(tag::LINKS);
                 e.u32(*nlink);
             }
+            Reply::ReplicaAck { applied } => {
+                e.u8(tag::REPLICA_ACK);
+                e.u64(*applied);
+            }
             Reply::Installed { replaced, held } => {
                 e.u8(tag::INSTALLED);
                 match replaced {
@@ -1199,6 +1246,7 @@ impl Reply {
             }),
             tag::SEALED => Reply::Sealed { empty: d.bool()? },
             tag::LINKS => Reply::Links { nlink: d.u32()? },
+            tag::REPLICA_ACK => Reply::ReplicaAck { applied: d.u64()? },
             tag::INSTALLED => Reply::Installed {
                 replaced: if d.bool()? {
                     Some((d.ino()?, d.kind()?))
@@ -1432,6 +1480,12 @@ mod tests {
             },
             Op::PurgeChunks { ino },
             Op::InvalidateDir { dir: ino },
+            Op::ReplicaApply {
+                set: ServerId(4),
+                stream: 0xfeed,
+                first_seq: 17,
+                heads: vec![1, 2, 3, 4, 5],
+            },
             Op::Find {
                 query: FindQuery::default(),
                 after: None,
@@ -1559,6 +1613,7 @@ mod tests {
             }),
             Reply::Sealed { empty: false },
             Reply::Links { nlink: 3 },
+            Reply::ReplicaAck { applied: 99 },
             Reply::Installed {
                 replaced: Some((InodeId(8), FileKind::File)),
                 held: true,

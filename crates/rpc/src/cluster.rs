@@ -19,6 +19,10 @@ pub struct ClusterConfig {
     pub chunk_size: u64,
     /// Key file; relative paths are relative to the cluster file.
     pub key_file: PathBuf,
+    /// Copies of every record and chunk (1, 2 or 3): replica set s is kept
+    /// by server s and the R-1 servers `replica_set` names after it.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub replicas: u8,
     #[serde(rename = "server")]
     pub servers: Vec<ServerEntry>,
 }
@@ -40,7 +44,49 @@ pub struct ServerEntry {
     pub host: Option<String>,
 }
 
+fn one() -> u8 {
+    1
+}
+
+fn is_one(n: &u8) -> bool {
+    *n == 1
+}
+
+/// Most copies a cluster may keep of each record and chunk.
+pub const REPLICAS_MAX: u8 = 3;
+
 impl ClusterConfig {
+    /// The servers that keep replica set `set` (the share of the namespace
+    /// and of the chunks that hashes to server `set`), in chain order: the
+    /// server itself, then the next servers by id on hosts not yet in the
+    /// set (the host is the failure domain), then, where hosts run out, the
+    /// next servers on any host.
+    pub fn replica_set(&self, set: ServerId) -> Vec<ServerId> {
+        let n = self.servers.len();
+        let want = (self.replicas.max(1) as usize).min(n);
+        let mut chosen = vec![set];
+        let host = |id: ServerId| self.servers[id.0 as usize].host.clone();
+        let next = (1..n).map(|i| ServerId(((set.0 as usize + i) % n) as u16));
+        for id in next.clone() {
+            if chosen.len() == want {
+                break;
+            }
+            let h = host(id);
+            if h.is_none() || chosen.iter().all(|&c| host(c) != h) {
+                chosen.push(id);
+            }
+        }
+        for id in next {
+            if chosen.len() == want {
+                break;
+            }
+            if !chosen.contains(&id) {
+                chosen.push(id);
+            }
+        }
+        chosen
+    }
+
     pub fn from_toml(text: &str) -> Result<ClusterConfig, RpcError> {
         let cfg: ClusterConfig =
             toml::from_str(text).map_err(|e| RpcError::Config(e.to_string()))?;
@@ -99,6 +145,19 @@ impl ClusterConfig {
             if self.servers[..i].iter().any(|o| o.address == s.address) {
                 return bad(format!("address {} is used twice", s.address));
             }
+        }
+        if !(1..=REPLICAS_MAX).contains(&self.replicas) {
+            return bad(format!(
+                "replicas {} must be 1 to {REPLICAS_MAX}",
+                self.replicas
+            ));
+        }
+        if self.replicas as usize > self.servers.len() {
+            return bad(format!(
+                "replicas {} needs at least as many servers ({} here)",
+                self.replicas,
+                self.servers.len()
+            ));
         }
         if !(limits::CHUNK_SIZE_MIN_BYTES..=limits::CHUNK_SIZE_MAX_BYTES).contains(&self.chunk_size)
             || !self.chunk_size.is_multiple_of(4096)
@@ -167,6 +226,7 @@ mod tests {
             cluster_id: "t".into(),
             chunk_size: 1 << 20,
             key_file: "cluster.key".into(),
+            replicas: 1,
             servers: (0..3)
                 .map(|i| ServerEntry {
                     id: i,
@@ -177,6 +237,42 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    #[test]
+    fn replica_sets_spread_over_hosts() {
+        // 6 servers on 3 hosts, 2 each.
+        let mut c = sample();
+        c.servers = (0..6)
+            .map(|i| ServerEntry {
+                id: i,
+                address: format!("127.0.0.1:{}", 7000 + i).parse().unwrap(),
+                data_dir: format!("/tmp/s{i}").into(),
+                metrics: None,
+                host: Some(format!("h{}", i / 2)),
+            })
+            .collect();
+        assert_eq!(c.replica_set(ServerId(0)), vec![ServerId(0)]);
+        c.replicas = 2;
+        // Server 1 shares host h0 with server 0: skipped for server 2.
+        assert_eq!(c.replica_set(ServerId(0)), vec![ServerId(0), ServerId(2)]);
+        assert_eq!(c.replica_set(ServerId(5)), vec![ServerId(5), ServerId(0)]);
+        c.replicas = 3;
+        assert_eq!(
+            c.replica_set(ServerId(1)),
+            vec![ServerId(1), ServerId(2), ServerId(4)]
+        );
+        // More replicas than hosts: the rest on any host.
+        c.servers.truncate(4);
+        assert_eq!(
+            c.replica_set(ServerId(0)),
+            vec![ServerId(0), ServerId(2), ServerId(1)]
+        );
+        assert!(ClusterConfig::from_toml(&c.to_toml()).unwrap().replicas == 3);
+        c.replicas = 4;
+        assert!(c.validate().is_err());
+        c.replicas = 0;
+        assert!(c.validate().is_err());
     }
 
     #[test]

@@ -140,6 +140,9 @@ pub struct ChunkStore {
     fault_errno: AtomicI32,
     /// ... once this many more passes have succeeded.
     fault_after: AtomicU64,
+    /// Where writes, truncates and purges are reported once done (the
+    /// replication stream of a primary with replicas; none otherwise).
+    mirror: OnceLock<Arc<dyn crate::replication::ChunkMirror>>,
 }
 
 impl ChunkStore {
@@ -189,7 +192,16 @@ impl ChunkStore {
             poisoned: OnceLock::new(),
             fault_errno: AtomicI32::new(0),
             fault_after: AtomicU64::new(0),
+            mirror: OnceLock::new(),
         })
+    }
+
+    /// Report every later write, truncate and purge to `mirror`.
+    pub fn set_mirror(&self, mirror: Arc<dyn crate::replication::ChunkMirror>) {
+        assert!(
+            self.mirror.set(mirror).is_ok(),
+            "a chunk store has one mirror"
+        );
     }
 
     /// Test seam: after `after_passes` more sync passes have succeeded,
@@ -477,6 +489,9 @@ impl ChunkStore {
         self.mark_dirty(path);
         // Data the page cache holds (buffered writes) is not kept twice.
         ticket.finish(kept);
+        if let Some(m) = self.mirror.get() {
+            m.wrote(ino, index, offset, data, chunk_size);
+        }
         Ok(())
     }
 
@@ -525,6 +540,9 @@ impl ChunkStore {
             }
         }
         self.mark_dirty(dir);
+        if let Some(m) = self.mirror.get() {
+            m.truncated(ino, size, chunk_size);
+        }
         Ok(())
     }
 
@@ -534,6 +552,12 @@ impl ChunkStore {
         let _ticket = self.cache.begin_purge(ino);
         let dir = self.inode_dir(ino);
         let freed = du(&dir).unwrap_or(0);
+        if let Some(m) = self.mirror.get() {
+            // Before the removal, which may find nothing here while a
+            // replica still holds chunks of `ino`; purging there is
+            // harmless if it has none either.
+            m.purged(ino);
+        }
         match fs::remove_dir_all(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),

@@ -17,13 +17,33 @@ use std::time::{Duration, Instant};
 impl Server {
     /// Background work: finish renames and chunk purges a crash interrupted.
     pub fn start_background(self: Arc<Self>) {
+        if let Some(r) = &self.replication {
+            r.start_shippers(self.clone());
+        }
         tokio::spawn(async move {
             crate::rename::recover(&self).await;
             self.recover_orphans().await;
         });
     }
 
+    /// Run a request; with replicas, answer only once every replica in the
+    /// set has what this server wrote up to the handler's end (its own
+    /// changes and any before them).
     pub(crate) async fn dispatch(
+        self: &Arc<Self>,
+        ctx: CallContext,
+        req: Request,
+        data: Vec<u8>,
+    ) -> OpResult {
+        let replicated = !matches!(req.op, Op::ReplicaApply { .. });
+        let result = self.dispatch_op(ctx, req, data).await;
+        if let (Some(r), true, Ok(_)) = (&self.replication, replicated, &result) {
+            r.wait_replicated(r.last_seq()).await;
+        }
+        result
+    }
+
+    async fn dispatch_op(
         self: &Arc<Self>,
         ctx: CallContext,
         req: Request,
@@ -214,6 +234,17 @@ impl Server {
                 ok(self
                     .apply_touch(dir, sender, seq, time, nlink_delta)
                     .await?)
+            }
+            Op::ReplicaApply {
+                set,
+                stream,
+                first_seq,
+                heads,
+            } => {
+                debug_assert_eq!(ctx.role, Role::Peer);
+                self.copies
+                    .apply(set, stream, first_seq, &heads, data)
+                    .await
             }
             op @ (Op::Seal { .. } | Op::PurgeChunks { .. } | Op::InvalidateDir { .. }) => {
                 debug_assert_eq!(ctx.role, Role::Peer);

@@ -34,6 +34,9 @@ pub const META_NEXT_INODE: &[u8] = b"METAnext_inode";
 pub const META_NEXT_TX: &[u8] = b"METAnext_tx";
 pub const META_NEXT_TOUCH: &[u8] = b"METAnext_touch";
 pub const META_FORMAT: &[u8] = b"METAformat";
+/// In a replica's copy of another server's set: the primary's stream id and
+/// the last record applied (replica.rs), written with each metadata record.
+pub const META_REPLICA_POSITION: &[u8] = b"METAreplica_position";
 /// Bumped when a record layout changes; a server refuses a newer format.
 pub const FORMAT_VERSION: u32 = 1;
 

@@ -20,6 +20,8 @@ mod ops;
 mod peers;
 pub mod perm;
 mod rename;
+mod replica;
+pub mod replication;
 mod seals;
 mod service;
 mod space;
@@ -102,6 +104,9 @@ pub struct RunOptions {
     /// Listen on every interface at the cluster file's port, not only on
     /// the cluster file's address.
     pub listen_all: bool,
+    /// Serve from this directory instead of the cluster file's data_dir
+    /// (a replica's copy of this server's set, after its disk is lost).
+    pub data_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for RunOptions {
@@ -113,6 +118,7 @@ impl Default for RunOptions {
             cache_bytes: 0,
             metrics: None,
             listen_all: false,
+            data_dir: None,
         }
     }
 }

@@ -37,6 +37,9 @@ use tokio::sync::Notify;
 /// RocksDB itself hits ENOSPC and refuses every later write until restart.
 const SPACE_RESERVE_MAX_BYTES: u64 = 64 << 20;
 
+/// How long a stopping server waits for its replicas to take its last records.
+const SHUTDOWN_REPLICATION_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub struct Server {
     pub(crate) id: ServerId,
     pub(crate) servers: usize,
@@ -59,6 +62,10 @@ pub struct Server {
     pub(crate) tx_counter: Counter,
     /// Directory times and link counts sent to other servers (touch.rs).
     pub(crate) touches: crate::touch::Touches,
+    /// With replicas: the stream of this server's changes (replication.rs).
+    pub(crate) replication: Option<Arc<crate::replication::Replicator>>,
+    /// The copies of other servers' sets kept here (replica.rs).
+    pub(crate) copies: crate::replica::ReplicaCopies,
 }
 
 impl Server {
@@ -73,7 +80,10 @@ impl Server {
         let entry = cfg
             .server(id)
             .ok_or_else(|| ServerError::Config(format!("no server {id}")))?;
-        let data_dir = entry.data_dir.clone();
+        let data_dir = opts
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| entry.data_dir.clone());
         std::fs::create_dir_all(&data_dir)
             .map_err(|e| ServerError::Storage(format!("{}: {e}", data_dir.display())))?;
         let kv: Arc<dyn KvStore> = Arc::new(
@@ -105,6 +115,28 @@ impl Server {
         opts: &RunOptions,
         peers: Pool,
     ) -> Result<Server, ServerError> {
+        // With replicas, every change is also a record shipped to them:
+        // metadata below the index (which only mirrors), chunks through
+        // the store's mirror (set below).
+        let replication = (cfg.replicas > 1).then(|| {
+            Arc::new(crate::replication::Replicator::new(
+                id,
+                &cfg.replica_set(id)[1..],
+            ))
+        });
+        let kv: Arc<dyn KvStore> = match &replication {
+            Some(r) => Arc::new(crate::replication::ReplicatedKv::new(kv, r.clone())),
+            None => kv,
+        };
+        let copies = crate::replica::ReplicaCopies::new(
+            id,
+            data_dir.clone(),
+            cfg.servers
+                .iter()
+                .map(|s| ServerId(s.id))
+                .filter(|&s| s != id && cfg.replica_set(s).contains(&id))
+                .collect(),
+        );
         // Every write from here on goes through the index's wrapper.
         let indexed = Arc::new(IndexedKv::new(kv, opts.find_index_bytes));
         let kv: Arc<dyn KvStore> = indexed.clone();
@@ -139,6 +171,9 @@ impl Server {
                 .map_err(|e| ServerError::Storage(e.to_string()))?,
         );
         chunks.set_direct_io(opts.direct_io);
+        if let Some(r) = &replication {
+            chunks.set_mirror(r.clone());
+        }
         // A failed sync stops metadata writes too (sync.rs).
         let kv: Arc<dyn KvStore> = Arc::new(crate::sync::PoisonGuard::new(kv, chunks.clone()));
         let held = free_held_inodes(kv.as_ref()).map_err(storage)?;
@@ -178,6 +213,8 @@ impl Server {
             seal_changed: Notify::new(),
             tx_counter,
             touches,
+            replication,
+            copies,
         };
         if id == ServerId(0)
             && server
@@ -205,6 +242,20 @@ impl Server {
     pub async fn shutdown(&self) {
         if let Err(e) = self.sync.sync().await {
             tracing::warn!("final sync failed: {e}");
+        }
+        // A clean stop leaves the replicas with everything, the final sync
+        // included, unless they are gone too.
+        if let Some(r) = &self.replication {
+            let last = r.last_seq();
+            if tokio::time::timeout(SHUTDOWN_REPLICATION_WAIT, r.wait_replicated(last))
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    "stopping with records up to {last} not on every replica after {:?}",
+                    SHUTDOWN_REPLICATION_WAIT
+                );
+            }
         }
         let sync = self.sync.clone();
         let _ = tokio::task::spawn_blocking(move || sync.stop()).await;

@@ -199,6 +199,7 @@ impl Cluster {
             cache_bytes: 0,
             metrics: None,
             listen_all: false,
+            data_dir: None,
         };
         let data_dir = self.cfg.servers[id.0 as usize].data_dir.clone();
         let server =
@@ -275,6 +276,7 @@ impl Sim {
             cluster_id: "sim".into(),
             chunk_size: CHUNK_SIZE,
             key_file: dir.path().join("key"),
+            replicas: 1,
             servers,
         };
         let net = SimNet::new(cfg.seed, cfg.servers);

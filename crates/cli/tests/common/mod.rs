@@ -58,6 +58,8 @@ pub struct Options {
     /// Give every server a metrics address (a free loopback port) in the
     /// cluster file.
     pub metrics: bool,
+    /// The cluster file's `replicas` (0 means 1).
+    pub replicas: u8,
 }
 
 /// The command prefix that starts a program in a fresh mount namespace with
@@ -159,6 +161,7 @@ impl TestCluster {
                 cluster_id: String::new(),
                 chunk_size: CHUNK,
                 key_file: PathBuf::from("cluster.key"),
+                replicas: 1,
                 servers: Vec::new(),
             },
             children: Vec::new(),
@@ -195,6 +198,7 @@ impl TestCluster {
             cluster_id: format!("madfs-test-{}", std::process::id()),
             chunk_size: CHUNK,
             key_file: PathBuf::from("cluster.key"),
+            replicas: self.opts.replicas.max(1),
             servers: ports[..n]
                 .iter()
                 .enumerate()

@@ -1,0 +1,232 @@
+//! Replication, the replica's side: this server's copies of the replica
+//! sets it helps keep (replication.rs is the primary's side).
+//!
+//! A copy of set S lives in DATA/replica-of-S/ with the layout of a
+//! server's own data directory (meta/ for RocksDB, chunks/), so that it can
+//! be served as server S after a failover. `ReplicaApply` brings records in
+//! stream order; each is applied as the primary applied it. The stream id
+//! and the last record applied are kept in the copy's metadata with every
+//! metadata record (`META_REPLICA_POSITION`): a record shipped twice (a
+//! retry after a lost acknowledgement) is skipped, and a gap is refused.
+//!
+//! A copy follows one stream. A new stream (the primary restarted) is
+//! accepted only by a copy that has applied nothing yet; any other copy may
+//! lack records the old stream never shipped, so it is refused as stale and
+//! needs a resync (not yet built).
+
+use crate::chunks::ChunkStore;
+use crate::errors::{err, OpResult};
+use crate::keys;
+use crate::replication::{ack, Record};
+use madfs_kv::{KvStore, RocksStore, WriteBatch};
+use madfs_proto::ErrorCode;
+use madfs_types::ServerId;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// One copy of another server's set.
+pub(crate) struct ReplicaCopy {
+    kv: Arc<dyn KvStore>,
+    chunks: Arc<ChunkStore>,
+    /// The primary's stream this copy follows (0: none yet).
+    stream: u64,
+    applied: u64,
+}
+
+/// The copies this server keeps, opened at their first record.
+pub(crate) struct ReplicaCopies {
+    me: ServerId,
+    root: PathBuf,
+    /// The sets this server is a replica of.
+    sets: Vec<ServerId>,
+    copies: Mutex<HashMap<ServerId, Arc<tokio::sync::Mutex<Option<ReplicaCopy>>>>>,
+}
+
+/// Where server `me` (data directory `root`) keeps its copy of `set`.
+pub fn copy_dir(root: &std::path::Path, set: ServerId) -> PathBuf {
+    root.join(format!("replica-of-{}", set.0))
+}
+
+impl ReplicaCopies {
+    pub(crate) fn new(me: ServerId, root: PathBuf, sets: Vec<ServerId>) -> ReplicaCopies {
+        ReplicaCopies {
+            me,
+            root,
+            sets,
+            copies: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Apply records `first_seq..` of `stream` to the copy of `set`.
+    pub(crate) async fn apply(
+        &self,
+        set: ServerId,
+        stream: u64,
+        first_seq: u64,
+        heads: &[u8],
+        payloads: Vec<u8>,
+    ) -> OpResult {
+        if !self.sets.contains(&set) {
+            return Err(err(
+                ErrorCode::InvalidArgument,
+                format!("server {} keeps no copy of set {set}", self.me),
+            ));
+        }
+        let records = Record::decode_all(heads, &payloads)?;
+        drop(payloads);
+        let slot = self
+            .copies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(set)
+            .or_default()
+            .clone();
+        // One apply at a time per copy: records go in stream order.
+        let mut slot = slot.lock_owned().await;
+        if slot.is_none() {
+            let dir = copy_dir(&self.root, set);
+            *slot = Some(
+                crate::service::blocking(move || open_copy(dir))
+                    .await
+                    .map_err(|e| {
+                        err(ErrorCode::Io, format!("opening the copy of set {set}: {e}"))
+                    })?,
+            );
+        }
+        let copy = slot.as_mut().expect("opened above");
+        if copy.stream != stream {
+            if copy.applied != 0 || first_seq != 1 {
+                return Err(err(
+                    ErrorCode::Stale,
+                    format!(
+                        "server {}'s copy of set {set} follows another stream (at record {}); \
+                         it needs a resync",
+                        self.me, copy.applied
+                    ),
+                ));
+            }
+            copy.stream = stream;
+        }
+        if first_seq > copy.applied + 1 {
+            return Err(err(
+                ErrorCode::Stale,
+                format!(
+                    "server {}'s copy of set {set} has records up to {}, got {first_seq} next",
+                    self.me, copy.applied
+                ),
+            ));
+        }
+        let skip = (copy.applied + 1 - first_seq) as usize;
+        let (kv, chunks) = (copy.kv.clone(), copy.chunks.clone());
+        let (stream, start) = (copy.stream, first_seq + skip as u64);
+        let todo: Vec<Record> = records.into_iter().skip(skip).collect();
+        let applied = crate::service::blocking(move || {
+            Ok(apply_records(kv.as_ref(), &chunks, stream, start, todo))
+        })
+        .await
+        .map_err(|e| err(ErrorCode::Io, e.to_string()))?;
+        match applied {
+            Ok(last) => {
+                copy.applied = copy.applied.max(last);
+                ack(copy.applied)
+            }
+            Err((last, e)) => {
+                copy.applied = copy.applied.max(last);
+                Err(err(
+                    ErrorCode::Io,
+                    format!(
+                        "server {}'s copy of set {set}: applying record {}: {e}",
+                        self.me,
+                        last + 1
+                    ),
+                ))
+            }
+        }
+    }
+}
+
+fn open_copy(dir: PathBuf) -> std::io::Result<ReplicaCopy> {
+    std::fs::create_dir_all(&dir)?;
+    let kv: Arc<dyn KvStore> = Arc::new(
+        RocksStore::open(&dir.join("meta")).map_err(|e| std::io::Error::other(e.to_string()))?,
+    );
+    let chunks = Arc::new(ChunkStore::open(dir.join("chunks"))?);
+    let (stream, applied) = match kv
+        .get(keys::META_REPLICA_POSITION)
+        .map_err(|e| std::io::Error::other(e.to_string()))?
+    {
+        Some(v) if v.len() == 16 => (
+            u64::from_le_bytes(v[..8].try_into().expect("8 bytes")),
+            u64::from_le_bytes(v[8..].try_into().expect("8 bytes")),
+        ),
+        _ => (0, 0),
+    };
+    Ok(ReplicaCopy {
+        kv,
+        chunks,
+        stream,
+        applied,
+    })
+}
+
+fn position(stream: u64, seq: u64) -> [u8; 16] {
+    let mut v = [0u8; 16];
+    v[..8].copy_from_slice(&stream.to_le_bytes());
+    v[8..].copy_from_slice(&seq.to_le_bytes());
+    v
+}
+
+/// Apply `records` (numbered from `first`) in order: the last applied, or
+/// the last applied before the one that failed and why.
+fn apply_records(
+    kv: &dyn KvStore,
+    chunks: &ChunkStore,
+    stream: u64,
+    first: u64,
+    records: Vec<Record>,
+) -> Result<u64, (u64, String)> {
+    let mut last = first - 1;
+    for (i, r) in records.into_iter().enumerate() {
+        let seq = first + i as u64;
+        let done = match r {
+            Record::Kv { batch, sync } => match WriteBatch::decode(&batch) {
+                None => Err("a metadata batch that does not decode".to_string()),
+                Some(mut b) => {
+                    b.put(keys::META_REPLICA_POSITION, &position(stream, seq));
+                    kv.write(b, sync).map_err(|e| e.to_string())
+                }
+            },
+            Record::ChunkWrite {
+                ino,
+                index,
+                offset,
+                chunk_size,
+                data,
+            } => chunks
+                .write(ino, index, offset, &data, chunk_size)
+                .map_err(|e| e.to_string()),
+            Record::Truncate {
+                ino,
+                size,
+                chunk_size,
+            } => chunks
+                .truncate(ino, size, chunk_size)
+                .map_err(|e| e.to_string()),
+            Record::Purge { ino } => chunks.purge(ino).map_err(|e| e.to_string()),
+            Record::Sync => {
+                // The position too: a copy restarted after this record
+                // knows it has everything up to here.
+                let mut b = WriteBatch::new();
+                b.put(keys::META_REPLICA_POSITION, &position(stream, seq));
+                chunks
+                    .sync_dirty()
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| kv.write(b, true).map_err(|e| e.to_string()))
+            }
+        };
+        done.map_err(|e| (last, e))?;
+        last = seq;
+    }
+    Ok(last)
+}

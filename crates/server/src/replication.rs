@@ -1,0 +1,608 @@
+//! Replication of a server's store to its replicas (cluster file
+//! `replicas = R`, issue 16), the primary's side.
+//!
+//! Every change this server makes to its store is also a record in an
+//! ordered stream: a metadata write batch (`ReplicatedKv` sees every batch,
+//! below the find index and the poison guard), a chunk write, truncate or
+//! purge (`ChunkStore` hands them over through `ChunkMirror`), and a sync
+//! (the sync thread's `sync_wal` after the chunk files are synced). One
+//! shipper task per replica sends the records in order, many per
+//! `ReplicaApply`, one call in flight, and the replica applies them in order
+//! to its copy (replica.rs). A request is answered only once every replica
+//! in the set has acknowledged every record written up to the moment its
+//! handler returned (`Replicator::wait_replicated`, in dispatch.rs): what a
+//! client was told is done is on every live replica, and durable on all of
+//! them when the client asked for durability (the sync record).
+//!
+//! The order of records is the order of the local writes where it matters:
+//! a record is taken right after its local write, inside the same call, so
+//! two writes ordered by a lock (every read-modify-write of a key is) are
+//! recorded in that order. Unordered writes to the same bytes (two clients
+//! writing one range at once) may reach a replica in either order; POSIX
+//! gives no answer there either, but the replicas may then differ.
+//!
+//! A replica that fails (its call errors) leaves the set: records are no
+//! longer waited for there, and it is counted and logged. It comes back
+//! only through a resync, which copies the whole set (not yet built).
+
+use crate::errors::{err, OpResult};
+use madfs_kv::{KvStore, WriteBatch};
+use madfs_proto::codec::Encoder;
+use madfs_proto::message::{Op, Reply};
+use madfs_proto::{ErrorCode, Request, WireError};
+use madfs_rpc::{Pool, SharedData};
+use madfs_types::{ChunkIndex, Credentials, InodeId, ServerId};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// Records one ReplicaApply carries at most.
+pub(crate) const RECORDS_PER_CALL_MAX: usize = 4096;
+/// Payload bytes one ReplicaApply carries at most (a single larger record,
+/// a chunk write of up to the chunk size, still goes alone).
+pub(crate) const PAYLOAD_PER_CALL_MAX: usize = 8 << 20;
+/// Records (not yet on every replica) the stream may hold before a writer
+/// is refused: requests wait for their records, so this is reached only
+/// when replicas stall.
+const PENDING_RECORDS_MAX: usize = 1 << 20;
+
+/// One change to a server's store, as shipped to its replicas.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Record {
+    /// A metadata write batch (`WriteBatch::encode`), synced or not.
+    Kv {
+        batch: Vec<u8>,
+        sync: bool,
+    },
+    ChunkWrite {
+        ino: InodeId,
+        index: ChunkIndex,
+        offset: u64,
+        chunk_size: u64,
+        data: Vec<u8>,
+    },
+    Truncate {
+        ino: InodeId,
+        size: u64,
+        chunk_size: u64,
+    },
+    Purge {
+        ino: InodeId,
+    },
+    /// Everything before is durable on the primary: make it so here.
+    Sync,
+}
+
+mod kind {
+    pub const KV: u8 = 1;
+    pub const CHUNK_WRITE: u8 = 2;
+    pub const TRUNCATE: u8 = 3;
+    pub const PURGE: u8 = 4;
+    pub const SYNC: u8 = 5;
+}
+
+impl Record {
+    fn payload(&self) -> &[u8] {
+        match self {
+            Record::Kv { batch, .. } => batch,
+            Record::ChunkWrite { data, .. } => data,
+            _ => &[],
+        }
+    }
+
+    /// The record's head (kind, fields, payload length) onto `e`.
+    fn encode_head(&self, e: &mut Encoder) {
+        match self {
+            Record::Kv { sync, .. } => {
+                e.u8(kind::KV);
+                e.bool(*sync);
+            }
+            Record::ChunkWrite {
+                ino,
+                index,
+                offset,
+                chunk_size,
+                ..
+            } => {
+                e.u8(kind::CHUNK_WRITE);
+                e.ino(*ino);
+                e.u32(index.0);
+                e.u64(*offset);
+                e.u64(*chunk_size);
+            }
+            Record::Truncate {
+                ino,
+                size,
+                chunk_size,
+            } => {
+                e.u8(kind::TRUNCATE);
+                e.ino(*ino);
+                e.u64(*size);
+                e.u64(*chunk_size);
+            }
+            Record::Purge { ino } => {
+                e.u8(kind::PURGE);
+                e.ino(*ino);
+            }
+            Record::Sync => e.u8(kind::SYNC),
+        }
+        e.u32(self.payload().len() as u32);
+    }
+
+    /// The records `encode_all` made of `heads` and `payloads`.
+    pub(crate) fn decode_all(heads: &[u8], payloads: &[u8]) -> Result<Vec<Record>, WireError> {
+        let bad = |what: &str| {
+            err(
+                ErrorCode::InvalidArgument,
+                format!("replica records: {what}"),
+            )
+        };
+        let mut d = madfs_proto::codec::Decoder::new(heads);
+        let mut at = 0usize;
+        let mut out = Vec::new();
+        while d.remaining() > 0 {
+            if out.len() >= RECORDS_PER_CALL_MAX {
+                return Err(bad("too many"));
+            }
+            let p = |e| bad(&format!("{e}"));
+            let k = d.u8().map_err(p)?;
+            let head = match k {
+                kind::KV => Record::Kv {
+                    batch: Vec::new(),
+                    sync: d.bool().map_err(p)?,
+                },
+                kind::CHUNK_WRITE => Record::ChunkWrite {
+                    ino: d.ino().map_err(p)?,
+                    index: ChunkIndex(d.u32().map_err(p)?),
+                    offset: d.u64().map_err(p)?,
+                    chunk_size: d.u64().map_err(p)?,
+                    data: Vec::new(),
+                },
+                kind::TRUNCATE => Record::Truncate {
+                    ino: d.ino().map_err(p)?,
+                    size: d.u64().map_err(p)?,
+                    chunk_size: d.u64().map_err(p)?,
+                },
+                kind::PURGE => Record::Purge {
+                    ino: d.ino().map_err(p)?,
+                },
+                kind::SYNC => Record::Sync,
+                _ => return Err(bad("unknown kind")),
+            };
+            let len = d.u32().map_err(p)? as usize;
+            let payload = payloads
+                .get(at..at.saturating_add(len))
+                .ok_or_else(|| bad("payload past the data"))?;
+            at += len;
+            out.push(match head {
+                Record::Kv { sync, .. } => Record::Kv {
+                    batch: payload.to_vec(),
+                    sync,
+                },
+                Record::ChunkWrite {
+                    ino,
+                    index,
+                    offset,
+                    chunk_size,
+                    ..
+                } => Record::ChunkWrite {
+                    ino,
+                    index,
+                    offset,
+                    chunk_size,
+                    data: payload.to_vec(),
+                },
+                other if len == 0 => other,
+                _ => return Err(bad("payload on a record without one")),
+            });
+        }
+        if at != payloads.len() {
+            return Err(bad("data left over"));
+        }
+        Ok(out)
+    }
+}
+
+/// Heads and payloads of `records`, as one ReplicaApply carries them.
+pub(crate) fn encode_all<'a>(records: impl Iterator<Item = &'a Record>) -> (Vec<u8>, Vec<u8>) {
+    let mut heads = Encoder::new();
+    let mut payloads = Vec::new();
+    for r in records {
+        r.encode_head(&mut heads);
+        payloads.extend_from_slice(r.payload());
+    }
+    (heads.into_bytes(), payloads)
+}
+
+/// Where a chunk store reports its changes (the primary's `Replicator`).
+pub trait ChunkMirror: Send + Sync {
+    fn wrote(&self, ino: InodeId, index: ChunkIndex, offset: u64, data: &[u8], chunk_size: u64);
+    fn truncated(&self, ino: InodeId, size: u64, chunk_size: u64);
+    fn purged(&self, ino: InodeId);
+}
+
+/// One replica as the primary sees it.
+struct Replica {
+    server: ServerId,
+    /// Every record up to this one is applied there.
+    acked: u64,
+    /// Why it left the set, if it did.
+    out: Option<String>,
+}
+
+struct Stream {
+    /// The sequence number the next record gets (the first is 1).
+    next_seq: u64,
+    /// Records not yet on every replica still in the set, oldest first:
+    /// the front one has sequence number `next_seq - pending.len()`.
+    pending: VecDeque<Arc<Record>>,
+    replicas: Vec<Replica>,
+}
+
+/// The primary's record stream and what each replica has of it.
+pub struct Replicator {
+    set: ServerId,
+    /// Tells a replica that records of an earlier start are not continued.
+    stream_id: u64,
+    state: Mutex<Stream>,
+    /// New records (for shippers) and new acknowledgements (for waiters).
+    changed: Notify,
+    acked: Notify,
+}
+
+impl Replicator {
+    pub fn new(set: ServerId, replicas: &[ServerId]) -> Replicator {
+        Replicator {
+            set,
+            stream_id: random_stream_id(),
+            state: Mutex::new(Stream {
+                next_seq: 1,
+                pending: VecDeque::new(),
+                replicas: replicas
+                    .iter()
+                    .map(|&server| Replica {
+                        server,
+                        acked: 0,
+                        out: None,
+                    })
+                    .collect(),
+            }),
+            changed: Notify::new(),
+            acked: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Stream> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Add a record to the stream; its sequence number.
+    pub(crate) fn record(&self, r: Record) -> u64 {
+        let mut s = self.lock();
+        assert!(
+            s.pending.len() < PENDING_RECORDS_MAX,
+            "replication stream of set {} holds {} records no replica took",
+            self.set,
+            s.pending.len()
+        );
+        let seq = s.next_seq;
+        s.next_seq += 1;
+        if s.replicas.iter().any(|r| r.out.is_none()) {
+            s.pending.push_back(Arc::new(r));
+        }
+        drop(s);
+        self.changed.notify_waiters();
+        seq
+    }
+
+    /// The last record's sequence number (0: none yet).
+    pub(crate) fn last_seq(&self) -> u64 {
+        self.lock().next_seq - 1
+    }
+
+    /// The replicas and, for those out of the set, why.
+    pub fn replicas(&self) -> Vec<(ServerId, u64, Option<String>)> {
+        self.lock()
+            .replicas
+            .iter()
+            .map(|r| (r.server, r.acked, r.out.clone()))
+            .collect()
+    }
+
+    /// Wait until every replica in the set has applied the stream up to
+    /// `seq`.
+    pub(crate) async fn wait_replicated(&self, seq: u64) {
+        loop {
+            let acked = self.acked.notified();
+            {
+                let s = self.lock();
+                if s.replicas.iter().all(|r| r.out.is_some() || r.acked >= seq) {
+                    return;
+                }
+            }
+            acked.await;
+        }
+    }
+
+    /// Records for replica `i` after `acked`, up to the call limits.
+    fn next_batch(&self, i: usize) -> Option<(u64, Vec<Arc<Record>>)> {
+        let s = self.lock();
+        let r = &s.replicas[i];
+        if r.out.is_some() {
+            return None;
+        }
+        let first_pending = s.next_seq - s.pending.len() as u64;
+        assert!(
+            r.acked + 1 >= first_pending,
+            "replica {} of set {} needs record {} but the stream starts at {first_pending}",
+            r.server,
+            self.set,
+            r.acked + 1
+        );
+        let skip = (r.acked + 1 - first_pending) as usize;
+        let mut bytes = 0usize;
+        let batch: Vec<Arc<Record>> = s
+            .pending
+            .iter()
+            .skip(skip)
+            .take(RECORDS_PER_CALL_MAX)
+            .take_while(|rec| {
+                let first = bytes == 0;
+                bytes += rec.payload().len();
+                first || bytes <= PAYLOAD_PER_CALL_MAX
+            })
+            .cloned()
+            .collect();
+        (!batch.is_empty()).then_some((r.acked + 1, batch))
+    }
+
+    /// Replica `i` has applied up to `applied`: drop what every replica has.
+    fn acknowledge(&self, i: usize, applied: u64) {
+        let mut s = self.lock();
+        let s = &mut *s;
+        s.replicas[i].acked = s.replicas[i].acked.max(applied);
+        self.trim(s);
+        self.acked.notify_waiters();
+    }
+
+    fn trim(&self, s: &mut Stream) {
+        let lowest = s
+            .replicas
+            .iter()
+            .filter(|r| r.out.is_none())
+            .map(|r| r.acked)
+            .min()
+            .unwrap_or(s.next_seq - 1);
+        let first_pending = s.next_seq - s.pending.len() as u64;
+        let drop = lowest.saturating_sub(first_pending - 1) as usize;
+        s.pending.drain(..drop.min(s.pending.len()));
+    }
+
+    /// Replica `i` failed: out of the set until a resync.
+    fn leave(&self, i: usize, why: String) {
+        let mut s = self.lock();
+        let s = &mut *s;
+        tracing::error!(
+            "replica {} of set {} leaves the set, not acknowledging anymore: {why}",
+            s.replicas[i].server,
+            self.set
+        );
+        s.replicas[i].out = Some(why);
+        self.trim(s);
+        self.acked.notify_waiters();
+    }
+
+    /// Ship the stream to every replica, each in its own task, for as long
+    /// as the process runs.
+    pub(crate) fn start_shippers(self: &Arc<Self>, server: Arc<crate::Server>) {
+        let n = self.lock().replicas.len();
+        for i in 0..n {
+            let (me, server) = (self.clone(), server.clone());
+            tokio::spawn(async move { me.ship(i, &server.peers).await });
+        }
+    }
+
+    async fn ship(&self, i: usize, peers: &Pool) {
+        let server = self.lock().replicas[i].server;
+        let mut failures = 0u32;
+        loop {
+            let changed = self.changed.notified();
+            let Some((first_seq, batch)) = self.next_batch(i) else {
+                if self.lock().replicas[i].out.is_some() {
+                    return;
+                }
+                changed.await;
+                continue;
+            };
+            let (heads, payloads) = encode_all(batch.iter().map(|r| r.as_ref()));
+            let req = Request {
+                creds: Credentials::root(),
+                op: Op::ReplicaApply {
+                    set: self.set,
+                    stream: self.stream_id,
+                    first_seq,
+                    heads,
+                },
+            };
+            match peers
+                .call_shared(server, &req, SharedData::Owned(payloads))
+                .await
+            {
+                Ok(resp) => match resp.reply {
+                    Reply::ReplicaAck { applied } => {
+                        failures = 0;
+                        self.acknowledge(i, applied);
+                    }
+                    other => {
+                        self.leave(i, format!("answered ReplicaApply with {other:?}"));
+                        return;
+                    }
+                },
+                // A refusal is final (a stale or foreign replica); a
+                // transport error may be a moment's trouble: retry a few
+                // times, then leave.
+                Err(madfs_rpc::RpcError::Remote(w)) => {
+                    self.leave(i, format!("refused the records: {}", w.message));
+                    return;
+                }
+                Err(e) => {
+                    failures += 1;
+                    if failures >= SHIP_ATTEMPTS {
+                        self.leave(i, format!("unreachable: {e}"));
+                        return;
+                    }
+                    tokio::time::sleep(SHIP_RETRY_PAUSE * failures).await;
+                }
+            }
+        }
+    }
+}
+
+/// A stream id no earlier start of this server used (with overwhelming
+/// odds): std's per-process random hash keys, over the time.
+fn random_stream_id() -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now()) | 1
+}
+
+/// Attempts at shipping one batch before a replica leaves the set.
+const SHIP_ATTEMPTS: u32 = 3;
+const SHIP_RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+impl ChunkMirror for Replicator {
+    fn wrote(&self, ino: InodeId, index: ChunkIndex, offset: u64, data: &[u8], chunk_size: u64) {
+        self.record(Record::ChunkWrite {
+            ino,
+            index,
+            offset,
+            chunk_size,
+            data: data.to_vec(),
+        });
+    }
+
+    fn truncated(&self, ino: InodeId, size: u64, chunk_size: u64) {
+        self.record(Record::Truncate {
+            ino,
+            size,
+            chunk_size,
+        });
+    }
+
+    fn purged(&self, ino: InodeId) {
+        self.record(Record::Purge { ino });
+    }
+}
+
+/// The metadata store with every write also recorded in the stream.
+pub(crate) struct ReplicatedKv {
+    inner: Arc<dyn KvStore>,
+    stream: Arc<Replicator>,
+}
+
+impl ReplicatedKv {
+    pub(crate) fn new(inner: Arc<dyn KvStore>, stream: Arc<Replicator>) -> ReplicatedKv {
+        ReplicatedKv { inner, stream }
+    }
+}
+
+impl KvStore for ReplicatedKv {
+    fn get(&self, key: &[u8]) -> madfs_kv::Result<Option<Vec<u8>>> {
+        self.inner.get(key)
+    }
+
+    fn write(&self, batch: WriteBatch, sync: bool) -> madfs_kv::Result<()> {
+        let bytes = batch.encode();
+        self.inner.write(batch, sync)?;
+        self.stream.record(Record::Kv { batch: bytes, sync });
+        Ok(())
+    }
+
+    fn scan(
+        &self,
+        prefix: &[u8],
+        start: &[u8],
+        limit: usize,
+    ) -> madfs_kv::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.inner.scan(prefix, start, limit)
+    }
+
+    fn sync_wal(&self) -> madfs_kv::Result<()> {
+        self.inner.sync_wal()?;
+        self.stream.record(Record::Sync);
+        Ok(())
+    }
+
+    fn scan_visit(
+        &self,
+        prefix: &[u8],
+        start: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> madfs_kv::Result<()> {
+        self.inner.scan_visit(prefix, start, f)
+    }
+}
+
+/// What a ReplicaApply answers.
+pub(crate) fn ack(applied: u64) -> OpResult {
+    Ok((Reply::ReplicaAck { applied }, Vec::new()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_bad_ones_are_refused() {
+        let records = vec![
+            Record::Kv {
+                batch: vec![1, 2, 3],
+                sync: true,
+            },
+            Record::ChunkWrite {
+                ino: InodeId(9),
+                index: ChunkIndex(2),
+                offset: 4096,
+                chunk_size: 1 << 20,
+                data: vec![7; 5000],
+            },
+            Record::Truncate {
+                ino: InodeId(9),
+                size: 10,
+                chunk_size: 1 << 20,
+            },
+            Record::Purge { ino: InodeId(4) },
+            Record::Sync,
+        ];
+        let (heads, payloads) = encode_all(records.iter());
+        assert_eq!(Record::decode_all(&heads, &payloads).unwrap(), records);
+        assert!(Record::decode_all(&heads, &payloads[1..]).is_err());
+        assert!(Record::decode_all(&heads[..heads.len() - 1], &payloads).is_err());
+        let mut extra = payloads.clone();
+        extra.push(0);
+        assert!(Record::decode_all(&heads, &extra).is_err());
+        assert!(Record::decode_all(&[99, 0, 0, 0, 0], &[]).is_err());
+    }
+
+    #[test]
+    fn the_stream_keeps_records_until_every_replica_has_them() {
+        let r = Replicator::new(ServerId(0), &[ServerId(1), ServerId(2)]);
+        for _ in 0..5 {
+            r.record(Record::Sync);
+        }
+        assert_eq!(r.last_seq(), 5);
+        let (first, batch) = r.next_batch(0).unwrap();
+        assert_eq!((first, batch.len()), (1, 5));
+        r.acknowledge(0, 3);
+        assert_eq!(r.lock().pending.len(), 5, "replica 1 has none yet");
+        r.acknowledge(1, 4);
+        assert_eq!(r.lock().pending.len(), 2);
+        let (first, batch) = r.next_batch(0).unwrap();
+        assert_eq!((first, batch.len()), (4, 2));
+        r.leave(1, "test".into());
+        r.acknowledge(0, 5);
+        assert!(r.lock().pending.is_empty());
+        assert!(r.next_batch(0).is_none());
+        assert!(r.next_batch(1).is_none());
+    }
+}
