@@ -4,6 +4,9 @@
 //!    connection opens.
 //! 2. The client answers `Hello { role, client_nonce, proof }` where
 //!    proof = HMAC(key, "madfs-v1 client" | role | server_nonce | client_nonce).
+//!    The Hello also names the replica set the connection is for (`want`):
+//!    a server serves its own set, and after a failover those of servers
+//!    whose copies it held.
 //! 3. The server checks the proof and answers with its own
 //!    HMAC(key, "madfs-v1 server" | client_nonce | server_nonce), so the client
 //!    knows it reached a server of its cluster and not an impostor.
@@ -117,6 +120,8 @@ pub struct Hello {
     pub role: Role,
     pub client_nonce: Nonce,
     pub proof: Proof,
+    /// The set whose requests this connection carries.
+    pub want: ServerId,
 }
 
 impl Hello {
@@ -125,6 +130,7 @@ impl Hello {
         e.u8(self.role as u8);
         e.raw(&self.client_nonce);
         e.raw(&self.proof);
+        e.u16(self.want.0);
         e.into_bytes()
     }
     pub fn decode(body: &[u8]) -> Result<Hello, ProtoError> {
@@ -138,6 +144,7 @@ impl Hello {
             role,
             client_nonce: d.fixed32()?,
             proof: d.fixed32()?,
+            want: ServerId(d.u16()?),
         };
         d.finish()?;
         Ok(h)
@@ -194,6 +201,7 @@ mod tests {
             role: Role::Peer,
             client_nonce: [1; 32],
             proof: [2; 32],
+            want: ServerId(5),
         };
         assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
         assert!(Hello::decode(&h.encode()[..40]).is_err());

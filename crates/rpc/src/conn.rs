@@ -530,18 +530,15 @@ async fn handshake(
     if frame.header.opcode != Opcode::Challenge as u16 {
         return Err(RpcError::Auth("server did not send a challenge".into()));
     }
+    // The challenge names the server reached; after a failover it may
+    // serve `server`'s set as well, which it says by accepting `want`.
     let challenge = Challenge::decode(&frame.body)?;
-    if challenge.server_id != server {
-        return Err(RpcError::Config(format!(
-            "expected server {server} but reached server {}",
-            challenge.server_id
-        )));
-    }
     let client_nonce = random_nonce();
     let hello = Hello {
         role,
         client_nonce,
         proof: key.client_proof(role, &challenge.server_nonce, &client_nonce),
+        want: server,
     };
     write_frame(
         w,
@@ -554,6 +551,10 @@ async fn handshake(
     let frame = read_frame(r, |_| false).await?.ok_or_else(|| {
         RpcError::Auth("server closed the connection (wrong cluster key?)".into())
     })?;
+    if frame.header.status == ErrorCode::Stale as u16 {
+        let msg = decode_error_message(&frame.body).unwrap_or_default();
+        return Err(RpcError::Remote(WireError::new(ErrorCode::Stale, msg)));
+    }
     if frame.header.status != 0 {
         let msg = decode_error_message(&frame.body).unwrap_or_default();
         return Err(RpcError::Auth(msg));

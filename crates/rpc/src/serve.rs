@@ -103,6 +103,8 @@ impl Drop for OpenConnection {
 pub struct CallContext {
     pub role: Role,
     pub peer: SocketAddr,
+    /// The replica set the connection is for (its Hello's `want`).
+    pub set: ServerId,
 }
 
 /// What a server does with requests.
@@ -113,6 +115,12 @@ pub trait Handler: Send + Sync + 'static {
         req: Request,
         data: Vec<u8>,
     ) -> impl Future<Output = Result<(Reply, Vec<u8>), WireError>> + Send;
+
+    /// Whether this server takes connections for replica set `set`; by
+    /// default only its own (`home`, the id the server listens as).
+    fn serves(&self, set: ServerId, home: ServerId) -> bool {
+        set == home
+    }
 }
 
 /// Accept connections forever.
@@ -205,14 +213,15 @@ async fn connection<H: Handler>(
     budget: Arc<Budget>,
 ) -> Result<(), RpcError> {
     let (mut r, mut w) = stream.into_split();
-    let role = tokio::time::timeout(
+    let serves = |set| handler.serves(set, server_id);
+    let (role, set) = tokio::time::timeout(
         HANDSHAKE_TIMEOUT,
-        accept_handshake(&mut r, &mut w, server_id, key),
+        accept_handshake(&mut r, &mut w, server_id, key, &serves),
     )
     .await
     .map_err(|_| RpcError::Timeout("handshake".into()))??;
-    tracing::debug!("{peer} authenticated as {role:?}");
-    let ctx = CallContext { role, peer };
+    tracing::debug!("{peer} authenticated as {role:?} for set {set}");
+    let ctx = CallContext { role, peer, set };
     // Buffered: a header and its body usually arrive in one read call.
     let mut r = tokio::io::BufReader::with_capacity(READ_BUFFER_BYTES, r);
     let writer = Arc::new(Mutex::new(w));
@@ -393,7 +402,8 @@ async fn accept_handshake(
     w: &mut OwnedWriteHalf,
     server_id: ServerId,
     key: &ClusterKey,
-) -> Result<Role, RpcError> {
+    serves: &(dyn Fn(ServerId) -> bool + Sync),
+) -> Result<(Role, ServerId), RpcError> {
     let server_nonce = random_nonce();
     let challenge = Challenge {
         server_id,
@@ -437,6 +447,23 @@ async fn accept_handshake(
             "client presented a wrong cluster key".into(),
         ));
     }
+    if !serves(hello.want) {
+        let why = format!("server {server_id} does not serve set {}", hello.want);
+        let _ = write_frame(
+            w,
+            header(
+                Opcode::Hello as u16,
+                RequestId(0),
+                true,
+                ErrorCode::Stale as u16,
+                0,
+            ),
+            &encode_error_message(&why),
+            &[],
+        )
+        .await;
+        return Err(RpcError::Remote(WireError::new(ErrorCode::Stale, why)));
+    }
     let welcome = auth::encode_welcome(&key.server_proof(&server_nonce, &hello.client_nonce));
     write_frame(
         w,
@@ -446,5 +473,5 @@ async fn accept_handshake(
     )
     .await
     .map_err(|e| RpcError::Io(e.to_string()))?;
-    Ok(hello.role)
+    Ok((hello.role, hello.want))
 }

@@ -230,7 +230,11 @@ impl SimNet {
                 Caller::Server(id, _) => 20_000 + id.0,
             },
         ));
-        let ctx = CallContext { role, peer };
+        let ctx = CallContext {
+            role,
+            peer,
+            set: to,
+        };
         let task = if matches!(req.op, Op::Fsync) {
             // The server's fsync coalescer waits on a thread of its own,
             // outside the simulated clock: sync the store here instead

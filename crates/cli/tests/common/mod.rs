@@ -593,6 +593,7 @@ impl Raw {
             role,
             client_nonce,
             proof: key.client_proof(role, &ch.server_nonce, &client_nonce),
+            want: ch.server_id,
         };
         let body = hello.encode();
         self.send(&frame(Opcode::Hello, 0, &body, 0));
