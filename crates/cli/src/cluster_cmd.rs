@@ -59,6 +59,7 @@ pub fn server(cluster: Option<&Path>, a: ServerArgs) -> Result<ExitCode, String>
         metrics,
         listen_all,
         data_dir,
+        replicas: None,
     };
     madfs_server::run(cfg, ServerId(id), opts).map_err(|e| format!("server {id}: {e}"))?;
     Ok(ExitCode::SUCCESS)

@@ -80,6 +80,7 @@ pub enum Opcode {
     Open = 27,
     Mknod = 28,
     Release = 29,
+    GetRoutes = 30,
     // Between servers only (a client connection may not send these).
     Seal = 40,
     AdjustLinks = 41,
@@ -89,6 +90,7 @@ pub enum Opcode {
     InvalidateDir = 45,
     TouchDir = 46,
     ReplicaApply = 47,
+    Membership = 48,
 }
 
 impl Opcode {
@@ -117,6 +119,7 @@ impl Opcode {
             27 => Open,
             28 => Mknod,
             29 => Release,
+            30 => GetRoutes,
             40 => Seal,
             41 => AdjustLinks,
             42 => RenameInstall,
@@ -125,6 +128,7 @@ impl Opcode {
             45 => InvalidateDir,
             46 => TouchDir,
             47 => ReplicaApply,
+            48 => Membership,
             _ => return None,
         })
     }
@@ -434,6 +438,14 @@ pub enum Op {
         time: Timestamp,
         nlink_delta: i32,
     },
+    /// Which server serves each replica set now (after failovers), as
+    /// far as the server asked knows.
+    GetRoutes,
+    /// A message of the membership group (Raft and leases, crates/
+    /// membership), opaque here; answered with `Reply::Membership`.
+    Membership {
+        msg: Vec<u8>,
+    },
     /// Records `first_seq`, `first_seq + 1`, ... of the primary's stream
     /// `stream` for replica set `set`, to apply in order: `heads` describes
     /// each record (the server's replication module defines its layout),
@@ -518,6 +530,15 @@ pub enum Reply {
     ReplicaAck {
         applied: u64,
     },
+    /// Membership: the group's answer, opaque here.
+    Membership {
+        msg: Vec<u8>,
+    },
+    /// GetRoutes: `serving[s]` serves replica set s, as of map `epoch`.
+    Routes {
+        epoch: u64,
+        serving: Vec<ServerId>,
+    },
     Installed {
         replaced: Option<(InodeId, FileKind)>,
         /// The replaced inode lost its last link and is held (`Hold`).
@@ -579,6 +600,8 @@ impl Op {
             Op::InvalidateDir { .. } => Opcode::InvalidateDir,
             Op::TouchDir { .. } => Opcode::TouchDir,
             Op::ReplicaApply { .. } => Opcode::ReplicaApply,
+            Op::GetRoutes => Opcode::GetRoutes,
+            Op::Membership { .. } => Opcode::Membership,
         }
     }
 
@@ -701,7 +724,7 @@ impl Request {
                 e.u64(*size);
                 e.ts(*mtime);
             }
-            Op::Fsync | Op::StatFs => {}
+            Op::Fsync | Op::StatFs | Op::GetRoutes => {}
             Op::ReadDir {
                 dir,
                 after,
@@ -759,6 +782,10 @@ impl Request {
                 e.u64(*seq);
                 e.ts(*time);
                 e.i32(*nlink_delta);
+            }
+            Op::Membership { msg } => {
+                e.u32(msg.len() as u32);
+                e.raw(msg);
             }
             Op::ReplicaApply {
                 set,
@@ -908,6 +935,7 @@ impl Request {
             },
             Opcode::Fsync => Op::Fsync,
             Opcode::StatFs => Op::StatFs,
+            Opcode::GetRoutes => Op::GetRoutes,
             Opcode::ReadDir => {
                 let dir = d.ino()?;
                 let after = match d.u8()? {
@@ -961,17 +989,14 @@ impl Request {
                 time: d.ts()?,
                 nlink_delta: d.i32()?,
             },
+            Opcode::Membership => Op::Membership {
+                msg: decode_bytes32(&mut d, "membership message")?,
+            },
             Opcode::ReplicaApply => Op::ReplicaApply {
                 set: ServerId(d.u16()?),
                 stream: d.u64()?,
                 first_seq: d.u64()?,
-                heads: {
-                    let n = d.u32()? as usize;
-                    if n > BODY_MAX_BYTES as usize {
-                        return Err(ProtoError::BadValue("replica record heads"));
-                    }
-                    d.raw(n)?.to_vec()
-                },
+                heads: decode_bytes32(&mut d, "replica record heads")?,
             },
             Opcode::RenameInstall => Op::RenameInstall {
                 tx: TxId(d.u64()?),
@@ -1021,6 +1046,17 @@ mod tag {
     pub const LINKED: u8 = 14;
     pub const RENAMED: u8 = 15;
     pub const REPLICA_ACK: u8 = 16;
+    pub const ROUTES: u8 = 17;
+    pub const MEMBERSHIP: u8 = 18;
+}
+
+/// u32-prefixed bytes within a body.
+fn decode_bytes32(d: &mut Decoder<'_>, what: &'static str) -> Result<Vec<u8>, ProtoError> {
+    let n = d.u32()? as usize;
+    if n > BODY_MAX_BYTES as usize {
+        return Err(ProtoError::BadValue(what));
+    }
+    Ok(d.raw(n)?.to_vec())
 }
 
 fn encode_touched(e: &mut Encoder, touched: &[TouchToken]) {
@@ -1154,6 +1190,19 @@ impl Reply {
                 e.u8(tag::REPLICA_ACK);
                 e.u64(*applied);
             }
+            Reply::Membership { msg } => {
+                e.u8(tag::MEMBERSHIP);
+                e.u32(msg.len() as u32);
+                e.raw(msg);
+            }
+            Reply::Routes { epoch, serving } => {
+                e.u8(tag::ROUTES);
+                e.u64(*epoch);
+                e.u16(serving.len() as u16);
+                for s in serving {
+                    e.u16(s.0);
+                }
+            }
             Reply::Installed { replaced, held } => {
                 e.u8(tag::INSTALLED);
                 match replaced {
@@ -1247,6 +1296,19 @@ impl Reply {
             tag::SEALED => Reply::Sealed { empty: d.bool()? },
             tag::LINKS => Reply::Links { nlink: d.u32()? },
             tag::REPLICA_ACK => Reply::ReplicaAck { applied: d.u64()? },
+            tag::MEMBERSHIP => Reply::Membership {
+                msg: decode_bytes32(&mut d, "membership message")?,
+            },
+            tag::ROUTES => {
+                let epoch = d.u64()?;
+                let n = d.u16()? as usize;
+                let n = d.list_len(n, limits::SERVERS_MAX, 2, "route count")?;
+                let mut serving = Vec::with_capacity(n);
+                for _ in 0..n {
+                    serving.push(ServerId(d.u16()?));
+                }
+                Reply::Routes { epoch, serving }
+            }
             tag::INSTALLED => Reply::Installed {
                 replaced: if d.bool()? {
                     Some((d.ino()?, d.kind()?))
@@ -1447,6 +1509,8 @@ mod tests {
             Op::ReadLink { ino },
             Op::TruncateChunks { ino, size: 5 },
             Op::StatFs,
+            Op::GetRoutes,
+            Op::Membership { msg: vec![9; 40] },
             Op::Seal {
                 dir: ino,
                 action: SealAction::Removed,
@@ -1614,6 +1678,11 @@ mod tests {
             Reply::Sealed { empty: false },
             Reply::Links { nlink: 3 },
             Reply::ReplicaAck { applied: 99 },
+            Reply::Membership { msg: vec![1, 2, 3] },
+            Reply::Routes {
+                epoch: 7,
+                serving: vec![ServerId(0), ServerId(0), ServerId(2)],
+            },
             Reply::Installed {
                 replaced: Some((InodeId(8), FileKind::File)),
                 held: true,

@@ -553,7 +553,7 @@ async fn handshake(
     })?;
     if frame.header.status == ErrorCode::Stale as u16 {
         let msg = decode_error_message(&frame.body).unwrap_or_default();
-        return Err(RpcError::Remote(WireError::new(ErrorCode::Stale, msg)));
+        return Err(RpcError::Moved(msg));
     }
     if frame.header.status != 0 {
         let msg = decode_error_message(&frame.body).unwrap_or_default();

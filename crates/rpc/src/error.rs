@@ -17,6 +17,9 @@ pub enum RpcError {
     Timeout(String),
     /// The cluster file or key is unusable.
     Config(String),
+    /// The server reached does not serve the replica set asked for (it
+    /// moved to another server in a failover, or not yet back).
+    Moved(String),
 }
 
 impl RpcError {
@@ -29,6 +32,7 @@ impl RpcError {
             RpcError::Auth(_) => ErrorCode::AuthFailed,
             RpcError::Timeout(_) => ErrorCode::TimedOut,
             RpcError::Config(_) => ErrorCode::InvalidArgument,
+            RpcError::Moved(_) => ErrorCode::Unavailable,
         }
     }
 
@@ -46,6 +50,7 @@ impl fmt::Display for RpcError {
             RpcError::Auth(m) => write!(f, "authentication failed: {m}"),
             RpcError::Timeout(m) => write!(f, "timed out: {m}"),
             RpcError::Config(m) => write!(f, "bad cluster configuration: {m}"),
+            RpcError::Moved(m) => write!(f, "not served there: {m}"),
         }
     }
 }

@@ -1,6 +1,15 @@
 //! Connections to every server of a cluster, opened on first use (so a
 //! client's memory and sockets grow with the servers it talks to, not with
 //! the cluster size) and reopened after a failure.
+//!
+//! With replicas (cluster file `replicas` >= 2), a replica set may move to
+//! another server when its primary is lost. Calls are made per set: the
+//! pool connects to the server that serves the set now (`route`), naming
+//! the set in the handshake. When that server stops answering, the pool
+//! asks the other servers for the routes (`GetRoutes`, only then: no
+//! periodic traffic) until the set has moved, and sends the call there, for
+//! at most `FAILOVER_WAIT`. A call that was sent and not answered may
+//! then run twice (as NFS over a lost reply).
 
 use crate::cluster::ClusterConfig;
 use crate::conn::{Connection, Response, SharedData};
@@ -11,6 +20,7 @@ use madfs_types::ServerId;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Mutex;
@@ -44,8 +54,20 @@ impl Default for Timeouts {
     }
 }
 
+/// How long a call waits for its set to move to another server after the
+/// one serving it stopped answering (with replicas).
+pub const FAILOVER_WAIT: Duration = Duration::from_secs(30);
+/// Pause between two rounds of asking for the routes while waiting.
+const ROUTES_POLL: Duration = Duration::from_millis(200);
+
 pub struct Pool {
     addrs: Vec<SocketAddr>,
+    /// Which server serves each set now (index: set).
+    route: Vec<AtomicU16>,
+    /// The map epoch `route` comes from.
+    epoch: AtomicU64,
+    /// Whether sets can move (the cluster keeps replicas).
+    failover: bool,
     key: ClusterKey,
     role: Role,
     timeouts: Timeouts,
@@ -59,6 +81,9 @@ impl Pool {
         let addrs: Vec<SocketAddr> = cfg.servers.iter().map(|s| s.address).collect();
         let slots = addrs.iter().map(|_| Mutex::new(None)).collect();
         Pool {
+            route: (0..addrs.len() as u16).map(AtomicU16::new).collect(),
+            epoch: AtomicU64::new(0),
+            failover: cfg.replicas > 1,
             addrs,
             key,
             role,
@@ -73,6 +98,9 @@ impl Pool {
     pub fn in_process(net: Arc<dyn LocalNet>, servers: usize, role: Role) -> Pool {
         let unused = SocketAddr::from(([127, 0, 0, 1], 0));
         Pool {
+            route: (0..servers as u16).map(AtomicU16::new).collect(),
+            epoch: AtomicU64::new(0),
+            failover: false,
             addrs: vec![unused; servers],
             key: ClusterKey::from_hex(&"00".repeat(32)).expect("a valid key"),
             role,
@@ -103,7 +131,33 @@ impl Pool {
         (0..self.addrs.len() as u16).map(ServerId)
     }
 
-    /// A live connection to `server`, connecting if needed.
+    /// The server that serves `set` now.
+    pub fn route(&self, set: ServerId) -> ServerId {
+        self.route
+            .get(set.0 as usize)
+            .map_or(set, |r| ServerId(r.load(Ordering::Relaxed)))
+    }
+
+    /// Take the routes of map `epoch` (older ones are ignored); the sets
+    /// that moved lose their connection.
+    pub async fn set_routes(&self, epoch: u64, serving: &[ServerId]) {
+        if serving.len() != self.route.len() || epoch < self.epoch.load(Ordering::Relaxed) {
+            return;
+        }
+        self.epoch.store(epoch, Ordering::Relaxed);
+        for (set, &to) in serving.iter().enumerate() {
+            if to.0 as usize >= self.addrs.len() {
+                continue;
+            }
+            let was = self.route[set].swap(to.0, Ordering::Relaxed);
+            if was != to.0 {
+                *self.slots[set].lock().await = None;
+            }
+        }
+    }
+
+    /// A live connection for `set` (to the server that serves it now),
+    /// connecting if needed.
     pub async fn connection(&self, server: ServerId) -> Result<Connection, RpcError> {
         let slot = self
             .slots
@@ -117,7 +171,7 @@ impl Pool {
         }
         let c = Connection::connect(
             server,
-            self.addrs[server.0 as usize],
+            self.addrs[self.route(server).0 as usize],
             &self.key,
             self.role,
             self.timeouts.connect,
@@ -129,6 +183,21 @@ impl Pool {
     }
 
     pub async fn call(
+        &self,
+        server: ServerId,
+        req: &Request,
+        data: &[u8],
+    ) -> Result<Response, RpcError> {
+        match self.call_once(server, req, data).await {
+            Err(e) if self.failover && unreachable(&e) => {
+                self.after_failover(server, e, || self.call_once(server, req, data))
+                    .await
+            }
+            other => other,
+        }
+    }
+
+    async fn call_once(
         &self,
         server: ServerId,
         req: &Request,
@@ -154,6 +223,44 @@ impl Pool {
         req: &Request,
         data: SharedData,
     ) -> Result<Response, RpcError> {
+        if !self.failover {
+            return self.call_shared_once(server, req, data).await;
+        }
+        // Kept for a retry elsewhere: shared, so keeping it copies nothing.
+        let data = match data {
+            SharedData::Owned(v) => {
+                let n = v.len();
+                SharedData::Shared(Arc::new(v), 0..n)
+            }
+            shared => shared,
+        };
+        let again = match &data {
+            SharedData::Shared(v, r) => SharedData::Shared(v.clone(), r.clone()),
+            SharedData::Owned(_) => unreachable!("made shared above"),
+        };
+        match self.call_shared_once(server, req, data).await {
+            Err(e) if unreachable(&e) => {
+                let again = std::sync::Mutex::new(Some(again));
+                self.after_failover(server, e, || {
+                    let d = again
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .take()
+                        .unwrap_or(SharedData::Owned(Vec::new()));
+                    self.call_shared_once(server, req, d)
+                })
+                .await
+            }
+            other => other,
+        }
+    }
+
+    async fn call_shared_once(
+        &self,
+        server: ServerId,
+        req: &Request,
+        data: SharedData,
+    ) -> Result<Response, RpcError> {
         if let Some(net) = &self.local {
             if server.0 as usize >= self.addrs.len() {
                 return Err(RpcError::Config(format!(
@@ -167,3 +274,73 @@ impl Pool {
         self.connection(server).await?.call_shared(req, data).await
     }
 }
+
+/// Errors after which a set may have moved: its server did not answer, or
+/// said it does not serve it.
+fn unreachable(e: &RpcError) -> bool {
+    matches!(
+        e,
+        RpcError::Io(_) | RpcError::Timeout(_) | RpcError::Moved(_)
+    )
+}
+
+impl Pool {
+    /// After `set`'s server failed a call with `err`: wait (at most
+    /// `FAILOVER_WAIT`) until the routes move the set, then make the call
+    /// there with `again` (once; a call retried after a move that fails
+    /// again gives its error).
+    async fn after_failover<F, Fut>(
+        &self,
+        set: ServerId,
+        err: RpcError,
+        again: F,
+    ) -> Result<Response, RpcError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<Response, RpcError>>,
+    {
+        let was = self.route(set);
+        let deadline = tokio::time::Instant::now() + FAILOVER_WAIT;
+        loop {
+            self.refresh_routes(set).await;
+            if self.route(set) != was {
+                tracing::info!(
+                    "set {set} moved from server {was} to server {}",
+                    self.route(set)
+                );
+                return again().await;
+            }
+            if tokio::time::Instant::now() + ROUTES_POLL >= deadline {
+                return Err(err);
+            }
+            tokio::time::sleep(ROUTES_POLL).await;
+        }
+    }
+
+    /// Ask the servers (but the one `set` is routed to) for the routes,
+    /// until one answers; take them.
+    async fn refresh_routes(&self, set: ServerId) {
+        let skip = self.route(set);
+        let ask = Request {
+            creds: madfs_types::Credentials::root(),
+            op: madfs_proto::message::Op::GetRoutes,
+        };
+        for other in (0..self.addrs.len() as u16).map(ServerId) {
+            if other == set || self.route(other) == skip {
+                continue;
+            }
+            let answer = tokio::time::timeout(ROUTES_ASK_TIMEOUT, self.call_once(other, &ask, &[]));
+            if let Ok(Ok(Response {
+                reply: madfs_proto::Reply::Routes { epoch, serving },
+                ..
+            })) = answer.await
+            {
+                self.set_routes(epoch, &serving).await;
+                return;
+            }
+        }
+    }
+}
+
+/// How long one server may take to say the routes.
+const ROUTES_ASK_TIMEOUT: Duration = Duration::from_secs(2);

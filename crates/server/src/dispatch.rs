@@ -246,6 +246,16 @@ impl Server {
                     .apply(set, stream, first_seq, &heads, data)
                     .await
             }
+            Op::Membership { .. } => Err(err(
+                ErrorCode::InvalidArgument,
+                "this server takes no part in a membership group",
+            )),
+            // Answered by the process's router (failover.rs); a server
+            // reached without one (the simulation) serves its own set only.
+            Op::GetRoutes => ok(Reply::Routes {
+                epoch: 0,
+                serving: (0..self.servers as u16).map(madfs_types::ServerId).collect(),
+            }),
             op @ (Op::Seal { .. } | Op::PurgeChunks { .. } | Op::InvalidateDir { .. }) => {
                 debug_assert_eq!(ctx.role, Role::Peer);
                 self.local_peer_op(op).await

@@ -8,6 +8,7 @@ pub mod counter;
 mod dentry_index;
 mod dispatch;
 mod errors;
+pub mod failover;
 mod find;
 mod find_copy;
 pub mod inode;
@@ -107,6 +108,10 @@ pub struct RunOptions {
     /// Serve from this directory instead of the cluster file's data_dir
     /// (a replica's copy of this server's set, after its disk is lost).
     pub data_dir: Option<std::path::PathBuf>,
+    /// The servers this one ships its records to; None: the rest of its
+    /// replica set in the cluster file (a set served after a failover
+    /// passes the members the cluster map has left).
+    pub replicas: Option<Vec<ServerId>>,
 }
 
 impl Default for RunOptions {
@@ -119,6 +124,7 @@ impl Default for RunOptions {
             metrics: None,
             listen_all: false,
             data_dir: None,
+            replicas: None,
         }
     }
 }
@@ -183,14 +189,31 @@ pub fn run(cfg: ClusterConfig, id: ServerId, opts: RunOptions) -> Result<(), Ser
             }
         };
         server.clone().start_background();
-        let handler = Arc::new(metrics::Metered::new(server.clone(), metrics));
-        let serving = tokio::spawn(madfs_rpc::serve::serve(listener, id, key, handler));
+        let router = Arc::new(failover::Router::new(
+            server.clone(),
+            cfg.clone(),
+            key.clone(),
+            opts.clone(),
+            metrics,
+        ));
+        let serving = tokio::spawn(madfs_rpc::serve::serve(
+            listener,
+            id,
+            key,
+            router.clone(),
+        ));
         wait_for_shutdown().await;
         serving.abort();
         if let Some(h) = metrics_http {
             h.abort();
         }
-        server.shutdown().await;
+        let mut servers = router.servers();
+        if !servers.iter().any(|s| Arc::ptr_eq(s, &server)) {
+            servers.push(server.clone());
+        }
+        for s in servers {
+            s.shutdown().await;
+        }
         tracing::info!("server {id} stopped");
         Ok(())
     });

@@ -41,6 +41,9 @@ pub(crate) struct ReplicaCopies {
     /// The sets this server is a replica of.
     sets: Vec<ServerId>,
     copies: Mutex<HashMap<ServerId, Arc<tokio::sync::Mutex<Option<ReplicaCopy>>>>>,
+    /// Sets this server now serves from its copy (a failover): no more
+    /// records are taken for them.
+    promoted: Mutex<std::collections::HashSet<ServerId>>,
 }
 
 /// Where server `me` (data directory `root`) keeps its copy of `set`.
@@ -55,7 +58,27 @@ impl ReplicaCopies {
             root,
             sets,
             copies: Mutex::new(HashMap::new()),
+            promoted: Mutex::new(Default::default()),
         }
+    }
+
+    /// Close the copy of `set` for good, to serve it: its directory.
+    pub(crate) async fn close_for_promotion(&self, set: ServerId) -> PathBuf {
+        let slot = self
+            .copies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(set)
+            .or_default()
+            .clone();
+        let mut slot = slot.lock_owned().await;
+        self.promoted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(set);
+        // Dropped here: RocksDB's lock on the directory goes with it.
+        *slot = None;
+        copy_dir(&self.root, set)
     }
 
     /// Apply records `first_seq..` of `stream` to the copy of `set`.
@@ -84,6 +107,20 @@ impl ReplicaCopies {
             .clone();
         // One apply at a time per copy: records go in stream order.
         let mut slot = slot.lock_owned().await;
+        if self
+            .promoted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&set)
+        {
+            return Err(err(
+                ErrorCode::Stale,
+                format!(
+                    "server {} serves set {set} from its copy now; it takes no records for it",
+                    self.me
+                ),
+            ));
+        }
         if slot.is_none() {
             let dir = copy_dir(&self.root, set);
             *slot = Some(

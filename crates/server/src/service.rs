@@ -118,12 +118,12 @@ impl Server {
         // With replicas, every change is also a record shipped to them:
         // metadata below the index (which only mirrors), chunks through
         // the store's mirror (set below).
-        let replication = (cfg.replicas > 1).then(|| {
-            Arc::new(crate::replication::Replicator::new(
-                id,
-                &cfg.replica_set(id)[1..],
-            ))
-        });
+        let replicas = match &opts.replicas {
+            Some(list) => list.clone(),
+            None => cfg.replica_set(id)[1..].to_vec(),
+        };
+        let replication = (!replicas.is_empty())
+            .then(|| Arc::new(crate::replication::Replicator::new(id, &replicas)));
         let kv: Arc<dyn KvStore> = match &replication {
             Some(r) => Arc::new(crate::replication::ReplicatedKv::new(kv, r.clone())),
             None => kv,

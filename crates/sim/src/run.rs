@@ -200,6 +200,7 @@ impl Cluster {
             metrics: None,
             listen_all: false,
             data_dir: None,
+            replicas: None,
         };
         let data_dir = self.cfg.servers[id.0 as usize].data_dir.clone();
         let server =

@@ -1,0 +1,197 @@
+//! One server process serving more than its own replica set: the request
+//! router every connection goes through, and taking over a set whose
+//! primary was lost (issue 16).
+//!
+//! A process always starts serving its home set (its own data directory).
+//! When the cluster map makes it the primary of another set (a failover:
+//! the set's primary stopped answering and this server held an in-sync
+//! copy), it closes its copy of that set and opens it as a `Server` of that
+//! id (the copy has a server's own layout; opening it runs the same
+//! recovery a restart runs, so records that were applied and never
+//! acknowledged are as after a crash). Connections name the set they are
+//! for (Hello.want), and the router hands each request to that set's
+//! server. When the map gives this process's home set to another server,
+//! it stops serving it: connections for it are refused as moved.
+
+use crate::metrics::{Metered, Metrics};
+use crate::{RunOptions, Server, ServerError};
+use madfs_proto::message::{Op, Reply};
+use madfs_proto::{ErrorCode, Request, WireError};
+use madfs_rpc::serve::{CallContext, Handler};
+use madfs_rpc::ClusterConfig;
+use madfs_proto::auth::ClusterKey;
+use madfs_types::ServerId;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+/// Which server serves each set, as of which map epoch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Routes {
+    pub epoch: u64,
+    pub serving: Vec<ServerId>,
+}
+
+/// Every request this process takes, by the set its connection is for.
+pub struct Router {
+    home: ServerId,
+    cfg: ClusterConfig,
+    key: ClusterKey,
+    opts: RunOptions,
+    metrics: Arc<Metrics>,
+    home_server: Arc<Server>,
+    sets: RwLock<HashMap<ServerId, Arc<Metered>>>,
+    routes: RwLock<Routes>,
+    /// One promotion at a time.
+    promoting: tokio::sync::Mutex<()>,
+}
+
+impl Router {
+    pub fn new(
+        home_server: Arc<Server>,
+        cfg: ClusterConfig,
+        key: ClusterKey,
+        opts: RunOptions,
+        metrics: Arc<Metrics>,
+    ) -> Router {
+        let home = home_server.id;
+        let serving = (0..cfg.server_count() as u16).map(ServerId).collect();
+        let mut sets = HashMap::new();
+        sets.insert(
+            home,
+            Arc::new(Metered::new(home_server.clone(), metrics.clone())),
+        );
+        Router {
+            home,
+            cfg,
+            key,
+            opts,
+            metrics,
+            home_server,
+            sets: RwLock::new(sets),
+            routes: RwLock::new(Routes { epoch: 0, serving }),
+            promoting: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The server of this process's own set.
+    pub fn home_server(&self) -> &Arc<Server> {
+        &self.home_server
+    }
+
+    /// The sets this process serves now.
+    pub fn served(&self) -> Vec<ServerId> {
+        let mut v: Vec<ServerId> = self
+            .sets
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .copied()
+            .collect();
+        v.sort();
+        v
+    }
+
+    pub fn routes(&self) -> Routes {
+        self.routes.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Take the routes of a newer map.
+    pub fn set_routes(&self, routes: Routes) {
+        let mut r = self.routes.write().unwrap_or_else(|e| e.into_inner());
+        if routes.epoch >= r.epoch {
+            *r = routes;
+        }
+    }
+
+    /// Serve `set` from this server's copy of it, shipping its records to
+    /// `replicas` (the set's members the map has left, but this server).
+    pub async fn promote(&self, set: ServerId, replicas: Vec<ServerId>) -> Result<(), ServerError> {
+        let _one = self.promoting.lock().await;
+        if self.sets.read().unwrap_or_else(|e| e.into_inner()).contains_key(&set) {
+            return Ok(());
+        }
+        let dir = self.home_server.copies.close_for_promotion(set).await;
+        let mut opts = self.opts.clone();
+        opts.data_dir = Some(dir.clone());
+        opts.replicas = Some(replicas);
+        let (cfg, key) = (self.cfg.clone(), self.key.clone());
+        let server = tokio::task::spawn_blocking(move || Server::open(&cfg, set, key, &opts))
+            .await
+            .map_err(|e| ServerError::Storage(format!("opening set {set}: {e}")))??;
+        let server = Arc::new(server);
+        server.clone().start_background();
+        tracing::warn!(
+            "server {} now serves set {set} from its copy {}",
+            self.home,
+            dir.display()
+        );
+        self.sets
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(set, Arc::new(Metered::new(server, self.metrics.clone())));
+        Ok(())
+    }
+
+    /// Stop serving `set` (the map gave it to another server).
+    pub fn depose(&self, set: ServerId) {
+        if self
+            .sets
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&set)
+            .is_some()
+        {
+            tracing::warn!("server {} no longer serves set {set}", self.home);
+        }
+    }
+
+    /// Every set's server, for a clean stop.
+    pub fn servers(&self) -> Vec<Arc<Server>> {
+        self.sets
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .map(|m| m.server.clone())
+            .collect()
+    }
+}
+
+impl Handler for Router {
+    async fn handle(
+        self: &Arc<Self>,
+        ctx: CallContext,
+        req: Request,
+        data: Vec<u8>,
+    ) -> Result<(Reply, Vec<u8>), WireError> {
+        if let Op::GetRoutes = req.op {
+            let r = self.routes();
+            return Ok((
+                Reply::Routes {
+                    epoch: r.epoch,
+                    serving: r.serving,
+                },
+                Vec::new(),
+            ));
+        }
+        let target = self
+            .sets
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&ctx.set)
+            .cloned();
+        match target {
+            Some(m) => m.handle(ctx, req, data).await,
+            None => Err(WireError::new(
+                ErrorCode::Unavailable,
+                format!("server {} no longer serves set {}", self.home, ctx.set),
+            )),
+        }
+    }
+
+    fn serves(&self, set: ServerId, _home: ServerId) -> bool {
+        self.sets
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&set)
+    }
+}
