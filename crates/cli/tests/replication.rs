@@ -191,7 +191,6 @@ fn every_change_reaches_the_replica_and_its_copy_serves_a_lost_server() {
             );
         }
     }
-
     // Server 1's disk is lost: it comes back from server 2's copy.
     let lost = 1usize;
     let holder = cfg.replica_set(madfs_types::ServerId(lost as u16))[1].0 as usize;

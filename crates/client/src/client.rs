@@ -939,6 +939,25 @@ impl Client {
         }
     }
 
+    /// `statfs_one` of the server that serves `set` now, with no wait for
+    /// a failover: a status report shows a down server at once.
+    async fn statfs_direct(&self, set: ServerId) -> Result<FsStats> {
+        self.counts.record(Op::StatFs.opcode());
+        let req = Request {
+            creds: (*self.creds).clone(),
+            op: Op::StatFs,
+        };
+        match self
+            .pool
+            .call_shared_once(set, &req, SharedData::Owned(Vec::new()))
+            .await?
+            .reply
+        {
+            Reply::FsStats(s) => Ok(s),
+            other => Err(ClientError::unexpected("statfs", &other)),
+        }
+    }
+
     /// Space and inode counts summed over every server.
     pub async fn statfs(&self) -> Result<FsStats> {
         let all = try_join_bounded(
@@ -961,7 +980,7 @@ impl Client {
     pub async fn server_stats(&self) -> Vec<(ServerId, Result<FsStats>)> {
         let limit = self.timeouts.connect;
         let calls = self.pool.servers().map(|s| async move {
-            let r = match tokio::time::timeout(limit, self.statfs_one(s)).await {
+            let r = match tokio::time::timeout(limit, self.statfs_direct(s)).await {
                 Ok(r) => r,
                 Err(_) => Err(ClientError::new(
                     ErrorCode::TimedOut,

@@ -255,7 +255,10 @@ impl Pool {
         }
     }
 
-    async fn call_shared_once(
+    /// `call_shared` to `server` as it is routed now, with no wait for a
+    /// failover: for calls meant for one server process, such as records
+    /// for its copy of a set.
+    pub async fn call_shared_once(
         &self,
         server: ServerId,
         req: &Request,

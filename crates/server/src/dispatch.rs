@@ -254,7 +254,9 @@ impl Server {
             // reached without one (the simulation) serves its own set only.
             Op::GetRoutes => ok(Reply::Routes {
                 epoch: 0,
-                serving: (0..self.servers as u16).map(madfs_types::ServerId).collect(),
+                serving: (0..self.servers as u16)
+                    .map(madfs_types::ServerId)
+                    .collect(),
             }),
             op @ (Op::Seal { .. } | Op::PurgeChunks { .. } | Op::InvalidateDir { .. }) => {
                 debug_assert_eq!(ctx.role, Role::Peer);

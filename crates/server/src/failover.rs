@@ -15,11 +15,11 @@
 
 use crate::metrics::{Metered, Metrics};
 use crate::{RunOptions, Server, ServerError};
+use madfs_proto::auth::ClusterKey;
 use madfs_proto::message::{Op, Reply};
 use madfs_proto::{ErrorCode, Request, WireError};
 use madfs_rpc::serve::{CallContext, Handler};
 use madfs_rpc::ClusterConfig;
-use madfs_proto::auth::ClusterKey;
 use madfs_types::ServerId;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -92,7 +92,10 @@ impl Router {
     }
 
     pub fn routes(&self) -> Routes {
-        self.routes.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.routes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Take the routes of a newer map.
@@ -107,7 +110,12 @@ impl Router {
     /// `replicas` (the set's members the map has left, but this server).
     pub async fn promote(&self, set: ServerId, replicas: Vec<ServerId>) -> Result<(), ServerError> {
         let _one = self.promoting.lock().await;
-        if self.sets.read().unwrap_or_else(|e| e.into_inner()).contains_key(&set) {
+        if self
+            .sets
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&set)
+        {
             return Ok(());
         }
         let dir = self.home_server.copies.close_for_promotion(set).await;

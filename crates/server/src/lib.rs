@@ -196,12 +196,7 @@ pub fn run(cfg: ClusterConfig, id: ServerId, opts: RunOptions) -> Result<(), Ser
             opts.clone(),
             metrics,
         ));
-        let serving = tokio::spawn(madfs_rpc::serve::serve(
-            listener,
-            id,
-            key,
-            router.clone(),
-        ));
+        let serving = tokio::spawn(madfs_rpc::serve::serve(listener, id, key, router.clone()));
         wait_for_shutdown().await;
         serving.abort();
         if let Some(h) = metrics_http {

@@ -426,7 +426,7 @@ impl Replicator {
                 },
             };
             match peers
-                .call_shared(server, &req, SharedData::Owned(payloads))
+                .call_shared_once(server, &req, SharedData::Owned(payloads))
                 .await
             {
                 Ok(resp) => match resp.reply {
