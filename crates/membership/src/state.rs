@@ -1,0 +1,571 @@
+//! The replicated state: the cluster map (which servers serve which replica
+//! set, who is primary, at which epoch) and the changes the Raft group
+//! applies to it. Pure and deterministic: every voter applies the same
+//! commands in the same order and must reach the same map and the same
+//! rejections, so nothing here reads a clock, a random number or the disk.
+
+use std::collections::VecDeque;
+use std::fmt;
+
+use madfs_types::ServerId;
+use serde::{Deserialize, Serialize};
+
+/// The membership of the whole cluster at one epoch.
+///
+/// Replica set `s` is named after its home server `s` (`ServerId(s)`), so
+/// `sets.len()` is the number of servers and every server id in the map is
+/// below it. Epoch 0 with no sets means "not bootstrapped yet".
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ClusterMap {
+    /// +1 on every applied change; 1 for the bootstrap map.
+    pub epoch: u64,
+    /// Index = set id = home server id.
+    pub sets: Vec<SetState>,
+}
+
+/// One replica set.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetState {
+    /// The server process serving this set now; always `members[0]`.
+    #[serde(with = "server_id")]
+    pub primary: ServerId,
+    /// In-sync replicas, primary first, in chain order. Never empty.
+    #[serde(with = "server_ids")]
+    pub members: Vec<ServerId>,
+    /// Replicas catching up: they get live updates but are not counted.
+    #[serde(with = "server_ids")]
+    pub syncing: Vec<ServerId>,
+}
+
+/// A change to one replica set. Proposed with the epoch the proposer saw
+/// (`expected_epoch`); applied only if the map is still at that epoch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Change {
+    /// Make `new_primary` (an in-sync member) the primary; the old primary
+    /// leaves `members`.
+    Failover {
+        set: u16,
+        #[serde(with = "server_id")]
+        new_primary: ServerId,
+    },
+    /// Take `server` out of `members` (it missed an update or is down), or
+    /// out of `syncing` (it died while catching up). Never the primary: that
+    /// is a `Failover`, so a set never loses its last member.
+    RemoveMember {
+        set: u16,
+        #[serde(with = "server_id")]
+        server: ServerId,
+    },
+    /// `server` starts catching up on `set`.
+    AddSyncing {
+        set: u16,
+        #[serde(with = "server_id")]
+        server: ServerId,
+    },
+    /// `server` has caught up: from `syncing` to the end of `members`.
+    MarkInSync {
+        set: u16,
+        #[serde(with = "server_id")]
+        server: ServerId,
+    },
+}
+
+/// Why the state machine refused a command. Deterministic: every voter
+/// computes the same rejection for the same command at the same log index.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Rejection {
+    /// The map moved on since the proposer read it (compare-and-set lost).
+    StaleEpoch {
+        expected: u64,
+        current: u64,
+    },
+    /// No map was bootstrapped yet.
+    NotBootstrapped,
+    /// A bootstrap came after another one was applied.
+    AlreadyBootstrapped {
+        epoch: u64,
+    },
+    /// The bootstrap map breaks an invariant.
+    InvalidMap(String),
+    UnknownSet {
+        set: u16,
+    },
+    UnknownServer {
+        server: u16,
+    },
+    NotAMember {
+        set: u16,
+        server: u16,
+    },
+    AlreadyPrimary {
+        set: u16,
+        server: u16,
+    },
+    IsPrimary {
+        set: u16,
+        server: u16,
+    },
+    AlreadyInSet {
+        set: u16,
+        server: u16,
+    },
+    NotSyncing {
+        set: u16,
+        server: u16,
+    },
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rejection::StaleEpoch { expected, current } => write!(
+                f,
+                "stale epoch: proposed against epoch {expected}, the map is at {current}"
+            ),
+            Rejection::NotBootstrapped => write!(f, "the cluster map is not bootstrapped yet"),
+            Rejection::AlreadyBootstrapped { epoch } => {
+                write!(f, "the cluster map is already bootstrapped (epoch {epoch})")
+            }
+            Rejection::InvalidMap(why) => write!(f, "invalid bootstrap map: {why}"),
+            Rejection::UnknownSet { set } => write!(f, "no replica set {set}"),
+            Rejection::UnknownServer { server } => write!(f, "no server {server}"),
+            Rejection::NotAMember { set, server } => {
+                write!(f, "server {server} is not a member of set {set}")
+            }
+            Rejection::AlreadyPrimary { set, server } => {
+                write!(f, "server {server} is already set {set}'s primary")
+            }
+            Rejection::IsPrimary { set, server } => write!(
+                f,
+                "server {server} is set {set}'s primary: fail over instead of removing it"
+            ),
+            Rejection::AlreadyInSet { set, server } => {
+                write!(f, "server {server} is already in set {set}")
+            }
+            Rejection::NotSyncing { set, server } => {
+                write!(f, "server {server} is not catching up on set {set}")
+            }
+        }
+    }
+}
+
+impl ClusterMap {
+    /// The usual bootstrap map: `servers` sets, set `s` served by server `s`
+    /// with the next `replicas - 1` servers (mod `servers`) as its chain.
+    pub fn initial(servers: u16, replicas: u16) -> ClusterMap {
+        assert!(servers > 0, "a cluster has at least one server");
+        assert!(
+            (1..=servers).contains(&replicas),
+            "replicas must be in 1..={servers}"
+        );
+        let sets = (0..servers)
+            .map(|s| SetState {
+                primary: ServerId(s),
+                members: (0..replicas)
+                    .map(|i| ServerId(((s as u32 + i as u32) % servers as u32) as u16))
+                    .collect(),
+                syncing: Vec::new(),
+            })
+            .collect();
+        ClusterMap { epoch: 1, sets }
+    }
+
+    /// Whether a bootstrap map has been applied.
+    pub fn is_bootstrapped(&self) -> bool {
+        self.epoch > 0
+    }
+
+    /// The invariants every applied map keeps; `Err` names the first broken.
+    pub fn check(&self) -> Result<(), String> {
+        if self.epoch == 0 {
+            return Err("epoch 0 is reserved for 'not bootstrapped'".into());
+        }
+        if self.sets.is_empty() || self.sets.len() > madfs_types::limits::SERVERS_MAX {
+            return Err(format!(
+                "{} sets (1..={} allowed)",
+                self.sets.len(),
+                madfs_types::limits::SERVERS_MAX
+            ));
+        }
+        let servers = self.sets.len();
+        for (id, set) in self.sets.iter().enumerate() {
+            if set.members.first() != Some(&set.primary) {
+                return Err(format!("set {id}: the primary is not the first member"));
+            }
+            let mut seen = std::collections::HashSet::new();
+            for server in set.members.iter().chain(&set.syncing) {
+                if server.0 as usize >= servers {
+                    return Err(format!("set {id}: server {server} is out of range"));
+                }
+                if !seen.insert(*server) {
+                    return Err(format!("set {id}: server {server} appears twice"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The map after `change`, at `epoch + 1`, if `change` is valid here.
+    /// The caller has already checked the epoch.
+    pub fn with_change(&self, change: &Change) -> Result<ClusterMap, Rejection> {
+        let (set_id, server) = match change {
+            Change::Failover { set, new_primary } => (*set, *new_primary),
+            Change::RemoveMember { set, server }
+            | Change::AddSyncing { set, server }
+            | Change::MarkInSync { set, server } => (*set, *server),
+        };
+        if !self.is_bootstrapped() {
+            return Err(Rejection::NotBootstrapped);
+        }
+        if server.0 as usize >= self.sets.len() {
+            return Err(Rejection::UnknownServer { server: server.0 });
+        }
+        let mut next = self.clone();
+        let set = next
+            .sets
+            .get_mut(set_id as usize)
+            .ok_or(Rejection::UnknownSet { set: set_id })?;
+        let (s, v) = (set_id, server.0);
+        match change {
+            Change::Failover { .. } => {
+                if set.primary == server {
+                    return Err(Rejection::AlreadyPrimary { set: s, server: v });
+                }
+                if !set.members.contains(&server) {
+                    return Err(Rejection::NotAMember { set: s, server: v });
+                }
+                // The old primary leaves; the others keep their chain order
+                // behind the new primary.
+                let old = set.primary;
+                set.members.retain(|m| *m != old && *m != server);
+                set.members.insert(0, server);
+                set.primary = server;
+            }
+            Change::RemoveMember { .. } => {
+                if set.primary == server {
+                    return Err(Rejection::IsPrimary { set: s, server: v });
+                }
+                let before = set.members.len() + set.syncing.len();
+                set.members.retain(|m| *m != server);
+                set.syncing.retain(|m| *m != server);
+                if set.members.len() + set.syncing.len() == before {
+                    return Err(Rejection::NotAMember { set: s, server: v });
+                }
+            }
+            Change::AddSyncing { .. } => {
+                if set.members.contains(&server) || set.syncing.contains(&server) {
+                    return Err(Rejection::AlreadyInSet { set: s, server: v });
+                }
+                set.syncing.push(server);
+            }
+            Change::MarkInSync { .. } => {
+                let Some(at) = set.syncing.iter().position(|m| *m == server) else {
+                    return Err(Rejection::NotSyncing { set: s, server: v });
+                };
+                set.syncing.remove(at);
+                set.members.push(server);
+            }
+        }
+        next.epoch += 1;
+        Ok(next)
+    }
+}
+
+/// Who proposed a change, unique per proposal: a retried proposal (its
+/// reply was lost, or its leader stepped down after appending it) is
+/// recognized instead of being refused as stale after it already applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub(crate) struct ProposalId {
+    pub server: u16,
+    pub nonce: u64,
+}
+
+/// A command in the Raft log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Command {
+    /// Install the first map. Every voter proposes its configured initial
+    /// map until one is applied: the first committed wins, so voters started
+    /// with different initial maps still agree.
+    Bootstrap(ClusterMap),
+    /// Apply `change` if the map is at `expected_epoch`.
+    Change {
+        change: Change,
+        expected_epoch: u64,
+        id: ProposalId,
+    },
+}
+
+/// What applying one log entry answered.
+pub(crate) type Applied = Result<ClusterMap, Rejection>;
+
+/// How many applied proposals the machine remembers for retries: far more
+/// than can be in flight (proposers retry for seconds, not thousands of
+/// changes).
+const RECENT_PROPOSALS_MAX: usize = 1024;
+
+/// The state machine's whole state, as snapshots store it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Machine {
+    pub map: ClusterMap,
+    /// The latest applied proposals, oldest first, with the epoch each made.
+    recent: VecDeque<(ProposalId, u64)>,
+}
+
+impl Machine {
+    /// Apply `command` (compare-and-set on the epoch) and answer the new map
+    /// or the deterministic reason it was refused. A proposal applied before
+    /// answers the current map, which includes it.
+    pub(crate) fn apply(&mut self, command: &Command) -> Applied {
+        let map = &mut self.map;
+        match command {
+            Command::Bootstrap(initial) => {
+                if map.is_bootstrapped() {
+                    return Err(Rejection::AlreadyBootstrapped { epoch: map.epoch });
+                }
+                initial.check().map_err(Rejection::InvalidMap)?;
+                *map = initial.clone();
+            }
+            Command::Change {
+                change,
+                expected_epoch,
+                id,
+            } => {
+                if !map.is_bootstrapped() {
+                    return Err(Rejection::NotBootstrapped);
+                }
+                if self.recent.iter().any(|(seen, _)| seen == id) {
+                    return Ok(map.clone());
+                }
+                if *expected_epoch != map.epoch {
+                    return Err(Rejection::StaleEpoch {
+                        expected: *expected_epoch,
+                        current: map.epoch,
+                    });
+                }
+                *map = map.with_change(change)?;
+                if self.recent.len() == RECENT_PROPOSALS_MAX {
+                    self.recent.pop_front();
+                }
+                self.recent.push_back((*id, map.epoch));
+            }
+        }
+        // Checked on every voter after every applied command, in release
+        // too: a map that breaks an invariant must stop the node, not spread.
+        assert!(
+            map.check().is_ok(),
+            "applied map breaks an invariant: {:?}",
+            map.check()
+        );
+        Ok(map.clone())
+    }
+}
+
+/// serde for a `ServerId` (madfs-types has no serde): its number.
+mod server_id {
+    use madfs_types::ServerId;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(id: &ServerId, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u16(id.0)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<ServerId, D::Error> {
+        u16::deserialize(d).map(ServerId)
+    }
+}
+
+/// serde for a list of `ServerId`s: a list of numbers.
+mod server_ids {
+    use madfs_types::ServerId;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(ids: &[ServerId], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(ids.iter().map(|id| id.0))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<ServerId>, D::Error> {
+        Vec::<u16>::deserialize(d).map(|v| v.into_iter().map(ServerId).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(nonce: u64) -> ProposalId {
+        ProposalId { server: 0, nonce }
+    }
+
+    fn change(map: &mut ClusterMap, change: Change) -> Applied {
+        let mut machine = Machine {
+            map: map.clone(),
+            recent: VecDeque::new(),
+        };
+        let expected_epoch = map.epoch;
+        let applied = machine.apply(&Command::Change {
+            change,
+            expected_epoch,
+            id: id(expected_epoch),
+        });
+        *map = machine.map;
+        applied
+    }
+
+    #[test]
+    fn initial_map_chains_the_next_servers() {
+        let map = ClusterMap::initial(4, 3);
+        assert_eq!(map.epoch, 1);
+        assert_eq!(
+            map.sets[3].members,
+            vec![ServerId(3), ServerId(0), ServerId(1)]
+        );
+        assert!(map.check().is_ok());
+    }
+
+    #[test]
+    fn bootstrap_once_then_changes_need_the_current_epoch() {
+        let mut machine = Machine::default();
+        let stale = Command::Change {
+            change: Change::RemoveMember {
+                set: 0,
+                server: ServerId(1),
+            },
+            expected_epoch: 0,
+            id: id(1),
+        };
+        assert_eq!(machine.apply(&stale), Err(Rejection::NotBootstrapped));
+        let initial = ClusterMap::initial(3, 2);
+        assert_eq!(
+            machine.apply(&Command::Bootstrap(initial.clone())),
+            Ok(initial.clone())
+        );
+        assert_eq!(
+            machine.apply(&Command::Bootstrap(initial)),
+            Err(Rejection::AlreadyBootstrapped { epoch: 1 })
+        );
+        let at_one = |nonce| Command::Change {
+            change: Change::RemoveMember {
+                set: 0,
+                server: ServerId(1),
+            },
+            expected_epoch: 1,
+            id: id(nonce),
+        };
+        let applied = machine.apply(&at_one(2)).unwrap();
+        assert_eq!(applied.epoch, 2);
+        // Another proposal at the same epoch lost the race: it is stale.
+        assert_eq!(
+            machine.apply(&at_one(3)),
+            Err(Rejection::StaleEpoch {
+                expected: 1,
+                current: 2
+            })
+        );
+        // The same proposal again (a retry after a lost reply) is answered
+        // with the map that holds it, not refused.
+        assert_eq!(machine.apply(&at_one(2)), Ok(applied));
+    }
+
+    #[test]
+    fn failover_keeps_chain_order_and_drops_the_old_primary() {
+        let mut map = ClusterMap::initial(4, 3);
+        let m = change(
+            &mut map,
+            Change::Failover {
+                set: 0,
+                new_primary: ServerId(2),
+            },
+        )
+        .unwrap();
+        assert_eq!(m.sets[0].primary, ServerId(2));
+        assert_eq!(m.sets[0].members, vec![ServerId(2), ServerId(1)]);
+        assert_eq!(
+            change(
+                &mut map,
+                Change::Failover {
+                    set: 0,
+                    new_primary: ServerId(0)
+                }
+            ),
+            Err(Rejection::NotAMember { set: 0, server: 0 })
+        );
+    }
+
+    #[test]
+    fn membership_changes_keep_the_invariants() {
+        let mut map = ClusterMap::initial(3, 2);
+        assert_eq!(
+            change(
+                &mut map,
+                Change::RemoveMember {
+                    set: 1,
+                    server: ServerId(1)
+                }
+            ),
+            Err(Rejection::IsPrimary { set: 1, server: 1 })
+        );
+        change(
+            &mut map,
+            Change::AddSyncing {
+                set: 1,
+                server: ServerId(0),
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            change(
+                &mut map,
+                Change::AddSyncing {
+                    set: 1,
+                    server: ServerId(0)
+                }
+            ),
+            Err(Rejection::AlreadyInSet { set: 1, server: 0 })
+        );
+        let m = change(
+            &mut map,
+            Change::MarkInSync {
+                set: 1,
+                server: ServerId(0),
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            m.sets[1].members,
+            vec![ServerId(1), ServerId(2), ServerId(0)]
+        );
+        assert_eq!(m.epoch, 3);
+        assert_eq!(
+            change(
+                &mut map,
+                Change::AddSyncing {
+                    set: 7,
+                    server: ServerId(0)
+                }
+            ),
+            Err(Rejection::UnknownSet { set: 7 })
+        );
+        assert_eq!(
+            change(
+                &mut map,
+                Change::AddSyncing {
+                    set: 0,
+                    server: ServerId(9)
+                }
+            ),
+            Err(Rejection::UnknownServer { server: 9 })
+        );
+    }
+
+    #[test]
+    fn invalid_bootstrap_maps_are_refused() {
+        let mut bad = ClusterMap::initial(3, 2);
+        bad.sets[0].members.push(ServerId(0));
+        let mut machine = Machine::default();
+        assert!(matches!(
+            machine.apply(&Command::Bootstrap(bad)),
+            Err(Rejection::InvalidMap(_))
+        ));
+        assert!(!machine.map.is_bootstrapped());
+    }
+}
