@@ -1,16 +1,15 @@
 //! Replicas (cluster file `replicas = 2`, issue 16): every change a server
 //! makes reaches the copy its replica keeps, before the client is answered.
 //!
-//! A workload of every kind of change (directories, inline and striped
-//! files, overwrites, truncates, renames across servers, hard links,
-//! unlinks that purge chunks, fsync) runs through the client library on 4
-//! servers. Then:
-//! - with the servers stopped, each server's metadata store and chunk files
-//!   equal, key for key and byte for byte, its replica's copy
-//!   (DATA/server-B/replica-of-S);
-//! - a server whose disk is lost (data directory gone, process killed) is
-//!   served again from its replica's copy (`madfs server --data-dir`), and
-//!   every file reads back as written.
+//! - A workload of every kind of change (directories, inline and striped
+//!   files, overwrites, truncates, renames across servers, hard links,
+//!   unlinks that purge chunks, fsync) runs through the client library on
+//!   4 servers; with the servers stopped, each server's metadata store and
+//!   chunk files equal, key for key and byte for byte, its replica's copy
+//!   (DATA/server-B/replica-of-S).
+//! - Servers killed (kill -9) one after the other, a voter of the
+//!   membership group among them, are failed over to their replicas, and
+//!   every acknowledged file reads back as written.
 
 mod common;
 
@@ -121,7 +120,7 @@ async fn workload(c: &madfs_client::Client) -> Expected {
 }
 
 #[test]
-fn every_change_reaches_the_replica_and_its_copy_serves_a_lost_server() {
+fn every_change_reaches_the_replicas_copy_key_for_key_and_byte_for_byte() {
     let mut tc = TestCluster::start_with(
         SERVERS,
         Options {
@@ -135,7 +134,7 @@ fn every_change_reaches_the_replica_and_its_copy_serves_a_lost_server() {
         .build()
         .unwrap();
     let c = tc.client();
-    let files = rt.block_on(workload(&c));
+    rt.block_on(workload(&c));
     drop(c);
 
     // Stopped cleanly, one after the other (each waits for its replica to
@@ -191,40 +190,87 @@ fn every_change_reaches_the_replica_and_its_copy_serves_a_lost_server() {
             );
         }
     }
-    // Server 1's disk is lost: it comes back from server 2's copy.
-    let lost = 1usize;
-    let holder = cfg.replica_set(madfs_types::ServerId(lost as u16))[1].0 as usize;
-    std::fs::remove_dir_all(&cfg.servers[lost].data_dir).unwrap();
-    for i in (0..SERVERS).filter(|&i| i != lost) {
-        tc.restart(i);
-    }
-    let copy = cfg.servers[holder]
-        .data_dir
-        .join(format!("replica-of-{lost}"));
-    tc.set_server_args(&["--data-dir", copy.to_str().unwrap()]);
-    tc.restart(lost);
+}
+
+/// With replicas, servers dying (kill -9) one after the other, a voter of
+/// the membership group among them, cost a pause, not data: the group
+/// fails each set over to its replica, the client follows, and every file
+/// acknowledged before, during and after reads back as written.
+#[test]
+fn killed_servers_fail_over_to_their_replicas_and_lose_nothing_acknowledged() {
+    let mut tc = TestCluster::start_with(
+        SERVERS,
+        Options {
+            replicas: 2,
+            ..Options::default()
+        },
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let c = tc.client();
-    rt.block_on(async {
-        for (p, data) in &files {
-            let got = c
-                .read_file(p.as_str())
+    let chunk = common::CHUNK as usize;
+    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    let write = |files: &mut Vec<(String, Vec<u8>)>, round: u64, n: u64| {
+        rt.block_on(async {
+            c.mkdir_all(format!("/r{round}").as_str(), 0o755)
                 .await
-                .unwrap_or_else(|e| panic!("{p}: {e}"));
-            assert!(
-                got == *data,
-                "{p}: {} bytes, wanted {}",
-                got.len(),
-                data.len()
-            );
-        }
-        assert_eq!(c.read_link("/b/sym").await.unwrap(), b"/b/g2");
-        // And it takes changes again.
-        c.write_file("/after", b"written after the loss")
-            .await
-            .unwrap();
-        assert_eq!(
-            c.read_file("/after").await.unwrap(),
-            b"written after the loss"
-        );
+                .unwrap();
+            for i in 0..n {
+                let len = [50, 9_000, 2 * chunk + 77][(i % 3) as usize];
+                let p = format!("/r{round}/f{i}");
+                let data = pattern(round * 1000 + i, len);
+                c.write_file(p.as_str(), &data)
+                    .await
+                    .unwrap_or_else(|e| panic!("writing {p}: {e}"));
+                files.push((p, data));
+            }
+        })
+    };
+    let check = |files: &[(String, Vec<u8>)]| {
+        rt.block_on(async {
+            for (p, data) in files {
+                let got = c
+                    .read_file(p.as_str())
+                    .await
+                    .unwrap_or_else(|e| panic!("reading {p}: {e}"));
+                assert!(
+                    got == *data,
+                    "{p}: {} bytes, wanted {}",
+                    got.len(),
+                    data.len()
+                );
+            }
+        })
+    };
+    write(&mut files, 0, 24);
+
+    // Server 3 (not a voter) dies; its set moves to its replica, server 0.
+    tc.kill9(3);
+    let t = std::time::Instant::now();
+    check(&files);
+    eprintln!(
+        "after kill -9 of server 3, every file read back in {:?}",
+        t.elapsed()
+    );
+    write(&mut files, 1, 24);
+    check(&files);
+
+    // Server 1 (a voter; 2 of 3 remain) dies; its set moves to server 2.
+    tc.kill9(1);
+    let t = std::time::Instant::now();
+    check(&files);
+    eprintln!(
+        "after kill -9 of server 1, every file read back in {:?}",
+        t.elapsed()
+    );
+    write(&mut files, 2, 24);
+    check(&files);
+    rt.block_on(async {
+        let routes = c.routes().await.unwrap();
+        assert_eq!(routes[3], madfs_types::ServerId(0), "{routes:?}");
+        assert_eq!(routes[1], madfs_types::ServerId(2), "{routes:?}");
     });
 }

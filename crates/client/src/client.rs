@@ -939,6 +939,36 @@ impl Client {
         }
     }
 
+    /// Which server serves each replica set now (index: set), as the first
+    /// server that answers says; with replicas, sets move in failovers.
+    pub async fn routes(&self) -> Result<Vec<ServerId>> {
+        let req = Request {
+            creds: (*self.creds).clone(),
+            op: Op::GetRoutes,
+        };
+        let mut last = None;
+        for set in self.pool.servers() {
+            match self
+                .pool
+                .call_shared_once(set, &req, SharedData::Owned(Vec::new()))
+                .await
+            {
+                Ok(r) => match r.reply {
+                    Reply::Routes { epoch, serving } => {
+                        self.pool.set_routes(epoch, &serving).await;
+                        return Ok(serving);
+                    }
+                    other => return Err(ClientError::unexpected("routes", &other)),
+                },
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.map_or_else(
+            || ClientError::new(ErrorCode::Unavailable, "no server answered"),
+            ClientError::from,
+        ))
+    }
+
     /// `statfs_one` of the server that serves `set` now, with no wait for
     /// a failover: a status report shows a down server at once.
     async fn statfs_direct(&self, set: ServerId) -> Result<FsStats> {

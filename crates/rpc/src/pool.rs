@@ -240,13 +240,11 @@ impl Pool {
         };
         match self.call_shared_once(server, req, data).await {
             Err(e) if unreachable(&e) => {
-                let again = std::sync::Mutex::new(Some(again));
                 self.after_failover(server, e, || {
-                    let d = again
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .take()
-                        .unwrap_or(SharedData::Owned(Vec::new()));
+                    let d = match &again {
+                        SharedData::Shared(v, r) => SharedData::Shared(v.clone(), r.clone()),
+                        SharedData::Owned(_) => unreachable!("made shared above"),
+                    };
                     self.call_shared_once(server, req, d)
                 })
                 .await
@@ -281,42 +279,55 @@ impl Pool {
 /// Errors after which a set may have moved: its server did not answer, or
 /// said it does not serve it.
 fn unreachable(e: &RpcError) -> bool {
-    matches!(
-        e,
-        RpcError::Io(_) | RpcError::Timeout(_) | RpcError::Moved(_)
-    )
+    match e {
+        RpcError::Io(_) | RpcError::Timeout(_) | RpcError::Moved(_) => true,
+        // A server that lost its lease (or its set) refuses before running
+        // anything.
+        RpcError::Remote(w) => w.code == madfs_proto::ErrorCode::Unavailable,
+        _ => false,
+    }
 }
 
 impl Pool {
-    /// After `set`'s server failed a call with `err`: wait (at most
-    /// `FAILOVER_WAIT`) until the routes move the set, then make the call
-    /// there with `again` (once; a call retried after a move that fails
-    /// again gives its error).
+    /// After `set`'s server failed a call with `err`: for at most
+    /// `FAILOVER_WAIT`, learn the routes again and make the call again
+    /// with `again`, where the set is served now (the same server, if it
+    /// refused for want of a lease or came back; another after a
+    /// failover), until it gets through or fails otherwise.
     async fn after_failover<F, Fut>(
         &self,
         set: ServerId,
-        err: RpcError,
+        mut err: RpcError,
         again: F,
     ) -> Result<Response, RpcError>
     where
-        F: FnOnce() -> Fut,
+        F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<Response, RpcError>>,
     {
-        let was = self.route(set);
         let deadline = tokio::time::Instant::now() + FAILOVER_WAIT;
         loop {
-            self.refresh_routes(set).await;
-            if self.route(set) != was {
-                tracing::info!(
-                    "set {set} moved from server {was} to server {}",
-                    self.route(set)
-                );
-                return again().await;
-            }
             if tokio::time::Instant::now() + ROUTES_POLL >= deadline {
                 return Err(err);
             }
             tokio::time::sleep(ROUTES_POLL).await;
+            let was = self.route(set);
+            self.refresh_routes(set).await;
+            let moved = self.route(set) != was;
+            if moved {
+                tracing::info!(
+                    "set {set} moved from server {was} to server {}",
+                    self.route(set)
+                );
+            }
+            // A call that timed out is not sent to the same server again:
+            // it may be running there still.
+            if !moved && matches!(err, RpcError::Timeout(_)) {
+                continue;
+            }
+            match again().await {
+                Err(e) if unreachable(&e) => err = e,
+                other => return other,
+            }
         }
     }
 

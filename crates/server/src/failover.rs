@@ -43,6 +43,8 @@ pub struct Router {
     routes: RwLock<Routes>,
     /// One promotion at a time.
     promoting: tokio::sync::Mutex<()>,
+    /// The membership group, with replicas (members.rs).
+    group: std::sync::OnceLock<Arc<crate::members::Members>>,
 }
 
 impl Router {
@@ -70,7 +72,17 @@ impl Router {
             sets: RwLock::new(sets),
             routes: RwLock::new(Routes { epoch: 0, serving }),
             promoting: tokio::sync::Mutex::new(()),
+            group: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Take part in `group`: leases gate every request, and replicas leave
+    /// a set only through it.
+    pub fn join(&self, group: Arc<crate::members::Members>) {
+        if let Some(r) = &self.home_server.replication {
+            r.set_group(group.clone());
+        }
+        let _ = self.group.set(group);
     }
 
     /// The server of this process's own set.
@@ -127,6 +139,9 @@ impl Router {
             .await
             .map_err(|e| ServerError::Storage(format!("opening set {set}: {e}")))??;
         let server = Arc::new(server);
+        if let (Some(r), Some(g)) = (&server.replication, self.group.get()) {
+            r.set_group(g.clone());
+        }
         server.clone().start_background();
         tracing::warn!(
             "server {} now serves set {set} from its copy {}",
@@ -171,6 +186,20 @@ impl Handler for Router {
         req: Request,
         data: Vec<u8>,
     ) -> Result<(Reply, Vec<u8>), WireError> {
+        if let Op::Membership { msg } = &req.op {
+            let Some(g) = self.group.get() else {
+                return Err(WireError::new(
+                    ErrorCode::InvalidArgument,
+                    "this cluster keeps no replicas and has no membership group",
+                ));
+            };
+            return Ok((
+                Reply::Membership {
+                    msg: g.handle(msg).await?,
+                },
+                Vec::new(),
+            ));
+        }
         if let Op::GetRoutes = req.op {
             let r = self.routes();
             return Ok((
@@ -180,6 +209,20 @@ impl Handler for Router {
                 },
                 Vec::new(),
             ));
+        }
+        // Without a lease a partitioned primary may have been replaced:
+        // it answers nothing (records for its copies excepted: those come
+        // from a primary that holds one).
+        if let Some(g) = self.group.get() {
+            if !g.has_lease() && !matches!(req.op, Op::ReplicaApply { .. }) {
+                return Err(WireError::new(
+                    ErrorCode::Unavailable,
+                    format!(
+                        "server {} holds no lease from the membership leader (starting, or cut off)",
+                        self.home
+                    ),
+                ));
+            }
         }
         let target = self
             .sets
@@ -196,10 +239,14 @@ impl Handler for Router {
         }
     }
 
-    fn serves(&self, set: ServerId, _home: ServerId) -> bool {
-        self.sets
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(&set)
+    fn serves(&self, set: ServerId, home: ServerId) -> bool {
+        // Its own id always (membership messages reach the process so),
+        // though its set may have moved: requests for it are refused then.
+        set == home
+            || self
+                .sets
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains_key(&set)
     }
 }

@@ -15,6 +15,7 @@ pub mod inode;
 mod inode_index;
 pub mod keys;
 pub mod locks;
+mod members;
 mod memory;
 pub mod metrics;
 mod ops;
@@ -196,7 +197,26 @@ pub fn run(cfg: ClusterConfig, id: ServerId, opts: RunOptions) -> Result<(), Ser
             opts.clone(),
             metrics,
         ));
-        let serving = tokio::spawn(madfs_rpc::serve::serve(listener, id, key, router.clone()));
+        let serving = tokio::spawn(madfs_rpc::serve::serve(
+            listener,
+            id,
+            key.clone(),
+            router.clone(),
+        ));
+        // With replicas, the membership group decides who serves what; the
+        // listener is up first, since the voters must reach each other.
+        let group = if cfg.replicas > 1 {
+            let data_dir = opts
+                .data_dir
+                .clone()
+                .unwrap_or_else(|| entry.data_dir.clone());
+            let g = members::Members::start(&cfg, id, key.clone(), &data_dir).await?;
+            router.join(g.clone());
+            g.follow(router.clone());
+            Some(g)
+        } else {
+            None
+        };
         wait_for_shutdown().await;
         serving.abort();
         if let Some(h) = metrics_http {
@@ -208,6 +228,9 @@ pub fn run(cfg: ClusterConfig, id: ServerId, opts: RunOptions) -> Result<(), Ser
         }
         for s in servers {
             s.shutdown().await;
+        }
+        if let Some(g) = group {
+            g.shutdown().await;
         }
         tracing::info!("server {id} stopped");
         Ok(())

@@ -249,6 +249,9 @@ pub struct Replicator {
     /// New records (for shippers) and new acknowledgements (for waiters).
     changed: Notify,
     acked: Notify,
+    /// Asked before a failed replica leaves the set (members.rs): the
+    /// membership group must take it out first. None: leave at once.
+    group: std::sync::OnceLock<Arc<crate::members::Members>>,
 }
 
 impl Replicator {
@@ -270,6 +273,31 @@ impl Replicator {
             }),
             changed: Notify::new(),
             acked: Notify::new(),
+            group: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Let replicas leave only once `group` has taken them out of the set.
+    pub(crate) fn set_group(&self, group: Arc<crate::members::Members>) {
+        let _ = self.group.set(group);
+    }
+
+    /// Whether replica `i` may leave the set now (after `why`).
+    async fn may_leave(&self, i: usize, why: &str) -> bool {
+        let server = self.lock().replicas[i].server;
+        match self.group.get() {
+            None => true,
+            Some(g) => {
+                let ok = g.may_leave(self.set, server).await;
+                if !ok {
+                    tracing::warn!(
+                        "replica {server} of set {} failed ({why}) but is still in the set: \
+                         requests wait",
+                        self.set
+                    );
+                }
+                ok
+            }
         }
     }
 
@@ -435,24 +463,35 @@ impl Replicator {
                         self.acknowledge(i, applied);
                     }
                     other => {
-                        self.leave(i, format!("answered ReplicaApply with {other:?}"));
-                        return;
+                        let why = format!("answered ReplicaApply with {other:?}");
+                        if self.may_leave(i, &why).await {
+                            self.leave(i, why);
+                            return;
+                        }
+                        tokio::time::sleep(SHIP_RETRY_PAUSE * SHIP_ATTEMPTS).await;
                     }
                 },
                 // A refusal is final (a stale or foreign replica); a
                 // transport error may be a moment's trouble: retry a few
-                // times, then leave.
+                // times, then leave, once the membership group agrees.
                 Err(madfs_rpc::RpcError::Remote(w)) => {
-                    self.leave(i, format!("refused the records: {}", w.message));
-                    return;
+                    let why = format!("refused the records: {}", w.message);
+                    if self.may_leave(i, &why).await {
+                        self.leave(i, why);
+                        return;
+                    }
+                    tokio::time::sleep(SHIP_RETRY_PAUSE * SHIP_ATTEMPTS).await;
                 }
                 Err(e) => {
                     failures += 1;
                     if failures >= SHIP_ATTEMPTS {
-                        self.leave(i, format!("unreachable: {e}"));
-                        return;
+                        let why = format!("unreachable: {e}");
+                        if self.may_leave(i, &why).await {
+                            self.leave(i, why);
+                            return;
+                        }
                     }
-                    tokio::time::sleep(SHIP_RETRY_PAUSE * failures).await;
+                    tokio::time::sleep(SHIP_RETRY_PAUSE * failures.min(SHIP_ATTEMPTS)).await;
                 }
             }
         }

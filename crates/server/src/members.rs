@@ -1,0 +1,442 @@
+//! A server's part in the membership group (crates/membership) of a
+//! cluster that keeps replicas: who serves which replica set is decided by
+//! a Raft group among a few servers (the voters), never by one server or a
+//! client alone.
+//!
+//! - Messages: every membership message travels as `Op::Membership` between
+//!   servers, its first byte saying what it is: a Raft or map request for a
+//!   voter's node, a lease ping from the leader's detector (carrying the
+//!   map's epoch, so servers that are not voters learn that the map moved
+//!   and fetch it), or a change proposed by a server that is not a voter
+//!   (a voter proposes it for it).
+//! - Leases: a server answers requests only while it holds a lease from the
+//!   leader (`has_lease`); the detector fails a server over only after its
+//!   lease has surely run out, so a partitioned old primary has stopped
+//!   answering before another server serves its set.
+//! - Following the map (`follow`): the routes go to the router and to
+//!   every pool of server-to-server calls; a set whose primary is now this
+//!   server is promoted from its copy; this server's own set, given to
+//!   another, is deposed.
+//! - Leaving a replica out (`may_leave`): a primary stops waiting for a
+//!   replica only once the group has removed it from the set, so a
+//!   primary cut off from the group cannot go on alone.
+
+use crate::failover::{Router, Routes};
+use crate::ServerError;
+use futures::future::BoxFuture;
+use madfs_membership::{
+    fetch_map, Change, ClusterMap, Detector, LeaseHolder, Membership, MembershipConfig,
+    MembershipError, Ping, PingFn, Rejection, Timing, Transport,
+};
+use madfs_proto::auth::{ClusterKey, Role};
+use madfs_proto::message::{Op, Reply};
+use madfs_proto::{ErrorCode, Request, WireError};
+use madfs_rpc::pool::Timeouts;
+use madfs_rpc::{ClusterConfig, Pool, SharedData};
+use madfs_types::{Credentials, ServerId};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Voters of a cluster: up to this many.
+const VOTERS_MAX: usize = 3;
+/// How long a server that is not a voter waits for the map or a proposal.
+const REMOTE_WAIT: Duration = Duration::from_secs(5);
+
+mod tag {
+    /// For the voter's node (crates/membership's own protocol).
+    pub const NODE: u8 = 1;
+    /// A lease ping: the map's epoch (u64 LE), then the `Ping`.
+    pub const PING: u8 = 2;
+    /// A change from a server that is not a voter: JSON (change, epoch).
+    pub const PROPOSE: u8 = 3;
+}
+
+/// The voters: the first server of each host, in id order, up to 3; where
+/// hosts run out (or a local cluster has none), the next servers by id.
+pub fn voters(cfg: &ClusterConfig) -> Vec<ServerId> {
+    let mut chosen: Vec<ServerId> = Vec::new();
+    let mut hosts: Vec<&Option<String>> = Vec::new();
+    for s in &cfg.servers {
+        if chosen.len() == VOTERS_MAX {
+            break;
+        }
+        if s.host.is_some() && !hosts.contains(&&s.host) {
+            hosts.push(&s.host);
+            chosen.push(ServerId(s.id));
+        }
+    }
+    for s in &cfg.servers {
+        if chosen.len() == VOTERS_MAX {
+            break;
+        }
+        if !chosen.contains(&ServerId(s.id)) {
+            chosen.push(ServerId(s.id));
+        }
+    }
+    chosen.sort();
+    chosen
+}
+
+/// The map a new cluster starts with: set s served by server s, its
+/// members the cluster file's replica set (spread over hosts).
+pub fn initial_map(cfg: &ClusterConfig) -> ClusterMap {
+    let n = cfg.server_count() as u16;
+    let mut map = ClusterMap::initial(n, cfg.replicas.max(1) as u16);
+    for (s, set) in map.sets.iter_mut().enumerate() {
+        set.members = cfg.replica_set(ServerId(s as u16));
+        set.primary = set.members[0];
+    }
+    map
+}
+
+/// Carries membership messages over the servers' RPC, to server processes
+/// (not sets: these routes never move).
+struct PeerNet {
+    pool: Pool,
+}
+
+impl PeerNet {
+    async fn send(&self, to: ServerId, msg: Vec<u8>) -> Result<Vec<u8>, String> {
+        let req = Request {
+            creds: Credentials::root(),
+            op: Op::Membership { msg },
+        };
+        match self
+            .pool
+            .call_shared_once(to, &req, SharedData::Owned(Vec::new()))
+            .await
+        {
+            Ok(r) => match r.reply {
+                Reply::Membership { msg } => Ok(msg),
+                other => Err(format!("server {to} answered {other:?}")),
+            },
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+/// `PeerNet` as the membership crate's transport, for its node's messages.
+struct NodeNet(Arc<PeerNet>);
+
+impl Transport for NodeNet {
+    fn call(&self, to: ServerId, msg: Vec<u8>) -> BoxFuture<'static, Result<Vec<u8>, String>> {
+        let net = self.0.clone();
+        Box::pin(async move {
+            let mut m = Vec::with_capacity(msg.len() + 1);
+            m.push(tag::NODE);
+            m.extend_from_slice(&msg);
+            net.send(to, m).await
+        })
+    }
+}
+
+/// This server's membership: its node if it is a voter, its lease, and
+/// the latest map it knows.
+pub struct Members {
+    me: ServerId,
+    voters: Vec<ServerId>,
+    node: Option<Membership>,
+    detector: Mutex<Option<Detector>>,
+    lease: LeaseHolder,
+    net: Arc<PeerNet>,
+    map: watch::Sender<ClusterMap>,
+    /// The newest epoch a ping announced (servers that are not voters).
+    announced: AtomicU64,
+    fetching: AtomicBool,
+}
+
+impl Members {
+    /// Join the group: start the node if this server is a voter (its Raft
+    /// state under DATA/membership), and the detector that acts while it
+    /// leads.
+    pub async fn start(
+        cfg: &ClusterConfig,
+        me: ServerId,
+        key: ClusterKey,
+        data_dir: &Path,
+    ) -> Result<Arc<Members>, ServerError> {
+        let timing = Timing::default();
+        let voters = voters(cfg);
+        let net = Arc::new(PeerNet {
+            pool: Pool::new(cfg, key, Role::Peer, Timeouts::default()),
+        });
+        let node = if voters.contains(&me) {
+            let mc = MembershipConfig::new(
+                me,
+                voters.clone(),
+                data_dir.join("membership"),
+                initial_map(cfg),
+            );
+            let node = Membership::start(mc, Arc::new(NodeNet(net.clone())))
+                .await
+                .map_err(|e| ServerError::Storage(format!("membership: {e}")))?;
+            Some(node)
+        } else {
+            None
+        };
+        let (map, _) = watch::channel(ClusterMap::default());
+        let members = Arc::new(Members {
+            me,
+            voters,
+            node,
+            detector: Mutex::new(None),
+            lease: LeaseHolder::new(&timing),
+            net,
+            map,
+            announced: AtomicU64::new(0),
+            fetching: AtomicBool::new(false),
+        });
+        if let Some(node) = &members.node {
+            let net = members.net.clone();
+            let source = node.clone();
+            let ping: PingFn = Arc::new(move |to, ping: Ping| {
+                let (net, epoch) = (net.clone(), source.map().epoch);
+                Box::pin(async move {
+                    let mut m = vec![tag::PING];
+                    m.extend_from_slice(&epoch.to_le_bytes());
+                    m.extend_from_slice(&ping.encode());
+                    net.send(to, m).await.is_ok()
+                })
+            });
+            *members.detector.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(Detector::start(node, ping));
+            // The node's maps, as it applies them.
+            let (mut rx, tx) = (node.subscribe(), members.clone());
+            tokio::spawn(async move {
+                loop {
+                    let m = rx.borrow_and_update().clone();
+                    tx.map.send_if_modified(|cur| newer(cur, m));
+                    if rx.changed().await.is_err() {
+                        return;
+                    }
+                }
+            });
+        } else {
+            members.clone().refresh();
+        }
+        Ok(members)
+    }
+
+    /// Whether this server may answer requests now.
+    pub fn has_lease(&self) -> bool {
+        self.lease.has_lease()
+    }
+
+    /// The latest map this server knows (epoch 0: none yet).
+    pub fn map(&self) -> ClusterMap {
+        self.map.borrow().clone()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<ClusterMap> {
+        self.map.subscribe()
+    }
+
+    /// Fetch the map from the voters (once at a time), for a server that
+    /// is not one.
+    fn refresh(self: Arc<Self>) {
+        if self.node.is_some() || self.fetching.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tokio::spawn(async move {
+            loop {
+                let want = self.announced.load(Ordering::Acquire);
+                match fetch_map(&self.voters, &NodeNet(self.net.clone()), REMOTE_WAIT).await {
+                    Ok(m) => {
+                        self.map.send_if_modified(|cur| newer(cur, m.clone()));
+                        if m.epoch >= want && m.epoch > 0 {
+                            break;
+                        }
+                    }
+                    Err(e) => tracing::debug!("server {}: fetching the map: {e}", self.me),
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            self.fetching.store(false, Ordering::Release);
+            // A ping may have announced a newer map meanwhile.
+            if self.announced.load(Ordering::Acquire) > self.map.borrow().epoch {
+                self.refresh();
+            }
+        });
+    }
+
+    /// Answer a membership message from another server.
+    pub async fn handle(self: &Arc<Self>, msg: &[u8]) -> Result<Vec<u8>, WireError> {
+        let bad = |why: String| WireError::new(ErrorCode::InvalidArgument, why);
+        let Some((&t, rest)) = msg.split_first() else {
+            return Err(bad("empty membership message".into()));
+        };
+        match t {
+            tag::NODE => match &self.node {
+                Some(node) => node
+                    .handle(rest)
+                    .await
+                    .map_err(|e| WireError::new(ErrorCode::Io, e.to_string())),
+                None => Err(bad(format!("server {} is not a voter", self.me))),
+            },
+            tag::PING => {
+                let (epoch, ping) = rest
+                    .split_first_chunk::<8>()
+                    .ok_or_else(|| bad("short ping".into()))?;
+                let ping = Ping::decode(ping).map_err(|e| bad(e.to_string()))?;
+                self.lease.on_ping(&ping);
+                let epoch = u64::from_le_bytes(*epoch);
+                self.announced.fetch_max(epoch, Ordering::AcqRel);
+                if epoch > self.map.borrow().epoch {
+                    self.clone().refresh();
+                }
+                Ok(Vec::new())
+            }
+            tag::PROPOSE => {
+                let node = self
+                    .node
+                    .as_ref()
+                    .ok_or_else(|| bad(format!("server {} is not a voter", self.me)))?;
+                let (change, epoch): (Change, u64) =
+                    serde_json::from_slice(rest).map_err(|e| bad(e.to_string()))?;
+                let answer: Result<ClusterMap, String> = match node.propose(change, epoch).await {
+                    Ok(m) => Ok(m),
+                    Err(MembershipError::Rejected(r)) => {
+                        Err(format!("rejected: {}", reject_code(&r)))
+                    }
+                    Err(e) => Err(e.to_string()),
+                };
+                Ok(serde_json::to_vec(&answer).expect("maps and strings encode"))
+            }
+            other => Err(bad(format!("unknown membership message {other}"))),
+        }
+    }
+
+    /// Propose `change` against the map at `epoch`, through this server's
+    /// node or a voter's.
+    async fn propose(&self, change: Change, epoch: u64) -> Result<ClusterMap, String> {
+        if let Some(node) = &self.node {
+            return node.propose(change, epoch).await.map_err(|e| match e {
+                MembershipError::Rejected(r) => format!("rejected: {}", reject_code(&r)),
+                other => other.to_string(),
+            });
+        }
+        let body = serde_json::to_vec(&(change, epoch)).expect("changes encode");
+        let mut last = String::from("no voter answered");
+        for &v in &self.voters {
+            let mut m = vec![tag::PROPOSE];
+            m.extend_from_slice(&body);
+            match tokio::time::timeout(REMOTE_WAIT, self.net.send(v, m)).await {
+                Ok(Ok(bytes)) => {
+                    return serde_json::from_slice::<Result<ClusterMap, String>>(&bytes)
+                        .map_err(|e| e.to_string())?
+                }
+                Ok(Err(e)) => last = e,
+                Err(_) => last = format!("voter {v} did not answer in {REMOTE_WAIT:?}"),
+            }
+        }
+        Err(last)
+    }
+
+    /// Whether the primary of `set` may stop waiting for `replica`: only
+    /// once the map no longer counts it in the set (removed now, or
+    /// before).
+    pub async fn may_leave(&self, set: ServerId, replica: ServerId) -> bool {
+        let map = self.map();
+        let Some(s) = map.sets.get(set.0 as usize) else {
+            return false;
+        };
+        if !s.members.contains(&replica) && !s.syncing.contains(&replica) {
+            return true;
+        }
+        let change = Change::RemoveMember {
+            set: set.0,
+            server: replica,
+        };
+        match self.propose(change, map.epoch).await {
+            Ok(m) => {
+                self.map.send_if_modified(|cur| newer(cur, m));
+                true
+            }
+            Err(e) if e.starts_with("rejected: not-a-member") => true,
+            Err(e) => {
+                tracing::warn!("set {set}: cannot take replica {replica} out of the set yet: {e}");
+                false
+            }
+        }
+    }
+
+    pub async fn shutdown(&self) {
+        let detector = self
+            .detector
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(d) = detector {
+            d.stop().await;
+        }
+        if let Some(node) = &self.node {
+            node.shutdown().await;
+        }
+    }
+
+    /// Apply every map this server learns to `router`, for as long as the
+    /// process runs.
+    pub fn follow(self: &Arc<Self>, router: Arc<Router>) {
+        let (members, mut rx) = (self.clone(), self.subscribe());
+        tokio::spawn(async move {
+            loop {
+                let map = rx.borrow_and_update().clone();
+                if map.epoch > 0 {
+                    members.apply(&map, &router).await;
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    async fn apply(&self, map: &ClusterMap, router: &Router) {
+        let serving: Vec<ServerId> = map.sets.iter().map(|s| s.primary).collect();
+        router.set_routes(Routes {
+            epoch: map.epoch,
+            serving: serving.clone(),
+        });
+        for server in router.servers() {
+            server.peers.set_routes(map.epoch, &serving).await;
+        }
+        for (set, s) in map.sets.iter().enumerate() {
+            let set = ServerId(set as u16);
+            if s.primary == self.me && set != self.me {
+                let replicas: Vec<ServerId> = s.members[1..].to_vec();
+                if let Err(e) = router.promote(set, replicas).await {
+                    tracing::error!("server {}: cannot serve set {set}: {e}", self.me);
+                }
+            }
+        }
+        if map
+            .sets
+            .get(self.me.0 as usize)
+            .is_some_and(|s| s.primary != self.me)
+        {
+            router.depose(self.me);
+        }
+    }
+}
+
+/// A short, stable name of a rejection, to recognise it across the wire.
+fn reject_code(r: &Rejection) -> String {
+    match r {
+        Rejection::NotAMember { .. } => "not-a-member".into(),
+        Rejection::StaleEpoch { .. } => format!("stale-epoch: {r}"),
+        other => format!("other: {other}"),
+    }
+}
+
+/// Replace `cur` by `m` if `m` is newer; whether it did.
+fn newer(cur: &mut ClusterMap, m: ClusterMap) -> bool {
+    if m.epoch > cur.epoch {
+        *cur = m;
+        true
+    } else {
+        false
+    }
+}
