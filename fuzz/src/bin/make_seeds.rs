@@ -183,6 +183,43 @@ fn main() {
             ),
         ),
         (
+            "request-replica-apply",
+            request(
+                Op::ReplicaApply {
+                    set: ServerId(2),
+                    stream: 0x5eed,
+                    first_seq: 41,
+                    // A sync record: kind 5, no payload.
+                    heads: vec![5, 0, 0, 0, 0],
+                },
+                &[],
+            ),
+        ),
+        ("request-get-routes", request(Op::GetRoutes, &[])),
+        (
+            "request-membership",
+            request(
+                Op::Membership {
+                    msg: vec![2, 1, 0, 0, 0, 0, 0, 0, 0],
+                },
+                &[],
+            ),
+        ),
+        (
+            "reply-routes",
+            frame(
+                true,
+                30,
+                0,
+                &Reply::Routes {
+                    epoch: 3,
+                    serving: vec![ServerId(0), ServerId(0), ServerId(2)],
+                }
+                .encode(),
+                &[],
+            ),
+        ),
+        (
             "request-getattr-after-touches",
             request(
                 Op::GetAttr {
@@ -334,6 +371,7 @@ fn main() {
                     role: Role::Client,
                     client_nonce: [1; 32],
                     proof: [2; 32],
+                    want: ServerId(0),
                 }
                 .encode(),
                 &[],
