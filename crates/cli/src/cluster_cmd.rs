@@ -335,6 +335,28 @@ pub fn status(cluster: Option<&Path>) -> Result<ExitCode, String> {
         .map_err(|e| e.to_string())?;
     let client = madfs_client::Client::connect(Some(&path)).map_err(|e| e.to_string())?;
     let stats = rt.block_on(client.server_stats());
+    // With replicas, which server serves each set after failovers.
+    let routes = if cfg.replicas > 1 {
+        rt.block_on(client.routes()).ok()
+    } else {
+        None
+    };
+    if cfg.replicas > 1 {
+        println!(
+            "{} copies of every record and chunk{}",
+            cfg.replicas,
+            match &routes {
+                Some(_) => String::new(),
+                None => " (no server said which serves what)".into(),
+            }
+        );
+    }
+    let moved = |id: u16| -> String {
+        match routes.as_ref().and_then(|r| r.get(id as usize)) {
+            Some(to) if to.0 != id => format!("  (served by server {to} since a failover)"),
+            _ => String::new(),
+        }
+    };
     let multihost = cfg.servers.iter().any(|s| s.host.is_some());
     // Operations per second and p99 latency over one second, from the
     // servers' metrics, where the cluster file says where they are.
@@ -394,8 +416,14 @@ pub fn status(cluster: Option<&Path>) -> Result<ExitCode, String> {
                         .map(|l| format!("  {l}"))
                         .unwrap_or_default();
                     println!(
-                        "{:<4} {:<22} {:<6} {:>10} {:>14} {:>14}{load}{why}",
-                        id, addr, state, s.inodes, s.data_bytes, s.bytes_avail
+                        "{:<4} {:<22} {:<6} {:>10} {:>14} {:>14}{load}{why}{}",
+                        id,
+                        addr,
+                        state,
+                        s.inodes,
+                        s.data_bytes,
+                        s.bytes_avail,
+                        moved(id)
                     )
                 }
                 Some(Err(e)) => {

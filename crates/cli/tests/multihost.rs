@@ -217,6 +217,27 @@ impl Net {
         self.madfs_input(ns, &args, input)
     }
 
+    /// `madfs_in` with more environment.
+    fn madfs_env(&self, ns: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+        let cluster = self.data().join("cluster.toml");
+        let mut argv = vec!["ip", "netns", "exec", ns, MADFS];
+        argv.extend_from_slice(args);
+        let mut all = vec![("MADFS_CLUSTER", cluster.to_str().unwrap())];
+        all.extend_from_slice(env);
+        run_with_input(&argv, &all, None)
+    }
+
+    /// Take namespace `ns`'s link to the bridge down (`up`: back up).
+    fn link(&self, ns: &str, up: bool) {
+        let i = self
+            .namespaces
+            .iter()
+            .position(|n| n == ns)
+            .expect("a namespace of this test");
+        let outer = format!("mv{}o{i}", self.tag);
+        ok(&["ip", "link", "set", &outer, if up { "up" } else { "down" }]);
+    }
+
     /// Processes running in namespace `ns`.
     fn pids(&self, ns: &str) -> Vec<i32> {
         let out = run(&["ip", "netns", "pids", ns], &[]);
@@ -840,5 +861,153 @@ fn clients_work_over_links_with_200us_latency() {
         assert!(n > 0, "nothing went through the relay to one server");
     }
     drop(relays);
+    must(net.madfs_in(&client, &["down", "--data", &data_s, "--wipe"]));
+}
+
+/// A name in the root directory whose entry (and, for a small file, data)
+/// the replica set `set` of a cluster of `servers` keeps.
+fn name_on(set: u16, servers: usize, tag: &str) -> String {
+    (0..)
+        .map(|i| format!("{tag}{i}"))
+        .find(|n| {
+            let name = madfs_types::FileName::new(n.as_bytes()).unwrap();
+            madfs_types::dentry_server(madfs_types::InodeId::ROOT, &name, servers)
+                == madfs_types::ServerId(set)
+        })
+        .unwrap()
+}
+
+/// Replicas across hosts (issue 16), 4 hosts x 2 servers, `--replicas 2`
+/// (each set's copy on another host; voters: the first server of h0, h1,
+/// h2):
+/// - h2 cut off the network: a client on h2 cannot get a write
+///   acknowledged by h2's own server (its lease runs out, and its replica
+///   is out of reach), while the rest of the cluster fails h2's sets over
+///   and takes writes to them; healed, h2's client sees the cluster's
+///   files and its refused write is nowhere;
+/// - every process of h0 killed: its sets fail over, every file reads back.
+#[test]
+fn replicas_survive_a_partition_and_a_dead_host() {
+    let Some(mut net) = Net::new('d', 4) else {
+        return;
+    };
+    let client = net.add("c", 2);
+    let hosts = net.hosts(HOSTS);
+    let list = host_list(&hosts);
+    let data = net.data();
+    let data_s = data.to_str().unwrap().to_string();
+    let more = [
+        "--servers-per-host",
+        "2",
+        "--replicas",
+        "2",
+        "--chunk-size",
+        "1048576",
+        "--cache-mib",
+        "16",
+    ];
+    let out = must(net.up(&client, &list, &more, None));
+    assert!(out.contains("8 servers on 4 hosts"), "{out}");
+    let servers = HOSTS as usize * PER_HOST;
+
+    // Files everywhere, small and striped.
+    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    let local = net.data.path().join("f");
+    let put = |net: &Net, files: &mut Vec<(String, Vec<u8>)>, ns: &str, path: &str, len: usize| {
+        let bytes = pattern(files.len() as u64 + 11, len);
+        std::fs::write(&local, &bytes).unwrap();
+        must(net.madfs_in(ns, &["put", local.to_str().unwrap(), path]));
+        files.push((path.to_string(), bytes));
+    };
+    for set in 0..servers as u16 {
+        let len = if set % 2 == 0 { 300 } else { 3 << 20 };
+        put(
+            &net,
+            &mut files,
+            &client,
+            &format!("/{}", name_on(set, servers, "a")),
+            len,
+        );
+    }
+    let copy = net.data.path().join("copy");
+    let check = |net: &Net, ns: &str, files: &[(String, Vec<u8>)]| {
+        for (p, bytes) in files {
+            must(net.madfs_in(ns, &["get", p, copy.to_str().unwrap()]));
+            assert!(
+                std::fs::read(&copy).unwrap() == *bytes,
+                "{p} differs read from {ns}"
+            );
+        }
+    };
+
+    // h2 (servers 4 and 5) is cut off.
+    let (h2, _) = &hosts[2];
+    net.link(h2, false);
+    let refused = format!("/{}", name_on(4, servers, "x"));
+    std::fs::write(&local, b"never acknowledged").unwrap();
+    let t = Instant::now();
+    let out = net.madfs_env(
+        h2,
+        &["put", local.to_str().unwrap(), &refused],
+        &[("MADFS_FAILOVER_WAIT_MS", "3000")],
+    );
+    assert!(
+        !out.status.success(),
+        "a write on the cut-off host was acknowledged: {}",
+        text(&out)
+    );
+    eprintln!(
+        "on the cut-off host, put failed after {:?}: {}",
+        t.elapsed(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    // The others take writes to h2's sets once failed over.
+    let t = Instant::now();
+    put(
+        &net,
+        &mut files,
+        &client,
+        &format!("/{}", name_on(4, servers, "y")),
+        500,
+    );
+    put(
+        &net,
+        &mut files,
+        &client,
+        &format!("/{}", name_on(5, servers, "y")),
+        2 << 20,
+    );
+    eprintln!(
+        "writes to the cut-off host's sets went through after {:?}",
+        t.elapsed()
+    );
+    check(&net, &client, &files);
+
+    // Healed: h2's client follows the cluster; the refused write is nowhere.
+    net.link(h2, true);
+    check(&net, h2, &files);
+    for ns in [h2.as_str(), client.as_str()] {
+        let out = net.madfs_in(ns, &["stat", &refused]);
+        assert!(
+            !out.status.success(),
+            "{refused} exists for {ns}: {}",
+            text(&out)
+        );
+    }
+    put(
+        &net,
+        &mut files,
+        h2,
+        &format!("/{}", name_on(4, servers, "z")),
+        700,
+    );
+
+    // Every process of h0 (servers 0 and 1, a voter) dies.
+    let (h0, _) = &hosts[0];
+    net.kill_all(h0);
+    let t = Instant::now();
+    check(&net, &client, &files);
+    eprintln!("with h0 dead, every file read back in {:?}", t.elapsed());
+
     must(net.madfs_in(&client, &["down", "--data", &data_s, "--wipe"]));
 }

@@ -304,7 +304,7 @@ impl Pool {
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<Response, RpcError>>,
     {
-        let deadline = tokio::time::Instant::now() + FAILOVER_WAIT;
+        let deadline = tokio::time::Instant::now() + failover_wait();
         loop {
             if tokio::time::Instant::now() + ROUTES_POLL >= deadline {
                 return Err(err);
@@ -354,6 +354,18 @@ impl Pool {
             }
         }
     }
+}
+
+/// `FAILOVER_WAIT`, or `MADFS_FAILOVER_WAIT_MS` where set (a client that
+/// should give up sooner, as in tests of a partition).
+fn failover_wait() -> Duration {
+    static WAIT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *WAIT.get_or_init(|| {
+        std::env::var("MADFS_FAILOVER_WAIT_MS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .map_or(FAILOVER_WAIT, Duration::from_millis)
+    })
 }
 
 /// How long one server may take to say the routes.

@@ -38,7 +38,23 @@ impl Server {
         let replicated = !matches!(req.op, Op::ReplicaApply { .. });
         let result = self.dispatch_op(ctx, req, data).await;
         if let (Some(r), true, Ok(_)) = (&self.replication, replicated, &result) {
-            r.wait_replicated(r.last_seq()).await;
+            let last = r.last_seq();
+            if tokio::time::timeout(REPLICATION_WAIT_MAX, r.wait_replicated(last))
+                .await
+                .is_err()
+            {
+                // Done here, not on every replica, and the membership group
+                // has not taken the laggard out (this server may be cut
+                // off): not acknowledged.
+                return Err(err(
+                    ErrorCode::Unavailable,
+                    format!(
+                        "server {}: not on every replica within {REPLICATION_WAIT_MAX:?}; \
+                         not acknowledged",
+                        self.id
+                    ),
+                ));
+            }
         }
         result
     }
@@ -265,6 +281,10 @@ impl Server {
         }
     }
 }
+
+/// Longest a request waits for its records to reach every replica before
+/// it is answered as not done (Unavailable).
+const REPLICATION_WAIT_MAX: Duration = Duration::from_secs(10);
 
 /// Times an operation that found its entries changed under it (TryAgain)
 /// starts over before the caller sees EAGAIN, which rename(2) and unlink(2)

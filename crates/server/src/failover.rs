@@ -214,7 +214,7 @@ impl Handler for Router {
         // it answers nothing (records for its copies excepted: those come
         // from a primary that holds one).
         if let Some(g) = self.group.get() {
-            if !g.has_lease() && !matches!(req.op, Op::ReplicaApply { .. }) {
+            if !g.may_serve() && !matches!(req.op, Op::ReplicaApply { .. }) {
                 return Err(WireError::new(
                     ErrorCode::Unavailable,
                     format!(

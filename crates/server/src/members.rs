@@ -143,8 +143,10 @@ pub struct Members {
     lease: LeaseHolder,
     net: Arc<PeerNet>,
     map: watch::Sender<ClusterMap>,
-    /// The newest epoch a ping announced (servers that are not voters).
+    /// The newest epoch a ping announced.
     announced: AtomicU64,
+    /// The epoch of the last map applied to the router (`apply`).
+    applied: AtomicU64,
     fetching: AtomicBool,
 }
 
@@ -187,6 +189,7 @@ impl Members {
             net,
             map,
             announced: AtomicU64::new(0),
+            applied: AtomicU64::new(0),
             fetching: AtomicBool::new(false),
         });
         if let Some(node) = &members.node {
@@ -220,9 +223,14 @@ impl Members {
         Ok(members)
     }
 
-    /// Whether this server may answer requests now.
-    pub fn has_lease(&self) -> bool {
+    /// Whether this server may answer requests now: it holds a lease, and
+    /// it has applied a map at least as new as the leader last announced
+    /// (a server healed from a partition gets a lease with its first ping,
+    /// before it learns that its sets moved meanwhile: it must not serve
+    /// them from its stale store in between).
+    pub fn may_serve(&self) -> bool {
         self.lease.has_lease()
+            && self.applied.load(Ordering::Acquire) >= self.announced.load(Ordering::Acquire)
     }
 
     /// The latest map this server knows (epoch 0: none yet).
@@ -419,6 +427,7 @@ impl Members {
         {
             router.depose(self.me);
         }
+        self.applied.fetch_max(map.epoch, Ordering::AcqRel);
     }
 }
 
