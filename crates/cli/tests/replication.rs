@@ -343,3 +343,101 @@ fn killed_servers_fail_over_to_their_replicas_and_lose_nothing_acknowledged() {
         assert_eq!(routes[1], madfs_types::ServerId(2), "{routes:?}");
     });
 }
+
+/// A server killed and started again catches up (a resync: a fuzzy copy
+/// of the set's store, then the records written meanwhile), is counted in
+/// sync again, and can then take its set over when the server that served
+/// it in the meantime dies in turn: nothing written before, during or
+/// after is lost.
+#[test]
+fn a_restarted_server_resyncs_and_takes_over_again() {
+    let mut tc = TestCluster::start_with(
+        SERVERS,
+        Options {
+            replicas: 2,
+            ..Options::default()
+        },
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let c = tc.client();
+    let chunk = common::CHUNK as usize;
+    let mut files: Expected = Vec::new();
+    let write = |files: &mut Expected, round: u64| {
+        rt.block_on(async {
+            c.mkdir_all(format!("/s{round}").as_str(), 0o755)
+                .await
+                .unwrap();
+            for i in 0..16u64 {
+                let len = [80, 9_000, 2 * chunk + 33][(i % 3) as usize];
+                let p = format!("/s{round}/f{i}");
+                let data = pattern(round * 100 + i, len);
+                c.write_file(p.as_str(), &data)
+                    .await
+                    .unwrap_or_else(|e| panic!("writing {p}: {e}"));
+                files.push((p, data));
+            }
+        })
+    };
+    let check = |files: &Expected| {
+        rt.block_on(async {
+            for (p, data) in files {
+                let got = c
+                    .read_file(p.as_str())
+                    .await
+                    .unwrap_or_else(|e| panic!("reading {p}: {e}"));
+                assert!(
+                    got == *data,
+                    "{p}: {} bytes, wanted {}",
+                    got.len(),
+                    data.len()
+                );
+            }
+        })
+    };
+    let in_sync = || {
+        rt.block_on(c.replica_sets())
+            .map(|(_, n)| n)
+            .unwrap_or_default()
+    };
+    write(&mut files, 0);
+
+    // Server 3 dies; set 3 moves to server 0, and sets 2 and 3 are left
+    // with one copy each.
+    tc.kill9(3);
+    check(&files);
+    write(&mut files, 1);
+    let n = in_sync();
+    assert_eq!((n[2], n[3]), (1, 1), "{n:?}");
+
+    // It comes back and catches up on both, while writes go on.
+    tc.restart(3);
+    write(&mut files, 2);
+    let t = std::time::Instant::now();
+    let deadline = t + std::time::Duration::from_secs(60);
+    while in_sync() != vec![2u8; SERVERS] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "server 3 did not catch up: {:?}",
+            in_sync()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    eprintln!(
+        "server 3 was in sync again {:?} after its restart",
+        t.elapsed()
+    );
+    write(&mut files, 3);
+
+    // Server 0, which served set 3 meanwhile, dies: set 3 goes back to
+    // server 3, whose copy must hold everything.
+    tc.kill9(0);
+    check(&files);
+    let routes = rt.block_on(c.routes()).unwrap();
+    assert_eq!(routes[3], madfs_types::ServerId(3), "{routes:?}");
+    write(&mut files, 4);
+    check(&files);
+}

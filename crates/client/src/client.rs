@@ -942,6 +942,12 @@ impl Client {
     /// Which server serves each replica set now (index: set), as the first
     /// server that answers says; with replicas, sets move in failovers.
     pub async fn routes(&self) -> Result<Vec<ServerId>> {
+        Ok(self.replica_sets().await?.0)
+    }
+
+    /// `routes`, and how many servers keep each set in sync (empty when
+    /// the cluster keeps no replicas).
+    pub async fn replica_sets(&self) -> Result<(Vec<ServerId>, Vec<u8>)> {
         let req = Request {
             creds: (*self.creds).clone(),
             op: Op::GetRoutes,
@@ -954,9 +960,13 @@ impl Client {
                 .await
             {
                 Ok(r) => match r.reply {
-                    Reply::Routes { epoch, serving } => {
+                    Reply::Routes {
+                        epoch,
+                        serving,
+                        in_sync,
+                    } => {
                         self.pool.set_routes(epoch, &serving).await;
-                        return Ok(serving);
+                        return Ok((serving, in_sync));
                     }
                     other => return Err(ClientError::unexpected("routes", &other)),
                 },
@@ -1009,6 +1019,10 @@ impl Client {
     /// connect timeout, so a hung server shows as an error, not a hang.
     pub async fn server_stats(&self) -> Vec<(ServerId, Result<FsStats>)> {
         let limit = self.timeouts.connect;
+        // Each set where it is served now, after failovers.
+        if self.pool.fails_over() {
+            let _ = tokio::time::timeout(limit, self.replica_sets()).await;
+        }
         let calls = self.pool.servers().map(|s| async move {
             let r = match tokio::time::timeout(limit, self.statfs_direct(s)).await {
                 Ok(r) => r,

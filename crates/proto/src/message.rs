@@ -534,10 +534,12 @@ pub enum Reply {
     Membership {
         msg: Vec<u8>,
     },
-    /// GetRoutes: `serving[s]` serves replica set s, as of map `epoch`.
+    /// GetRoutes: `serving[s]` serves replica set s, as of map `epoch`,
+    /// and `in_sync[s]` servers keep it in sync (empty: not known).
     Routes {
         epoch: u64,
         serving: Vec<ServerId>,
+        in_sync: Vec<u8>,
     },
     Installed {
         replaced: Option<(InodeId, FileKind)>,
@@ -1195,13 +1197,19 @@ impl Reply {
                 e.u32(msg.len() as u32);
                 e.raw(msg);
             }
-            Reply::Routes { epoch, serving } => {
+            Reply::Routes {
+                epoch,
+                serving,
+                in_sync,
+            } => {
                 e.u8(tag::ROUTES);
                 e.u64(*epoch);
                 e.u16(serving.len() as u16);
                 for s in serving {
                     e.u16(s.0);
                 }
+                e.u16(in_sync.len() as u16);
+                e.raw(in_sync);
             }
             Reply::Installed { replaced, held } => {
                 e.u8(tag::INSTALLED);
@@ -1307,7 +1315,14 @@ impl Reply {
                 for _ in 0..n {
                     serving.push(ServerId(d.u16()?));
                 }
-                Reply::Routes { epoch, serving }
+                let n = d.u16()? as usize;
+                let n = d.list_len(n, limits::SERVERS_MAX, 1, "in-sync count")?;
+                let in_sync = d.raw(n)?.to_vec();
+                Reply::Routes {
+                    epoch,
+                    serving,
+                    in_sync,
+                }
             }
             tag::INSTALLED => Reply::Installed {
                 replaced: if d.bool()? {
@@ -1682,6 +1697,7 @@ mod tests {
             Reply::Routes {
                 epoch: 7,
                 serving: vec![ServerId(0), ServerId(0), ServerId(2)],
+                in_sync: vec![2, 1, 2],
             },
             Reply::Installed {
                 replaced: Some((InodeId(8), FileKind::File)),

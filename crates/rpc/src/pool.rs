@@ -131,6 +131,11 @@ impl Pool {
         (0..self.addrs.len() as u16).map(ServerId)
     }
 
+    /// Whether sets can move to other servers (the cluster keeps replicas).
+    pub fn fails_over(&self) -> bool {
+        self.failover
+    }
+
     /// The server that serves `set` now.
     pub fn route(&self, set: ServerId) -> ServerId {
         self.route
@@ -345,7 +350,7 @@ impl Pool {
             }
             let answer = tokio::time::timeout(ROUTES_ASK_TIMEOUT, self.call_once(other, &ask, &[]));
             if let Ok(Ok(Response {
-                reply: madfs_proto::Reply::Routes { epoch, serving },
+                reply: madfs_proto::Reply::Routes { epoch, serving, .. },
                 ..
             })) = answer.await
             {

@@ -303,6 +303,45 @@ impl ChunkStore {
         self.inode_dir(ino).join(index.0.to_string())
     }
 
+    /// Every chunk file held here: (inode, chunk, path). A resync copies
+    /// them to a replica; files appearing or going meanwhile are the
+    /// record stream's business.
+    pub fn list_chunks(&self) -> io::Result<Vec<(InodeId, ChunkIndex, PathBuf)>> {
+        let mut out = Vec::new();
+        let spreads = match fs::read_dir(&self.root) {
+            Ok(d) => d,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(e),
+        };
+        for spread in spreads.flatten() {
+            let Ok(inodes) = fs::read_dir(spread.path()) else {
+                continue;
+            };
+            for inode in inodes.flatten() {
+                let Some(ino) = inode
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| u64::from_str_radix(n, 16).ok())
+                else {
+                    continue;
+                };
+                let Ok(chunks) = fs::read_dir(inode.path()) else {
+                    continue;
+                };
+                for chunk in chunks.flatten() {
+                    if let Some(index) = chunk
+                        .file_name()
+                        .to_str()
+                        .and_then(|n| n.parse::<u32>().ok())
+                    {
+                        out.push((InodeId(ino), ChunkIndex(index), chunk.path()));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
     fn mark_dirty(&self, p: PathBuf) {
         self.dirty
             .lock()

@@ -273,6 +273,7 @@ impl Server {
                 serving: (0..self.servers as u16)
                     .map(madfs_types::ServerId)
                     .collect(),
+                in_sync: Vec::new(),
             }),
             op @ (Op::Seal { .. } | Op::PurgeChunks { .. } | Op::InvalidateDir { .. }) => {
                 debug_assert_eq!(ctx.role, Role::Peer);

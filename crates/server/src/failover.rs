@@ -29,6 +29,8 @@ use std::sync::{Arc, RwLock};
 pub struct Routes {
     pub epoch: u64,
     pub serving: Vec<ServerId>,
+    /// How many servers keep each set in sync (empty: not known).
+    pub in_sync: Vec<u8>,
 }
 
 /// Every request this process takes, by the set its connection is for.
@@ -39,6 +41,9 @@ pub struct Router {
     opts: RunOptions,
     metrics: Arc<Metrics>,
     home_server: Arc<Server>,
+    /// The home server as the rpc layer sees it: records for this
+    /// process's copies reach it whatever sets it serves.
+    home_metered: Arc<Metered>,
     sets: RwLock<HashMap<ServerId, Arc<Metered>>>,
     routes: RwLock<Routes>,
     /// One promotion at a time.
@@ -58,10 +63,12 @@ impl Router {
         let home = home_server.id;
         let serving = (0..cfg.server_count() as u16).map(ServerId).collect();
         let mut sets = HashMap::new();
-        sets.insert(
-            home,
-            Arc::new(Metered::new(home_server.clone(), metrics.clone())),
-        );
+        let home_metered = Arc::new(Metered::new(home_server.clone(), metrics.clone()));
+        // A set that moved away once is never served from this store
+        // again (a later failover back serves it from this server's copy).
+        if !moved_marker(&cfg, &opts, home).exists() {
+            sets.insert(home, home_metered.clone());
+        }
         Router {
             home,
             cfg,
@@ -69,8 +76,13 @@ impl Router {
             opts,
             metrics,
             home_server,
+            home_metered,
             sets: RwLock::new(sets),
-            routes: RwLock::new(Routes { epoch: 0, serving }),
+            routes: RwLock::new(Routes {
+                epoch: 0,
+                serving,
+                in_sync: Vec::new(),
+            }),
             promoting: tokio::sync::Mutex::new(()),
             group: std::sync::OnceLock::new(),
         }
@@ -81,6 +93,7 @@ impl Router {
     pub fn join(&self, group: Arc<crate::members::Members>) {
         if let Some(r) = &self.home_server.replication {
             r.set_group(group.clone());
+            r.set_pool(group.direct_pool());
         }
         let _ = self.group.set(group);
     }
@@ -141,6 +154,7 @@ impl Router {
         let server = Arc::new(server);
         if let (Some(r), Some(g)) = (&server.replication, self.group.get()) {
             r.set_group(g.clone());
+            r.set_pool(g.direct_pool());
         }
         server.clone().start_background();
         tracing::warn!(
@@ -157,6 +171,14 @@ impl Router {
 
     /// Stop serving `set` (the map gave it to another server).
     pub fn depose(&self, set: ServerId) {
+        if set == self.home {
+            let marker = moved_marker(&self.cfg, &self.opts, set);
+            if !marker.exists() {
+                if let Err(e) = write_synced(&marker) {
+                    tracing::error!("{}: {e}", marker.display());
+                }
+            }
+        }
         if self
             .sets
             .write()
@@ -166,6 +188,15 @@ impl Router {
         {
             tracing::warn!("server {} no longer serves set {set}", self.home);
         }
+    }
+
+    /// The server of `set`, if this process serves it.
+    pub fn server_of(&self, set: ServerId) -> Option<Arc<Server>> {
+        self.sets
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&set)
+            .map(|m| m.server.clone())
     }
 
     /// Every set's server, for a clean stop.
@@ -206,9 +237,15 @@ impl Handler for Router {
                 Reply::Routes {
                     epoch: r.epoch,
                     serving: r.serving,
+                    in_sync: r.in_sync,
                 },
                 Vec::new(),
             ));
+        }
+        // Records for this process's copies, whatever set the connection
+        // named (a resync reaches a server whose own set moved away).
+        if let Op::ReplicaApply { .. } = req.op {
+            return self.home_metered.handle(ctx, req, data).await;
         }
         // Without a lease a partitioned primary may have been replaced:
         // it answers nothing (records for its copies excepted: those come
@@ -249,4 +286,24 @@ impl Handler for Router {
                 .unwrap_or_else(|e| e.into_inner())
                 .contains_key(&set)
     }
+}
+
+/// The file that says a server's own set moved away from its store.
+fn moved_marker(cfg: &ClusterConfig, opts: &RunOptions, home: ServerId) -> std::path::PathBuf {
+    let dir = opts
+        .data_dir
+        .clone()
+        .or_else(|| cfg.server(home).map(|e| e.data_dir.clone()))
+        .unwrap_or_default();
+    dir.join("home-set-moved")
+}
+
+/// Create `path`, durably (the file and its directory entry).
+fn write_synced(path: &std::path::Path) -> std::io::Result<()> {
+    let f = std::fs::File::create(path)?;
+    f.sync_all()?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }

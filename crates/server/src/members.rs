@@ -42,6 +42,8 @@ use tokio::sync::watch;
 
 /// Voters of a cluster: up to this many.
 const VOTERS_MAX: usize = 3;
+/// Proposals retried while the map moves under them.
+const PROPOSE_ATTEMPTS: usize = 5;
 /// How long a server that is not a voter waits for the map or a proposal.
 const REMOTE_WAIT: Duration = Duration::from_secs(5);
 
@@ -95,7 +97,7 @@ pub fn initial_map(cfg: &ClusterConfig) -> ClusterMap {
 /// Carries membership messages over the servers' RPC, to server processes
 /// (not sets: these routes never move).
 struct PeerNet {
-    pool: Pool,
+    pool: Arc<Pool>,
 }
 
 impl PeerNet {
@@ -137,6 +139,8 @@ impl Transport for NodeNet {
 /// the latest map it knows.
 pub struct Members {
     me: ServerId,
+    /// The sets the cluster file puts this server in (its own among them).
+    intended: Vec<ServerId>,
     voters: Vec<ServerId>,
     node: Option<Membership>,
     detector: Mutex<Option<Detector>>,
@@ -163,8 +167,14 @@ impl Members {
         let timing = Timing::default();
         let voters = voters(cfg);
         let net = Arc::new(PeerNet {
-            pool: Pool::new(cfg, key, Role::Peer, Timeouts::default()),
+            pool: Arc::new(Pool::new(cfg, key, Role::Peer, Timeouts::default())),
         });
+        let intended = cfg
+            .servers
+            .iter()
+            .map(|s| ServerId(s.id))
+            .filter(|&set| cfg.replica_set(set).contains(&me))
+            .collect();
         let node = if voters.contains(&me) {
             let mc = MembershipConfig::new(
                 me,
@@ -182,6 +192,7 @@ impl Members {
         let (map, _) = watch::channel(ClusterMap::default());
         let members = Arc::new(Members {
             me,
+            intended,
             voters,
             node,
             detector: Mutex::new(None),
@@ -351,6 +362,11 @@ impl Members {
         let Some(s) = map.sets.get(set.0 as usize) else {
             return false;
         };
+        if s.primary != self.me {
+            // A deposed server's leftover stream (its set moved away while
+            // it was cut off or down) decides nothing about the set.
+            return false;
+        }
         if !s.members.contains(&replica) && !s.syncing.contains(&replica) {
             return true;
         }
@@ -369,6 +385,49 @@ impl Members {
                 false
             }
         }
+    }
+
+    /// A pool that reaches server processes, whatever sets moved (for
+    /// records to replicas).
+    pub fn direct_pool(&self) -> Arc<Pool> {
+        self.net.pool.clone()
+    }
+
+    /// Propose `change` against the newest map known, again while the
+    /// epoch moved under it; whether it applied (or was applied before).
+    async fn propose_latest(&self, change: Change) -> bool {
+        for _ in 0..PROPOSE_ATTEMPTS {
+            let epoch = self.map().epoch;
+            match self.propose(change.clone(), epoch).await {
+                Ok(m) => {
+                    self.map.send_if_modified(|cur| newer(cur, m));
+                    return true;
+                }
+                Err(e) if e.starts_with("rejected: stale-epoch") => {
+                    // Learn the newer map, then try again.
+                    if let Some(node) = &self.node {
+                        if let Ok(m) = node.read_map().await {
+                            self.map.send_if_modified(|cur| newer(cur, m));
+                        }
+                    } else if let Ok(m) =
+                        fetch_map(&self.voters, &NodeNet(self.net.clone()), REMOTE_WAIT).await
+                    {
+                        self.map.send_if_modified(|cur| newer(cur, m));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("server {}: {change:?}: {e}", self.me);
+                    return false;
+                }
+            }
+        }
+        false
+    }
+
+    /// Count `server` in sync on `set` again (its resync is done).
+    pub async fn mark_in_sync(&self, set: ServerId, server: ServerId) -> bool {
+        self.propose_latest(Change::MarkInSync { set: set.0, server })
+            .await
     }
 
     pub async fn shutdown(&self) {
@@ -402,18 +461,25 @@ impl Members {
         });
     }
 
-    async fn apply(&self, map: &ClusterMap, router: &Router) {
+    async fn apply(self: &Arc<Self>, map: &ClusterMap, router: &Router) {
         let serving: Vec<ServerId> = map.sets.iter().map(|s| s.primary).collect();
         router.set_routes(Routes {
             epoch: map.epoch,
             serving: serving.clone(),
+            in_sync: map
+                .sets
+                .iter()
+                .map(|s| s.members.len().min(u8::MAX as usize) as u8)
+                .collect(),
         });
         for server in router.servers() {
             server.peers.set_routes(map.epoch, &serving).await;
         }
         for (set, s) in map.sets.iter().enumerate() {
             let set = ServerId(set as u16);
-            if s.primary == self.me && set != self.me {
+            // Another's set, or its own once more after a resync (served
+            // then from the copy, like any other).
+            if s.primary == self.me && router.server_of(set).is_none() {
                 let replicas: Vec<ServerId> = s.members[1..].to_vec();
                 if let Err(e) = router.promote(set, replicas).await {
                     tracing::error!("server {}: cannot serve set {set}: {e}", self.me);
@@ -428,6 +494,51 @@ impl Members {
             router.depose(self.me);
         }
         self.applied.fetch_max(map.epoch, Ordering::AcqRel);
+        // Primaries: resync the servers catching up, stop shipping to those
+        // taken out.
+        for (set, s) in map.sets.iter().enumerate() {
+            let set = ServerId(set as u16);
+            let Some(server) = router.server_of(set) else {
+                continue;
+            };
+            let Some(rep) = server.replication.clone() else {
+                continue;
+            };
+            for &j in &s.syncing {
+                if !rep.ships_to(j) {
+                    rep.catch_up(server.clone(), j);
+                }
+            }
+            for (j, _, out) in rep.replicas() {
+                if out.is_none() && !s.members.contains(&j) && !s.syncing.contains(&j) {
+                    rep.drop_replica(j);
+                }
+            }
+        }
+        // A server missing from a set the cluster file puts it in asks to
+        // catch up on it (after a restart, or when it was taken out).
+        for &set in &self.intended {
+            let Some(s) = map.sets.get(set.0 as usize) else {
+                continue;
+            };
+            if s.primary != self.me
+                && !s.members.contains(&self.me)
+                && !s.syncing.contains(&self.me)
+            {
+                let (me, change) = (
+                    self.clone(),
+                    Change::AddSyncing {
+                        set: set.0,
+                        server: self.me,
+                    },
+                );
+                tokio::spawn(async move {
+                    if me.propose_latest(change).await {
+                        tracing::info!("server {}: catching up on set {set}", me.me);
+                    }
+                });
+            }
+        }
     }
 }
 

@@ -131,6 +131,9 @@ impl ReplicaCopies {
                     })?,
             );
         }
+        if first_seq == 0 {
+            return self.load(set, stream, records, &mut slot).await;
+        }
         let copy = slot.as_mut().expect("opened above");
         if copy.stream != stream {
             if copy.applied != 0 || first_seq != 1 {
@@ -180,6 +183,93 @@ impl ReplicaCopies {
                 ))
             }
         }
+    }
+}
+
+impl ReplicaCopies {
+    /// A load call of a resync (first_seq 0): a `Reset` (wipe the copy,
+    /// follow `stream` from its record `applied + 1`) or the copy's
+    /// contents, applied as they come and not numbered.
+    async fn load(
+        &self,
+        set: ServerId,
+        stream: u64,
+        records: Vec<Record>,
+        slot: &mut Option<ReplicaCopy>,
+    ) -> OpResult {
+        let failed = |e: String| {
+            err(
+                ErrorCode::Io,
+                format!("server {}'s copy of set {set}: resync: {e}", self.me),
+            )
+        };
+        if let Some(Record::Reset { applied }) = records.first() {
+            let applied = *applied;
+            // Dropped first: RocksDB's lock goes with it.
+            *slot = None;
+            let dir = copy_dir(&self.root, set);
+            let copy = crate::service::blocking(move || {
+                match std::fs::remove_dir_all(&dir) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+                let copy = open_copy(dir)?;
+                let mut b = WriteBatch::new();
+                b.put(keys::META_REPLICA_POSITION, &position(stream, applied));
+                copy.kv
+                    .write(b, true)
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                Ok(copy)
+            })
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+            *slot = Some(ReplicaCopy {
+                stream,
+                applied,
+                ..copy
+            });
+            tracing::info!(
+                "server {}: copy of set {set} wiped for a resync, from record {}",
+                self.me,
+                applied + 1
+            );
+            return ack(applied);
+        }
+        let copy = slot.as_mut().expect("opened before");
+        if copy.stream != stream {
+            return Err(failed("contents before the reset".into()));
+        }
+        let (kv, chunks) = (copy.kv.clone(), copy.chunks.clone());
+        crate::service::blocking(move || {
+            for r in records {
+                let done = match r {
+                    Record::Kv { batch, sync } => match WriteBatch::decode(&batch) {
+                        None => Err("a metadata batch that does not decode".to_string()),
+                        Some(b) => kv.write(b, sync).map_err(|e| e.to_string()),
+                    },
+                    Record::ChunkWrite {
+                        ino,
+                        index,
+                        offset,
+                        chunk_size,
+                        data,
+                    } => chunks
+                        .write(ino, index, offset, &data, chunk_size)
+                        .map_err(|e| e.to_string()),
+                    Record::Sync => chunks
+                        .sync_dirty()
+                        .map_err(|e| e.to_string())
+                        .and_then(|()| kv.sync_wal().map_err(|e| e.to_string())),
+                    other => Err(format!("{other:?} in a load")),
+                };
+                done.map_err(std::io::Error::other)?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+        ack(copy.applied)
     }
 }
 
@@ -251,6 +341,7 @@ fn apply_records(
                 .truncate(ino, size, chunk_size)
                 .map_err(|e| e.to_string()),
             Record::Purge { ino } => chunks.purge(ino).map_err(|e| e.to_string()),
+            Record::Reset { .. } => Err("a reset among numbered records".to_string()),
             Record::Sync => {
                 // The position too: a copy restarted after this record
                 // knows it has everything up to here.

@@ -21,9 +21,15 @@
 //! writing one range at once) may reach a replica in either order; POSIX
 //! gives no answer there either, but the replicas may then differ.
 //!
-//! A replica that fails (its call errors) leaves the set: records are no
-//! longer waited for there, and it is counted and logged. It comes back
-//! only through a resync, which copies the whole set (not yet built).
+//! A replica that fails (its call errors) leaves the set once the
+//! membership group took it out: records are no longer waited for there.
+//! It comes back through a resync (`catch_up`): the records from that
+//! moment on are kept for it, its copy is wiped and loaded from this
+//! server's store (every key, every chunk file: a fuzzy copy, taken while
+//! writes go on), and then the kept records are shipped in order on top,
+//! which brings every key and byte the copy took mid-change to its final
+//! value (each record is idempotent when replayed in order). Once it has
+//! them all, the group counts it in sync again.
 
 use crate::errors::{err, OpResult};
 use madfs_kv::{KvStore, WriteBatch};
@@ -72,6 +78,11 @@ pub(crate) enum Record {
     },
     /// Everything before is durable on the primary: make it so here.
     Sync,
+    /// Start a resync: wipe the copy, follow this stream from record
+    /// `applied + 1` (sent in a load call, before the copy's contents).
+    Reset {
+        applied: u64,
+    },
 }
 
 mod kind {
@@ -80,6 +91,7 @@ mod kind {
     pub const TRUNCATE: u8 = 3;
     pub const PURGE: u8 = 4;
     pub const SYNC: u8 = 5;
+    pub const RESET: u8 = 6;
 }
 
 impl Record {
@@ -126,6 +138,10 @@ impl Record {
                 e.ino(*ino);
             }
             Record::Sync => e.u8(kind::SYNC),
+            Record::Reset { applied } => {
+                e.u8(kind::RESET);
+                e.u64(*applied);
+            }
         }
         e.u32(self.payload().len() as u32);
     }
@@ -168,6 +184,9 @@ impl Record {
                     ino: d.ino().map_err(p)?,
                 },
                 kind::SYNC => Record::Sync,
+                kind::RESET => Record::Reset {
+                    applied: d.u64().map_err(p)?,
+                },
                 _ => return Err(bad("unknown kind")),
             };
             let len = d.u32().map_err(p)? as usize;
@@ -229,6 +248,11 @@ struct Replica {
     acked: u64,
     /// Why it left the set, if it did.
     out: Option<String>,
+    /// Catching up: records are kept and shipped, but not waited for.
+    syncing: bool,
+    /// +1 at each resync: a shipper or an acknowledgement of an earlier
+    /// one is ignored.
+    generation: u64,
 }
 
 struct Stream {
@@ -249,6 +273,8 @@ pub struct Replicator {
     /// New records (for shippers) and new acknowledgements (for waiters).
     changed: Notify,
     acked: Notify,
+    /// Reaches replica processes whatever sets moved (`set_pool`).
+    direct: std::sync::OnceLock<Arc<Pool>>,
     /// Asked before a failed replica leaves the set (members.rs): the
     /// membership group must take it out first. None: leave at once.
     group: std::sync::OnceLock<Arc<crate::members::Members>>,
@@ -268,11 +294,14 @@ impl Replicator {
                         server,
                         acked: 0,
                         out: None,
+                        syncing: false,
+                        generation: 0,
                     })
                     .collect(),
             }),
             changed: Notify::new(),
             acked: Notify::new(),
+            direct: std::sync::OnceLock::new(),
             group: std::sync::OnceLock::new(),
         }
     }
@@ -345,7 +374,10 @@ impl Replicator {
             let acked = self.acked.notified();
             {
                 let s = self.lock();
-                if s.replicas.iter().all(|r| r.out.is_some() || r.acked >= seq) {
+                if s.replicas
+                    .iter()
+                    .all(|r| r.out.is_some() || r.syncing || r.acked >= seq)
+                {
                     return;
                 }
             }
@@ -385,10 +417,14 @@ impl Replicator {
         (!batch.is_empty()).then_some((r.acked + 1, batch))
     }
 
-    /// Replica `i` has applied up to `applied`: drop what every replica has.
-    fn acknowledge(&self, i: usize, applied: u64) {
+    /// Replica `i` (of `generation`) has applied up to `applied`: drop
+    /// what every replica has.
+    fn acknowledge(&self, i: usize, generation: u64, applied: u64) {
         let mut s = self.lock();
         let s = &mut *s;
+        if s.replicas[i].generation != generation {
+            return;
+        }
         s.replicas[i].acked = s.replicas[i].acked.max(applied);
         self.trim(s);
         self.acked.notify_waiters();
@@ -411,6 +447,9 @@ impl Replicator {
     fn leave(&self, i: usize, why: String) {
         let mut s = self.lock();
         let s = &mut *s;
+        if s.replicas[i].out.is_some() {
+            return;
+        }
         tracing::error!(
             "replica {} of set {} leaves the set, not acknowledging anymore: {why}",
             s.replicas[i].server,
@@ -421,20 +460,273 @@ impl Replicator {
         self.acked.notify_waiters();
     }
 
+    /// The map no longer counts `server` in the set: stop shipping to it.
+    pub(crate) fn drop_replica(&self, server: ServerId) {
+        let i = self.lock().replicas.iter().position(|r| r.server == server);
+        if let Some(i) = i {
+            self.leave(i, "taken out of the set by the membership group".into());
+        }
+    }
+
+    /// Whether records are shipped to `server` now (in sync or catching up).
+    pub(crate) fn ships_to(&self, server: ServerId) -> bool {
+        self.lock()
+            .replicas
+            .iter()
+            .any(|r| r.server == server && r.out.is_none())
+    }
+
+    /// `server` starts catching up: keep every record from now on for it.
+    /// Its index, generation and the first record it will get; None if
+    /// records already go to it.
+    fn add_syncing(&self, server: ServerId) -> Option<(usize, u64, u64)> {
+        let mut s = self.lock();
+        let from = s.next_seq;
+        let i = match s.replicas.iter().position(|r| r.server == server) {
+            Some(i) if s.replicas[i].out.is_none() => return None,
+            Some(i) => i,
+            None => {
+                s.replicas.push(Replica {
+                    server,
+                    acked: 0,
+                    out: None,
+                    syncing: true,
+                    generation: 0,
+                });
+                s.replicas.len() - 1
+            }
+        };
+        let r = &mut s.replicas[i];
+        r.out = None;
+        r.syncing = true;
+        r.generation += 1;
+        r.acked = from - 1;
+        Some((i, r.generation, from))
+    }
+
+    /// `server` counts in the set again.
+    pub(crate) fn mark_in_sync(&self, server: ServerId) {
+        let mut s = self.lock();
+        if let Some(r) = s.replicas.iter_mut().find(|r| r.server == server) {
+            r.syncing = false;
+        }
+    }
+
+    /// Bring `replica` (which the map lists as catching up on this set) a
+    /// full copy, then the records since, then ask the group to count it
+    /// in sync. Runs in a task of its own; gives up (the replica stays
+    /// out, and may be resynced again) on any failure.
+    pub(crate) fn catch_up(self: &Arc<Self>, server: Arc<crate::Server>, replica: ServerId) {
+        let Some((i, generation, from)) = self.add_syncing(replica) else {
+            return;
+        };
+        let me = self.clone();
+        tokio::spawn(async move {
+            for attempt in 1..=RESYNC_ATTEMPTS {
+                if me.resync(&server, i, generation, from, replica).await {
+                    return;
+                }
+                let overtaken = me.lock().replicas[i].generation != generation;
+                if overtaken || attempt == RESYNC_ATTEMPTS {
+                    return;
+                }
+                tokio::time::sleep(RESYNC_PAUSE).await;
+            }
+        });
+    }
+
+    /// One attempt at a resync (see `catch_up`); whether it is over (done,
+    /// or overtaken by a newer one).
+    async fn resync(
+        self: &Arc<Self>,
+        server: &Arc<crate::Server>,
+        i: usize,
+        generation: u64,
+        from: u64,
+        replica: ServerId,
+    ) -> bool {
+        let me = self;
+        {
+            tracing::info!(
+                "set {}: resync of server {replica} starts (records from {from} kept for it)",
+                me.set
+            );
+            match me.load(server, replica, from).await {
+                Ok((keys, chunks)) => tracing::info!(
+                    "set {}: server {replica} has the copy ({keys} keys, {chunks} chunk files); \
+                     now the records since",
+                    me.set
+                ),
+                Err(e) => {
+                    tracing::error!("set {}: resync of server {replica} failed: {e}", me.set);
+                    return false;
+                }
+            }
+            me.start_shipper(i, server.clone());
+            // In sync once it has every record written up to a moment
+            // after the load (later ones keep flowing to it).
+            let target = me.last_seq();
+            loop {
+                {
+                    let s = me.lock();
+                    let r = &s.replicas[i];
+                    if r.generation != generation {
+                        return true;
+                    }
+                    if r.out.is_some() {
+                        return false;
+                    }
+                    if r.acked >= target {
+                        break;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let counted = match me.group.get() {
+                Some(g) => g.mark_in_sync(me.set, replica).await,
+                None => true,
+            };
+            if counted {
+                me.mark_in_sync(replica);
+                tracing::info!("set {}: server {replica} is in sync again", me.set);
+            }
+            counted
+        }
+    }
+
+    /// The load of a resync: wipe `replica`'s copy and send it every key
+    /// and every chunk file of this server's store. (keys, chunk files).
+    async fn load(
+        &self,
+        server: &crate::Server,
+        replica: ServerId,
+        from: u64,
+    ) -> Result<(u64, u64), String> {
+        let send = |records: Vec<Record>| async move {
+            let (heads, payloads) = encode_all(records.iter());
+            let req = Request {
+                creds: Credentials::root(),
+                op: Op::ReplicaApply {
+                    set: self.set,
+                    stream: self.stream_id,
+                    first_seq: 0,
+                    heads,
+                },
+            };
+            self.pool(server)
+                .call_shared_once(replica, &req, SharedData::Owned(payloads))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        send(vec![Record::Reset { applied: from - 1 }]).await?;
+        let (mut keys, mut start) = (0u64, Vec::new());
+        loop {
+            let kv = server.kv.clone();
+            let from_key = start.clone();
+            let rows = crate::service::blocking(move || {
+                kv.scan(b"", &from_key, LOAD_KEYS_PER_CALL)
+                    .map_err(|e| std::io::Error::other(e.to_string()))
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+            let Some((last, _)) = rows.last() else { break };
+            start = last.clone();
+            start.push(0);
+            let mut b = WriteBatch::new();
+            for (k, v) in &rows {
+                b.put(k, v);
+            }
+            keys += rows.len() as u64;
+            let full = rows.len() == LOAD_KEYS_PER_CALL;
+            send(vec![Record::Kv {
+                batch: b.encode(),
+                sync: false,
+            }])
+            .await?;
+            if !full {
+                break;
+            }
+        }
+        let chunks = server.chunks.clone();
+        let files = crate::service::blocking(move || chunks.list_chunks())
+            .await
+            .map_err(|e| e.to_string())?;
+        for (ino, index, path) in &files {
+            let mut offset = 0u64;
+            loop {
+                let (p, at) = (path.clone(), offset);
+                let piece = crate::service::blocking(move || {
+                    use std::os::unix::fs::FileExt;
+                    let f = match std::fs::File::open(&p) {
+                        Ok(f) => f,
+                        // Purged meanwhile: the records say so.
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+                        Err(e) => return Err(e),
+                    };
+                    let mut buf = vec![0u8; LOAD_CHUNK_PIECE];
+                    let n = f.read_at(&mut buf, at)?;
+                    buf.truncate(n);
+                    Ok(buf)
+                })
+                .await
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+                if piece.is_empty() {
+                    break;
+                }
+                let n = piece.len() as u64;
+                send(vec![Record::ChunkWrite {
+                    ino: *ino,
+                    index: *index,
+                    offset,
+                    chunk_size: server.chunk_size,
+                    data: piece,
+                }])
+                .await?;
+                offset += n;
+            }
+        }
+        // Durable there before the records resume.
+        send(vec![Record::Sync]).await?;
+        Ok((keys, files.len() as u64))
+    }
+
     /// Ship the stream to every replica, each in its own task, for as long
     /// as the process runs.
     pub(crate) fn start_shippers(self: &Arc<Self>, server: Arc<crate::Server>) {
         let n = self.lock().replicas.len();
         for i in 0..n {
-            let (me, server) = (self.clone(), server.clone());
-            tokio::spawn(async move { me.ship(i, &server.peers).await });
+            self.start_shipper(i, server.clone());
         }
     }
 
+    fn start_shipper(self: &Arc<Self>, i: usize, server: Arc<crate::Server>) {
+        let me = self.clone();
+        tokio::spawn(async move { me.ship(i, me.pool(&server)).await });
+    }
+
+    /// The pool records go through: one that reaches server processes,
+    /// whatever sets moved (set by the process, `set_pool`), else the
+    /// server's peers.
+    fn pool<'a>(&'a self, server: &'a crate::Server) -> &'a Pool {
+        self.direct.get().map_or(&server.peers, |p| p.as_ref())
+    }
+
+    /// Reach replicas through `pool`, whose routes never move.
+    pub(crate) fn set_pool(&self, pool: Arc<Pool>) {
+        let _ = self.direct.set(pool);
+    }
+
     async fn ship(&self, i: usize, peers: &Pool) {
-        let server = self.lock().replicas[i].server;
+        let (server, generation) = {
+            let s = self.lock();
+            (s.replicas[i].server, s.replicas[i].generation)
+        };
         let mut failures = 0u32;
         loop {
+            if self.lock().replicas[i].generation != generation {
+                return;
+            }
             let changed = self.changed.notified();
             let Some((first_seq, batch)) = self.next_batch(i) else {
                 if self.lock().replicas[i].out.is_some() {
@@ -460,7 +752,7 @@ impl Replicator {
                 Ok(resp) => match resp.reply {
                     Reply::ReplicaAck { applied } => {
                         failures = 0;
-                        self.acknowledge(i, applied);
+                        self.acknowledge(i, generation, applied);
                     }
                     other => {
                         let why = format!("answered ReplicaApply with {other:?}");
@@ -504,6 +796,14 @@ fn random_stream_id() -> u64 {
     use std::hash::BuildHasher;
     std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now()) | 1
 }
+
+/// Attempts at a resync of one server, and the pause between two.
+const RESYNC_ATTEMPTS: u32 = 10;
+const RESYNC_PAUSE: Duration = Duration::from_secs(1);
+/// Keys per load call of a resync.
+const LOAD_KEYS_PER_CALL: usize = 4096;
+/// Bytes of a chunk file per load call of a resync.
+const LOAD_CHUNK_PIECE: usize = 4 << 20;
 
 /// Attempts at shipping one batch before a replica leaves the set.
 const SHIP_ATTEMPTS: u32 = 3;
@@ -632,14 +932,14 @@ mod tests {
         assert_eq!(r.last_seq(), 5);
         let (first, batch) = r.next_batch(0).unwrap();
         assert_eq!((first, batch.len()), (1, 5));
-        r.acknowledge(0, 3);
+        r.acknowledge(0, 0, 3);
         assert_eq!(r.lock().pending.len(), 5, "replica 1 has none yet");
-        r.acknowledge(1, 4);
+        r.acknowledge(1, 0, 4);
         assert_eq!(r.lock().pending.len(), 2);
         let (first, batch) = r.next_batch(0).unwrap();
         assert_eq!((first, batch.len()), (4, 2));
         r.leave(1, "test".into());
-        r.acknowledge(0, 5);
+        r.acknowledge(0, 0, 5);
         assert!(r.lock().pending.is_empty());
         assert!(r.next_batch(0).is_none());
         assert!(r.next_batch(1).is_none());

@@ -122,7 +122,9 @@ impl Server {
             Some(list) => list.clone(),
             None => cfg.replica_set(id)[1..].to_vec(),
         };
-        let replication = (!replicas.is_empty())
+        // With replicas in the cluster, always a stream: a set left with
+        // one member ships to the servers that resync to it later.
+        let replication = (cfg.replicas > 1 || !replicas.is_empty())
             .then(|| Arc::new(crate::replication::Replicator::new(id, &replicas)));
         let kv: Arc<dyn KvStore> = match &replication {
             Some(r) => Arc::new(crate::replication::ReplicatedKv::new(kv, r.clone())),
@@ -134,7 +136,9 @@ impl Server {
             cfg.servers
                 .iter()
                 .map(|s| ServerId(s.id))
-                .filter(|&s| s != id && cfg.replica_set(s).contains(&id))
+                // Its own set too: after a failover it catches up on it
+                // as another server's replica.
+                .filter(|&s| cfg.replicas > 1 && cfg.replica_set(s).contains(&id))
                 .collect(),
         );
         // Every write from here on goes through the index's wrapper.

@@ -214,6 +214,7 @@ fn main() {
                 &Reply::Routes {
                     epoch: 3,
                     serving: vec![ServerId(0), ServerId(0), ServerId(2)],
+                    in_sync: vec![2, 1, 2],
                 }
                 .encode(),
                 &[],
