@@ -16,7 +16,19 @@ pub const BLOCK_BYTES: u64 = 8 << 20;
 /// Files larger than this are cut into parts of this size, which the
 /// workers copy independently (a large file spreads over every node, and
 /// no node is left holding a long tail).
-pub const PART_BYTES: u64 = 64 << 20;
+const PART_BYTES: u64 = 64 << 20;
+
+/// The part size: `PART_BYTES`, or `MADFS_STAGE_PART_BYTES` (at least
+/// 64 KiB) so tests cut small files into many parts.
+pub fn part_bytes() -> u64 {
+    static PART: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *PART.get_or_init(|| {
+        std::env::var("MADFS_STAGE_PART_BYTES")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(PART_BYTES, |v| v.max(64 << 10))
+    })
+}
 /// Zero runs this long and aligned are skipped (left as holes) when the
 /// source cannot say where its holes are (MadFS reads holes as zeros).
 const ZERO_RUN_BYTES: usize = 64 << 10;

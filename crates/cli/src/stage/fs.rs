@@ -301,6 +301,21 @@ impl Fs {
         }
     }
 
+    /// Make a directory and any missing parents.
+    pub async fn mkdir_all(&self, path: &[u8]) -> Result<()> {
+        match self {
+            Fs::Local => {
+                std::fs::create_dir_all(os(path)).map_err(|e| io_msg("create directory", path, &e))
+            }
+            Fs::Madfs(m) => m
+                .client
+                .mkdir_all(path, 0o755)
+                .await
+                .map(|_| ())
+                .map_err(|e| madfs_msg("create directory", path, &e)),
+        }
+    }
+
     pub async fn read_link(&self, path: &[u8]) -> Result<Vec<u8>> {
         match self {
             Fs::Local => std::fs::read_link(os(path))

@@ -318,6 +318,9 @@ async fn run_job_async(setup: &Setup, job: Job) -> Result<ExitCode, String> {
     let (src_fs, dst_fs) = (setup.side(src_madfs), setup.side(dst_madfs));
     let mut plan = Plan::default();
     let mut early_failures: Vec<String> = Vec::new();
+    // Where each copy goes: their parents are made first (`cp -r in
+    // madfs:/run1/` makes /run1).
+    let mut targets: Vec<Vec<u8>> = Vec::new();
     let many = job.pairs.len() > 1;
     for (src, dst) in &job.pairs {
         let src_root = walk::trim_root(&src.path).to_vec();
@@ -348,16 +351,22 @@ async fn run_job_async(setup: &Setup, job: Job) -> Result<ExitCode, String> {
                     early_failures.append(&mut t.errors);
                 }
                 plan.add(&src_root, &tree, &dst_root, old.as_ref(), rules);
+                targets.push(dst_root);
             }
             None => {
                 let target = cp_target(&dst_fs, src, dst, many).await?;
                 plan.add(&src_root, &tree, &target, None, SyncRules::default());
+                targets.push(target);
             }
         }
     }
     if job.dry_run {
         print_dry_run(&dst_fs, &src_fs, &plan);
         return Ok(exit_code(early_failures.is_empty()));
+    }
+    for t in &targets {
+        let (parent, _) = fs::split_path(t);
+        dst_fs.mkdir_all(parent).await?;
     }
     let (files, bytes) = plan.totals();
     let progress = Progress::new(job.command, files, bytes, true);

@@ -180,6 +180,8 @@ impl Plan {
                     };
                     match old {
                         Some(o) if sync && same_meta(o) && rules.checksum => {
+                            // It may turn out to differ and be replaced.
+                            touched.insert(parent_rel(&n.rel).to_vec());
                             self.compares.push(task)
                         }
                         Some(o) if sync && same_meta(o) => self.unchanged += 1,

@@ -6,7 +6,7 @@
 //! fast worker takes more and a slow one is never left holding a long
 //! queue; a large file is cut into parts that different workers copy.
 
-use super::copy::{temp_path, Executor, Item, Outcome, Work, PART_BYTES};
+use super::copy::{part_bytes, temp_path, Executor, Item, Outcome, Work};
 use super::fs::{Fs, Preserve, Result};
 use super::plan::{FileTask, Plan};
 use super::progress::Progress;
@@ -68,6 +68,18 @@ impl Dispatch {
     }
 }
 
+/// Items reported so far by this process, for the test fault below.
+static DONE: AtomicUsize = AtomicUsize::new(0);
+
+/// *Test fault:* `MADFS_FAULT_STAGE_EXIT_AFTER=N` ends the process at
+/// once (SIGKILL) after N items are done, to test that `sync`
+/// resumes an interrupted copy. Never set it outside tests.
+fn fault_exit_after() -> Option<usize> {
+    std::env::var("MADFS_FAULT_STAGE_EXIT_AFTER")
+        .ok()
+        .and_then(|v| v.parse().ok())
+}
+
 /// Who does the file work.
 pub enum Pool {
     Local { exec: Executor, jobs: usize },
@@ -103,10 +115,16 @@ impl Pool {
             Pool::Remote(crew) => crew_tasks = Some(crew.start_phase(&dispatch, &tx)),
         }
         drop(tx);
+        let exit_after = fault_exit_after();
         while !pending.is_empty() {
             let Some(o) = rx.recv().await else { break };
             if pending.remove(&o.id) {
                 done(o).await;
+                if exit_after.is_some_and(|n| DONE.fetch_add(1, Ordering::Relaxed) + 1 >= n) {
+                    // Killed: whatever is in flight stays half done.
+                    // SAFETY: signals this process; nothing is read or written.
+                    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+                }
             }
         }
         if let (Pool::Remote(crew), Some(tasks)) = (self, crew_tasks) {
@@ -331,7 +349,7 @@ impl Coordinator {
         // Large files: the temporary file is made at its full size first,
         // then the parts are handed out.
         let big: Vec<usize> = (0..files.len())
-            .filter(|&i| files[i].size > PART_BYTES)
+            .filter(|&i| files[i].size > part_bytes())
             .collect();
         let made: Vec<_> = big
             .iter()
@@ -358,7 +376,7 @@ impl Coordinator {
             let mut offset = 0;
             let mut left = 0;
             while offset < f.size {
-                let len = PART_BYTES.min(f.size - offset);
+                let len = part_bytes().min(f.size - offset);
                 items.push(Work::Part {
                     src: f.src.clone(),
                     tmp: tmp.clone(),
@@ -379,7 +397,7 @@ impl Coordinator {
             );
         }
         for (i, f) in files.iter().enumerate() {
-            if f.size <= PART_BYTES {
+            if f.size <= part_bytes() {
                 items.push(Work::File {
                     src: f.src.clone(),
                     dst: f.dst.clone(),
