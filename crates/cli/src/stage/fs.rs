@@ -8,7 +8,9 @@ use madfs_client::{FileName, Timestamp};
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+
+pub use super::io::{Reader, Writer};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -60,14 +62,14 @@ fn os(path: &[u8]) -> &Path {
     Path::new(OsStr::from_bytes(path))
 }
 
-fn io_msg(what: &str, path: &[u8], e: &std::io::Error) -> String {
+pub(super) fn io_msg(what: &str, path: &[u8], e: &std::io::Error) -> String {
     let text = e.to_string();
     // "Permission denied (os error 13)" reads better without the number.
     let text = text.split(" (os error").next().unwrap_or(&text).to_string();
     format!("cannot {what} '{}': {text}", show(path))
 }
 
-fn madfs_msg(what: &str, path: &[u8], e: &madfs_client::ClientError) -> String {
+pub(super) fn madfs_msg(what: &str, path: &[u8], e: &madfs_client::ClientError) -> String {
     match e.code {
         ErrorCode::Unavailable | ErrorCode::TimedOut | ErrorCode::Io | ErrorCode::Protocol => {
             format!("cannot {what} 'madfs:{}': {e}", show(path))
@@ -214,18 +216,6 @@ pub fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
     }
     p.extend_from_slice(name);
     p
-}
-
-/// An open source file.
-pub enum Reader {
-    Local(std::fs::File),
-    Madfs(Box<madfs_client::File>),
-}
-
-/// An open destination file.
-pub enum Writer {
-    Local(std::fs::File),
-    Madfs(Box<madfs_client::File>),
 }
 
 impl Fs {
@@ -635,139 +625,4 @@ pub fn umask() -> u32 {
             old as u32
         }
     })
-}
-
-impl Reader {
-    /// Up to `len` bytes at `offset` (fewer only at the end of the file).
-    pub async fn read_at(&self, offset: u64, len: usize, path: &[u8]) -> Result<Vec<u8>> {
-        match self {
-            Reader::Local(f) => {
-                let f = f.try_clone().map_err(|e| io_msg("read", path, &e))?;
-                let path = path.to_vec();
-                run_blocking(len, move || {
-                    let mut buf = vec![0u8; len];
-                    let mut filled = 0;
-                    while filled < len {
-                        match f.read_at(&mut buf[filled..], offset + filled as u64) {
-                            Ok(0) => break,
-                            Ok(n) => filled += n,
-                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                            Err(e) => return Err(io_msg("read", &path, &e)),
-                        }
-                    }
-                    buf.truncate(filled);
-                    Ok(buf)
-                })
-                .await
-            }
-            Reader::Madfs(f) => f
-                .read_at(offset, len)
-                .await
-                .map_err(|e| madfs_msg("read", path, &e)),
-        }
-    }
-
-    /// The data segments of `[start, end)`: where a local file has data
-    /// (SEEK_DATA/SEEK_HOLE), all of it for MadFS (its holes read as
-    /// zeros, which the copy skips block by block).
-    pub fn segments(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
-        let Reader::Local(f) = self else {
-            return vec![(start, end)];
-        };
-        use std::os::fd::AsRawFd;
-        let fd = f.as_raw_fd();
-        let mut out = Vec::new();
-        let mut at = start;
-        while at < end {
-            // SAFETY: lseek on a descriptor we own; no memory involved.
-            let data = unsafe { libc::lseek(fd, at as libc::off_t, libc::SEEK_DATA) };
-            if data < 0 {
-                let err = std::io::Error::last_os_error();
-                if err.raw_os_error() == Some(libc::ENXIO) {
-                    break; // only a hole is left
-                }
-                // No SEEK_DATA here: the whole range is data.
-                return vec![(start, end)];
-            }
-            let data = data as u64;
-            if data >= end {
-                break;
-            }
-            // SAFETY: as above.
-            let hole = unsafe { libc::lseek(fd, data as libc::off_t, libc::SEEK_HOLE) };
-            let hole = if hole < 0 {
-                end
-            } else {
-                (hole as u64).min(end)
-            };
-            out.push((data, hole));
-            at = hole;
-        }
-        out
-    }
-
-    pub async fn close(self) {
-        if let Reader::Madfs(f) = self {
-            let _ = f.close().await;
-        }
-    }
-}
-
-impl Writer {
-    pub async fn write_at(&self, offset: u64, data: Vec<u8>, path: &[u8]) -> Result<()> {
-        match self {
-            Writer::Local(f) => {
-                let f = f.try_clone().map_err(|e| io_msg("write", path, &e))?;
-                let path = path.to_vec();
-                run_blocking(data.len(), move || {
-                    f.write_all_at(&data, offset)
-                        .map_err(|e| io_msg("write", &path, &e))
-                })
-                .await
-            }
-            Writer::Madfs(f) => f
-                .write_owned(offset, data)
-                .await
-                .map(|_| ())
-                .map_err(|e| madfs_msg("write", path, &e)),
-        }
-    }
-
-    pub async fn set_len(&self, size: u64, path: &[u8]) -> Result<()> {
-        match self {
-            Writer::Local(f) => f.set_len(size).map_err(|e| io_msg("truncate", path, &e)),
-            Writer::Madfs(f) => f
-                .set_len(size)
-                .await
-                .map(|_| ())
-                .map_err(|e| madfs_msg("truncate", path, &e)),
-        }
-    }
-
-    /// Finish the writes (a write-behind failure shows here).
-    pub async fn close(self, path: &[u8]) -> Result<()> {
-        match self {
-            Writer::Local(_) => Ok(()),
-            Writer::Madfs(f) => f.close().await.map_err(|e| madfs_msg("write", path, &e)),
-        }
-    }
-}
-
-/// Local reads and writes up to this size run on the task's own thread:
-/// handing a 4 KiB read to the blocking pool costs more than the read.
-const INLINE_IO_MAX_BYTES: usize = 256 << 10;
-
-/// Run blocking local I/O of `bytes` off the runtime's threads when it is
-/// large (a large read or write of a local disk would stall every other
-/// task on that thread).
-async fn run_blocking<T: Send + 'static>(
-    bytes: usize,
-    f: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    if bytes <= INLINE_IO_MAX_BYTES {
-        return f();
-    }
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| format!("local I/O task failed: {e}"))?
 }

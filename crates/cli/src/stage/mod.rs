@@ -1,16 +1,19 @@
 //! Staging: `madfs cp` and `madfs sync`, parallel copies into and out of
 //! MadFS (or between two places of one side), on this host or spread over
 //! the job's hosts; and the stage-in and stage-out of `madfs up` and
-//! `madfs down`. The files: fs.rs (the two sides), walk.rs (listing a
-//! tree), plan.rs (what to do), copy.rs (one work item), run.rs (the
-//! coordinator and its pool), worker.rs (workers on other hosts),
-//! progress.rs (what people see).
+//! `madfs down`. The files: fs.rs (the two sides), io.rs (their open
+//! files), walk.rs (listing a tree), plan.rs (what to do), copy.rs (one
+//! work item), run.rs (the coordinator and its pool), worker.rs (workers
+//! on other hosts), progress.rs (what people see), updown.rs (stage-in and
+//! stage-out).
 
 mod copy;
 mod fs;
+mod io;
 mod plan;
 mod progress;
 mod run;
+mod updown;
 mod walk;
 mod worker;
 
@@ -23,6 +26,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use worker::{Crew, Spread};
+
+pub use updown::stage;
 
 /// Work items in flight at once by default: on one host, tasks of this
 /// process; spread, on each worker.
@@ -516,94 +521,6 @@ pub fn worker(args: WorkerArgs) -> Result<ExitCode, String> {
     worker::worker_main(args.connect, &args.run, &args.host).map(|()| ExitCode::SUCCESS)
 }
 
-/// A `--stage-in` or `--stage-out` argument: `LOCAL:MADFS` for stage-in,
-/// `MADFS:LOCAL` for stage-out (the MadFS path is absolute; the split is
-/// at the colon before it, or after it).
-fn stage_pair(spec: &str, into_madfs: bool) -> Result<(String, String), String> {
-    let split = if into_madfs {
-        spec.rfind(":/").map(|i| (i, i + 1))
-    } else {
-        spec.find(':')
-            .filter(|_| spec.starts_with('/'))
-            .map(|i| (i, i + 1))
-    };
-    let (a, b) = match split {
-        Some((end, start)) if end > 0 && start < spec.len() => (&spec[..end], &spec[start..]),
-        _ => {
-            return Err(if into_madfs {
-                format!("--stage-in '{spec}': give LOCAL:/MADFS_PATH")
-            } else {
-                format!("--stage-out '{spec}': give /MADFS_PATH:LOCAL")
-            })
-        }
-    };
-    Ok((a.to_string(), b.to_string()))
-}
-
-/// Run the stage-in (`into_madfs`) or stage-out copies of `madfs up` or
-/// `madfs down`: each a `madfs sync`, spread over the cluster's hosts when
-/// it has several.
-pub fn stage(data: &Path, specs: &[String], into_madfs: bool) -> Result<(), String> {
-    let cluster = data.join("cluster.toml");
-    let spread = if crate::hosts::is_multihost(data) {
-        let text = std::fs::read_to_string(data.join(crate::hosts::HOSTS_FILE))
-            .map_err(|e| format!("{}: {e}", data.display()))?;
-        let l: crate::hosts::Launcher =
-            toml::from_str(&text).map_err(|e| format!("{}: {e}", data.display()))?;
-        let cfg = madfs_client::ClusterConfig::load(&cluster).map_err(|e| e.to_string())?;
-        let mut hosts: Vec<String> = crate::hosts::hosts_of(&cfg)
-            .into_iter()
-            .map(|h| h.0)
-            .collect();
-        hosts.extend(l.clients.iter().cloned());
-        Some(Spread {
-            hosts,
-            exec: l.exec,
-            madfs: l.madfs,
-        })
-    } else {
-        None
-    };
-    for spec in specs {
-        let (a, b) = stage_pair(spec, into_madfs)?;
-        let (src, dst) = if into_madfs {
-            (
-                OsString::from(a),
-                OsString::from(format!("{MADFS_PREFIX}{b}")),
-            )
-        } else {
-            (
-                OsString::from(format!("{MADFS_PREFIX}{a}")),
-                OsString::from(b),
-            )
-        };
-        let job = Job {
-            command: if into_madfs { "stage-in" } else { "stage-out" },
-            pairs: vec![(endpoint(&src)?, endpoint(&dst)?)],
-            sync: Some(SyncRules::default()),
-            recursive: true,
-            keep: Preserve {
-                mode: true,
-                owner: true,
-                times: true,
-            },
-            links: true,
-            verify: false,
-            dry_run: false,
-            jobs: JOBS_DEFAULT,
-            spread: spread.as_ref().map(|s| Spread {
-                hosts: s.hosts.clone(),
-                exec: s.exec.clone(),
-                madfs: s.madfs.clone(),
-            }),
-        };
-        if run_job(Some(&cluster), job)? != ExitCode::SUCCESS {
-            return Err(format!("copying {spec} failed (see above)"));
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -619,15 +536,5 @@ mod tests {
             .unwrap()
             .path
             .starts_with(b"/"));
-        assert_eq!(
-            stage_pair("/scratch/a:b:/run1/in", true).unwrap(),
-            ("/scratch/a:b".into(), "/run1/in".into())
-        );
-        assert_eq!(
-            stage_pair("/run1/out:/scratch/res", false).unwrap(),
-            ("/run1/out".into(), "/scratch/res".into())
-        );
-        assert!(stage_pair("/scratch/a", true).is_err());
-        assert!(stage_pair("relative:/x", false).is_err());
     }
 }
