@@ -216,10 +216,11 @@ impl Executor {
         let r = async {
             let writer = self.dst.create(&tmp, 0o600).await?;
             let written = copy_range(&self.src, reader, src, &writer, &tmp, 0, meta.size).await;
-            let closed = writer.close(&tmp).await;
-            written?;
-            closed?;
-            self.dst.set_attrs(&tmp, target, keep).await?;
+            if let Err(e) = written {
+                let _ = writer.close(&tmp).await;
+                return Err(e);
+            }
+            writer.close_with_attrs(&tmp, target, keep).await?;
             self.dst.rename(&tmp, dst).await
         }
         .await;

@@ -139,7 +139,7 @@ fn cstr(path: &[u8]) -> Result<CString> {
     CString::new(path).map_err(|_| format!("'{}': a NUL byte in the path", show(path)))
 }
 
-fn timespec(t: Timestamp) -> libc::timespec {
+pub(super) fn timespec(t: Timestamp) -> libc::timespec {
     libc::timespec {
         tv_sec: t.secs as libc::time_t,
         tv_nsec: t.nanos as libc::c_long,
@@ -148,8 +148,9 @@ fn timespec(t: Timestamp) -> libc::timespec {
 
 /// Whether this process may give files away (chown to any owner).
 pub fn is_root() -> bool {
+    static ROOT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     // SAFETY: geteuid takes no arguments and cannot fail.
-    unsafe { libc::geteuid() == 0 }
+    *ROOT.get_or_init(|| unsafe { libc::geteuid() == 0 })
 }
 
 /// One side of a copy.
@@ -477,7 +478,7 @@ impl Fs {
             Fs::Local => {
                 let f = std::fs::File::open(os(path)).map_err(|e| io_msg("open", path, &e))?;
                 let m = f.metadata().map_err(|e| io_msg("stat", path, &e))?;
-                Ok((Reader::Local(f), local_meta(&m)))
+                Ok((Reader::Local(Arc::new(f)), local_meta(&m)))
             }
             Fs::Madfs(m) => {
                 let opts = OpenOptions::new().read(true).read_ahead(true);
@@ -501,7 +502,7 @@ impl Fs {
                 .truncate(true)
                 .mode(perm | 0o200)
                 .open(os(path))
-                .map(Writer::Local)
+                .map(|f| Writer::Local(Arc::new(f)))
                 .map_err(|e| io_msg("create", path, &e)),
             Fs::Madfs(m) => {
                 let opts = OpenOptions::new()
@@ -525,7 +526,7 @@ impl Fs {
             Fs::Local => std::fs::OpenOptions::new()
                 .write(true)
                 .open(os(path))
-                .map(Writer::Local)
+                .map(|f| Writer::Local(Arc::new(f)))
                 .map_err(|e| io_msg("open", path, &e)),
             Fs::Madfs(m) => {
                 let opts = OpenOptions::new().write(true).write_behind(true);
@@ -579,7 +580,7 @@ impl Fs {
 }
 
 /// One SetAttr with every attribute `keep` asks for.
-async fn madfs_set_attrs(
+pub(super) async fn madfs_set_attrs(
     client: &Client,
     ino: InodeId,
     path: &[u8],

@@ -3,18 +3,20 @@
 //! sizes. Large local transfers run on the blocking pool, small ones
 //! inline.
 
-use super::fs::{io_msg, madfs_msg, Result};
+use super::fs::{io_msg, is_root, madfs_msg, madfs_set_attrs, timespec, Meta, Preserve, Result};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
+use std::sync::Arc;
 
-/// An open source file.
+/// An open source file (shared with the blocking pool for large reads).
 pub enum Reader {
-    Local(std::fs::File),
+    Local(Arc<std::fs::File>),
     Madfs(Box<madfs_client::File>),
 }
 
 /// An open destination file.
 pub enum Writer {
-    Local(std::fs::File),
+    Local(Arc<std::fs::File>),
     Madfs(Box<madfs_client::File>),
 }
 
@@ -23,8 +25,7 @@ impl Reader {
     pub async fn read_at(&self, offset: u64, len: usize, path: &[u8]) -> Result<Vec<u8>> {
         match self {
             Reader::Local(f) => {
-                let f = f.try_clone().map_err(|e| io_msg("read", path, &e))?;
-                let path = path.to_vec();
+                let (f, path) = (f.clone(), path.to_vec());
                 run_blocking(len, move || {
                     let mut buf = vec![0u8; len];
                     let mut filled = 0;
@@ -55,7 +56,6 @@ impl Reader {
         let Reader::Local(f) = self else {
             return vec![(start, end)];
         };
-        use std::os::fd::AsRawFd;
         let fd = f.as_raw_fd();
         let mut out = Vec::new();
         let mut at = start;
@@ -98,8 +98,7 @@ impl Writer {
     pub async fn write_at(&self, offset: u64, data: Vec<u8>, path: &[u8]) -> Result<()> {
         match self {
             Writer::Local(f) => {
-                let f = f.try_clone().map_err(|e| io_msg("write", path, &e))?;
-                let path = path.to_vec();
+                let (f, path) = (f.clone(), path.to_vec());
                 run_blocking(data.len(), move || {
                     f.write_all_at(&data, offset)
                         .map_err(|e| io_msg("write", &path, &e))
@@ -130,6 +129,41 @@ impl Writer {
         match self {
             Writer::Local(_) => Ok(()),
             Writer::Madfs(f) => f.close().await.map_err(|e| madfs_msg("write", path, &e)),
+        }
+    }
+
+    /// Close, and give the file `meta`'s attributes as `keep` says,
+    /// through the open file (no path walked again): a local file through
+    /// its descriptor before it is closed, a MadFS file by inode after its
+    /// close (which publishes its size and mtime).
+    pub async fn close_with_attrs(self, path: &[u8], meta: &Meta, keep: Preserve) -> Result<()> {
+        match self {
+            Writer::Local(f) => {
+                let fd = f.as_raw_fd();
+                let fail = |what| Err(io_msg(what, path, &std::io::Error::last_os_error()));
+                // SAFETY: a descriptor we own, valid timespecs; these calls
+                // only read their arguments. Owner first: chown clears the
+                // set-id bits chmod then sets.
+                unsafe {
+                    if keep.owner && is_root() && libc::fchown(fd, meta.uid, meta.gid) != 0 {
+                        return fail("change ownership of");
+                    }
+                    if keep.mode && libc::fchmod(fd, meta.perm as libc::mode_t) != 0 {
+                        return fail("change permissions of");
+                    }
+                    if keep.times {
+                        let times = [timespec(meta.atime), timespec(meta.mtime)];
+                        if libc::futimens(fd, times.as_ptr()) != 0 {
+                            return fail("set times of");
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Writer::Madfs(f) => {
+                f.close().await.map_err(|e| madfs_msg("write", path, &e))?;
+                madfs_set_attrs(f.client(), f.ino(), path, meta, keep).await
+            }
         }
     }
 }
