@@ -9,6 +9,7 @@
 use super::fs::{join, show, split_path, Fs, Meta, Preserve, Reader, Result, Writer};
 use madfs_client::FileKind;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// Bytes read and written per request: a few chunks in flight at once, as
 /// `madfs put` moves them, and aligned to them.
@@ -115,15 +116,40 @@ pub fn is_temp_name(name: &[u8]) -> bool {
     name.starts_with(TEMP_PREFIX) && name.ends_with(TEMP_SUFFIX)
 }
 
+/// Parts of large files copied at once by one process: each streams
+/// blocks with several requests in flight already (write-behind,
+/// read-ahead), so a few streams fill the servers; more only compete for
+/// memory and cores (measured in docs/PERFORMANCE.md, "Staging").
+const PARTS_IN_FLIGHT: usize = 4;
+
+fn parts_in_flight() -> usize {
+    std::env::var("MADFS_STAGE_PARTS_IN_FLIGHT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(PARTS_IN_FLIGHT)
+        .max(1)
+}
+
 /// Carries out work items between two sides.
 #[derive(Clone)]
 pub struct Executor {
     pub src: Fs,
     pub dst: Fs,
     pub keep: Preserve,
+    /// Bounds the parts copied at once (`PARTS_IN_FLIGHT`).
+    parts: Arc<tokio::sync::Semaphore>,
 }
 
 impl Executor {
+    pub fn new(src: Fs, dst: Fs, keep: Preserve) -> Executor {
+        Executor {
+            src,
+            dst,
+            keep,
+            parts: Arc::new(tokio::sync::Semaphore::new(parts_in_flight())),
+        }
+    }
+
     pub async fn run(&self, item: Item) -> Outcome {
         let id = item.id;
         let r = match item.work {
@@ -133,7 +159,10 @@ impl Executor {
                 tmp,
                 offset,
                 len,
-            } => self.copy_part(&src, &tmp, offset, len).await,
+            } => {
+                let _turn = self.parts.acquire().await.expect("never closed");
+                self.copy_part(&src, &tmp, offset, len).await
+            }
             Work::Symlink { src, dst, replace } => self.copy_symlink(&src, &dst, replace).await,
             Work::Special { src, dst, replace } => self.copy_special(&src, &dst, replace).await,
             Work::Compare { src, dst } => {
@@ -347,8 +376,17 @@ async fn copy_range(
             let want = block_end - at;
             let data = reader.read_at(at, want as usize, src).await?;
             check_length(src_fs, src, at + data.len() as u64, block_end)?;
-            if skip_zeros {
-                for (from, to) in nonzero_runs(&data, at) {
+            let runs = if skip_zeros {
+                nonzero_runs(&data, at)
+            } else {
+                vec![(0, data.len())]
+            };
+            if runs == [(0, data.len())] {
+                // All data (the usual case): the block goes as it is.
+                writer.write_at(at, data, dst).await?;
+                written_end = block_end;
+            } else if skip_zeros {
+                for (from, to) in runs {
                     writer
                         .write_at(at + from as u64, data[from..to].to_vec(), dst)
                         .await?;

@@ -382,19 +382,11 @@ async fn run_job_async(setup: &Setup, job: Job) -> Result<ExitCode, String> {
     let pool = match &job.spread {
         // Nothing to copy (an unchanged tree): no worker to start.
         None | Some(_) if plan.is_empty() => Pool::Local {
-            exec: copy::Executor {
-                src: src_fs.clone(),
-                dst: dst_fs.clone(),
-                keep,
-            },
+            exec: copy::Executor::new(src_fs.clone(), dst_fs.clone(), keep),
             jobs: job.jobs,
         },
         None => Pool::Local {
-            exec: copy::Executor {
-                src: src_fs.clone(),
-                dst: dst_fs.clone(),
-                keep,
-            },
+            exec: copy::Executor::new(src_fs.clone(), dst_fs.clone(), keep),
             jobs: job.jobs,
         },
         Some(spread) => {

@@ -427,11 +427,7 @@ impl Coordinator {
         let mut pool = std::mem::replace(
             &mut self.pool,
             Pool::Local {
-                exec: Executor {
-                    src: Fs::Local,
-                    dst: Fs::Local,
-                    keep: Preserve::default(),
-                },
+                exec: Executor::new(Fs::Local, Fs::Local, Preserve::default()),
                 jobs: 0,
             },
         );

@@ -530,11 +530,7 @@ pub fn worker_main(connect: SocketAddr, run: &str, host: &str) -> Result<(), Str
             SideKind::Local => Fs::Local,
             SideKind::Madfs => Fs::Madfs(MadfsSide::new(client.clone())),
         };
-        let exec = Executor {
-            src: side(src),
-            dst: side(dst),
-            keep,
-        };
+        let exec = Executor::new(side(src), side(dst), keep);
         work(rd, wr, exec).await
     })
 }
