@@ -19,17 +19,25 @@ pub const BLOCK_BYTES: u64 = 8 << 20;
 /// no node is left holding a long tail).
 const PART_BYTES: u64 = 64 << 20;
 
-/// The part size: `PART_BYTES`, or `MADFS_STAGE_PART_BYTES` (at least
-/// 64 KiB) so tests cut small files into many parts.
-pub fn part_bytes() -> u64 {
-    static PART: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *PART.get_or_init(|| {
-        std::env::var("MADFS_STAGE_PART_BYTES")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .map_or(PART_BYTES, |v| v.max(64 << 10))
-    })
+/// `MADFS_STAGE_PART_BYTES` (at least 64 KiB), which tests set to cut
+/// small files into many parts.
+fn part_bytes_from_env() -> Option<u64> {
+    std::env::var("MADFS_STAGE_PART_BYTES")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(|v| v.max(64 << 10))
 }
+
+/// The size of the parts large files are cut into: for workers on several
+/// hosts `PART_BYTES`, so a large file spreads over them; on one host none
+/// (`u64::MAX`): one stream per file already keeps several requests in
+/// flight (write-behind, read-ahead), and parts copied at once by one
+/// process only compete with each other (measured: docs/PERFORMANCE.md,
+/// "Staging").
+pub fn part_bytes(spread: bool) -> u64 {
+    part_bytes_from_env().unwrap_or(if spread { PART_BYTES } else { u64::MAX })
+}
+
 /// Zero runs this long and aligned are skipped (left as holes) when the
 /// source cannot say where its holes are (MadFS reads holes as zeros).
 const ZERO_RUN_BYTES: usize = 64 << 10;
@@ -116,11 +124,11 @@ pub fn is_temp_name(name: &[u8]) -> bool {
     name.starts_with(TEMP_PREFIX) && name.ends_with(TEMP_SUFFIX)
 }
 
-/// Parts of large files copied at once by one process: each streams
-/// blocks with several requests in flight already (write-behind,
-/// read-ahead), so a few streams fill the servers; more only compete for
-/// memory and cores (measured in docs/PERFORMANCE.md, "Staging").
-const PARTS_IN_FLIGHT: usize = 4;
+/// Parts of large files copied at once by one worker: each streams blocks
+/// with several requests in flight already (write-behind, read-ahead), so
+/// two streams fill the servers; more only compete for memory and cores
+/// (measured: docs/PERFORMANCE.md, "Staging").
+const PARTS_IN_FLIGHT: usize = 2;
 
 fn parts_in_flight() -> usize {
     std::env::var("MADFS_STAGE_PARTS_IN_FLIGHT")

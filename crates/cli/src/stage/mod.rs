@@ -421,6 +421,7 @@ async fn run_job_async(setup: &Setup, job: Job) -> Result<ExitCode, String> {
         dst: dst_fs,
         keep,
         verify: job.verify,
+        part_bytes: copy::part_bytes(matches!(pool, Pool::Remote(_))),
         pool,
         progress,
         totals: run::Totals::default(),

@@ -6,7 +6,7 @@
 //! fast worker takes more and a slow one is never left holding a long
 //! queue; a large file is cut into parts that different workers copy.
 
-use super::copy::{part_bytes, temp_path, Executor, Item, Outcome, Work};
+use super::copy::{temp_path, Executor, Item, Outcome, Work};
 use super::fs::{Fs, Preserve, Result};
 use super::plan::{FileTask, Plan};
 use super::progress::Progress;
@@ -154,6 +154,8 @@ pub struct Coordinator {
     pub dst: Fs,
     pub keep: Preserve,
     pub verify: bool,
+    /// Files larger than this are copied in parts of this size.
+    pub part_bytes: u64,
     pub pool: Pool,
     pub progress: Progress,
     pub totals: Totals,
@@ -349,7 +351,7 @@ impl Coordinator {
         // Large files: the temporary file is made at its full size first,
         // then the parts are handed out.
         let big: Vec<usize> = (0..files.len())
-            .filter(|&i| files[i].size > part_bytes())
+            .filter(|&i| files[i].size > self.part_bytes)
             .collect();
         let made: Vec<_> = big
             .iter()
@@ -376,7 +378,7 @@ impl Coordinator {
             let mut offset = 0;
             let mut left = 0;
             while offset < f.size {
-                let len = part_bytes().min(f.size - offset);
+                let len = self.part_bytes.min(f.size - offset);
                 items.push(Work::Part {
                     src: f.src.clone(),
                     tmp: tmp.clone(),
@@ -397,7 +399,7 @@ impl Coordinator {
             );
         }
         for (i, f) in files.iter().enumerate() {
-            if f.size <= part_bytes() {
+            if f.size <= self.part_bytes {
                 items.push(Work::File {
                     src: f.src.clone(),
                     dst: f.dst.clone(),
