@@ -478,7 +478,7 @@ impl Fs {
             Fs::Local => {
                 let f = std::fs::File::open(os(path)).map_err(|e| io_msg("open", path, &e))?;
                 let m = f.metadata().map_err(|e| io_msg("stat", path, &e))?;
-                Ok((Reader::Local(Arc::new(f)), local_meta(&m)))
+                Ok((Reader::Local(f), local_meta(&m)))
             }
             Fs::Madfs(m) => {
                 let opts = OpenOptions::new().read(true).read_ahead(true);
@@ -502,7 +502,7 @@ impl Fs {
                 .truncate(true)
                 .mode(perm | 0o200)
                 .open(os(path))
-                .map(|f| Writer::Local(Arc::new(f)))
+                .map(Writer::Local)
                 .map_err(|e| io_msg("create", path, &e)),
             Fs::Madfs(m) => {
                 let opts = OpenOptions::new()
@@ -526,7 +526,7 @@ impl Fs {
             Fs::Local => std::fs::OpenOptions::new()
                 .write(true)
                 .open(os(path))
-                .map(|f| Writer::Local(Arc::new(f)))
+                .map(Writer::Local)
                 .map_err(|e| io_msg("open", path, &e)),
             Fs::Madfs(m) => {
                 let opts = OpenOptions::new().write(true).write_behind(true);

@@ -1,22 +1,20 @@
 //! Reading and writing the bytes of open files on either side: positioned
 //! reads and writes, a local file's data segments (so holes stay holes),
-//! sizes. Large local transfers run on the blocking pool, small ones
-//! inline.
+//! sizes.
 
 use super::fs::{io_msg, is_root, madfs_msg, madfs_set_attrs, timespec, Meta, Preserve, Result};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
-use std::sync::Arc;
 
-/// An open source file (shared with the blocking pool for large reads).
+/// An open source file.
 pub enum Reader {
-    Local(Arc<std::fs::File>),
+    Local(std::fs::File),
     Madfs(Box<madfs_client::File>),
 }
 
 /// An open destination file.
 pub enum Writer {
-    Local(Arc<std::fs::File>),
+    Local(std::fs::File),
     Madfs(Box<madfs_client::File>),
 }
 
@@ -24,23 +22,24 @@ impl Reader {
     /// Up to `len` bytes at `offset` (fewer only at the end of the file).
     pub async fn read_at(&self, offset: u64, len: usize, path: &[u8]) -> Result<Vec<u8>> {
         match self {
+            // Local I/O runs on the task's own thread, as `madfs put` and
+            // `get` do theirs: handing each 8 MiB transfer to the blocking
+            // pool cost a large file's copy a fifth of its speed
+            // (docs/PERFORMANCE.md, "Staging"); a runtime thread held a few
+            // milliseconds by the page cache holds up little.
             Reader::Local(f) => {
-                let (f, path) = (f.clone(), path.to_vec());
-                run_blocking(len, move || {
-                    let mut buf = vec![0u8; len];
-                    let mut filled = 0;
-                    while filled < len {
-                        match f.read_at(&mut buf[filled..], offset + filled as u64) {
-                            Ok(0) => break,
-                            Ok(n) => filled += n,
-                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                            Err(e) => return Err(io_msg("read", &path, &e)),
-                        }
+                let mut buf = vec![0u8; len];
+                let mut filled = 0;
+                while filled < len {
+                    match f.read_at(&mut buf[filled..], offset + filled as u64) {
+                        Ok(0) => break,
+                        Ok(n) => filled += n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(io_msg("read", path, &e)),
                     }
-                    buf.truncate(filled);
-                    Ok(buf)
-                })
-                .await
+                }
+                buf.truncate(filled);
+                Ok(buf)
             }
             Reader::Madfs(f) => f
                 .read_at(offset, len)
@@ -97,14 +96,10 @@ impl Reader {
 impl Writer {
     pub async fn write_at(&self, offset: u64, data: Vec<u8>, path: &[u8]) -> Result<()> {
         match self {
-            Writer::Local(f) => {
-                let (f, path) = (f.clone(), path.to_vec());
-                run_blocking(data.len(), move || {
-                    f.write_all_at(&data, offset)
-                        .map_err(|e| io_msg("write", &path, &e))
-                })
-                .await
-            }
+            // On this thread: see `Reader::read_at`.
+            Writer::Local(f) => f
+                .write_all_at(&data, offset)
+                .map_err(|e| io_msg("write", path, &e)),
             Writer::Madfs(f) => f
                 .write_owned(offset, data)
                 .await
@@ -166,23 +161,4 @@ impl Writer {
             }
         }
     }
-}
-
-/// Local reads and writes up to this size run on the task's own thread:
-/// handing a 4 KiB read to the blocking pool costs more than the read.
-const INLINE_IO_MAX_BYTES: usize = 256 << 10;
-
-/// Run blocking local I/O of `bytes` off the runtime's threads when it is
-/// large (a large read or write of a local disk would stall every other
-/// task on that thread).
-async fn run_blocking<T: Send + 'static>(
-    bytes: usize,
-    f: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    if bytes <= INLINE_IO_MAX_BYTES {
-        return f();
-    }
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| format!("local I/O task failed: {e}"))?
 }
