@@ -9,6 +9,7 @@
 use super::fs::{join, show, split_path, Fs, Meta, Preserve, Reader, Result, Writer};
 use madfs_client::FileKind;
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Bytes read and written per request: a few chunks in flight at once, as
@@ -146,6 +147,9 @@ pub struct Executor {
     pub keep: Preserve,
     /// Bounds the parts copied at once (`PARTS_IN_FLIGHT`).
     parts: Arc<tokio::sync::Semaphore>,
+    /// File bytes written so far, as they are written (the progress bar
+    /// follows a large file with it, not only whole files).
+    moved: Arc<AtomicU64>,
 }
 
 impl Executor {
@@ -155,7 +159,13 @@ impl Executor {
             dst,
             keep,
             parts: Arc::new(tokio::sync::Semaphore::new(parts_in_flight())),
+            moved: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// File bytes written so far by this executor and its clones.
+    pub fn moved(&self) -> Arc<AtomicU64> {
+        self.moved.clone()
     }
 
     pub async fn run(&self, item: Item) -> Outcome {
@@ -252,7 +262,7 @@ impl Executor {
         let tmp = temp_path(dst);
         let r = async {
             let writer = self.dst.create(&tmp, 0o600).await?;
-            let written = copy_range(&self.src, reader, src, &writer, &tmp, 0, meta.size).await;
+            let written = copy_range(self, reader, src, &writer, &tmp, 0, meta.size).await;
             if let Err(e) = written {
                 let _ = writer.close(&tmp).await;
                 return Err(e);
@@ -272,7 +282,7 @@ impl Executor {
         let r = async {
             check_length(&self.src, src, meta.size, offset + len)?;
             let writer = self.dst.open_write(tmp).await?;
-            let written = copy_range(&self.src, &reader, src, &writer, tmp, offset, offset + len);
+            let written = copy_range(self, &reader, src, &writer, tmp, offset, offset + len);
             let written = written.await;
             let closed = writer.close(tmp).await;
             written?;
@@ -366,7 +376,7 @@ fn check_length(fs: &Fs, path: &[u8], got: u64, want: u64) -> Result<()> {
 /// block by block, leaving holes where the source has them. The writer's
 /// size is set to `end` when the range ends in a hole (a sparse tail).
 async fn copy_range(
-    src_fs: &Fs,
+    exec: &Executor,
     reader: &Reader,
     src: &[u8],
     writer: &Writer,
@@ -374,6 +384,7 @@ async fn copy_range(
     start: u64,
     end: u64,
 ) -> Result<()> {
+    let src_fs = &exec.src;
     let skip_zeros = src_fs.side() == super::fs::SideKind::Madfs;
     let mut written_end = start;
     for (seg_start, seg_end) in reader.segments(start, end) {
@@ -404,6 +415,7 @@ async fn copy_range(
                 writer.write_at(at, data, dst).await?;
                 written_end = block_end;
             }
+            exec.moved.fetch_add(want, Ordering::Relaxed);
             at = block_end;
         }
     }

@@ -382,11 +382,11 @@ async fn run_job_async(setup: &Setup, job: Job) -> Result<ExitCode, String> {
     let pool = match &job.spread {
         // Nothing to copy (an unchanged tree): no worker to start.
         None | Some(_) if plan.is_empty() => Pool::Local {
-            exec: copy::Executor::new(src_fs.clone(), dst_fs.clone(), keep),
+            exec: Box::new(copy::Executor::new(src_fs.clone(), dst_fs.clone(), keep)),
             jobs: job.jobs,
         },
         None => Pool::Local {
-            exec: copy::Executor::new(src_fs.clone(), dst_fs.clone(), keep),
+            exec: Box::new(copy::Executor::new(src_fs.clone(), dst_fs.clone(), keep)),
             jobs: job.jobs,
         },
         Some(spread) => {
@@ -415,6 +415,9 @@ async fn run_job_async(setup: &Setup, job: Job) -> Result<ExitCode, String> {
             Pool::Remote(crew)
         }
     };
+    if let Pool::Local { exec, .. } = &pool {
+        progress.follow(exec.moved());
+    }
     let unchanged = plan.unchanged;
     let mut coord = Coordinator {
         src: src_fs,

@@ -5,6 +5,8 @@
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub struct Progress {
@@ -75,11 +77,25 @@ impl Progress {
         self.show_files();
     }
 
+    /// Follow `live`, bytes written as they are written (by this
+    /// process's tasks), between the reports of whole items.
+    pub fn follow(&self, live: Arc<AtomicU64>) {
+        let Some(bar) = self.bar.clone() else {
+            return;
+        };
+        tokio::spawn(async move {
+            while !bar.is_finished() {
+                bar.set_position(bar.position().max(live.load(Ordering::Relaxed)));
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+    }
+
     pub fn advance(&mut self, files: u64, bytes: u64) {
         self.files_done += files;
         self.bytes_done += bytes;
         if let Some(bar) = &self.bar {
-            bar.inc(bytes);
+            bar.set_position(bar.position().max(self.bytes_done));
         }
         if files > 0 {
             self.show_files();

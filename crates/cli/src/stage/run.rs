@@ -82,7 +82,7 @@ fn fault_exit_after() -> Option<usize> {
 
 /// Who does the file work.
 pub enum Pool {
-    Local { exec: Executor, jobs: usize },
+    Local { exec: Box<Executor>, jobs: usize },
     Remote(Crew),
 }
 
@@ -100,7 +100,7 @@ impl Pool {
         match self {
             Pool::Local { exec, jobs } => {
                 for _ in 0..*jobs {
-                    let (exec, dispatch, tx) = (exec.clone(), dispatch.clone(), tx.clone());
+                    let (exec, dispatch, tx) = ((**exec).clone(), dispatch.clone(), tx.clone());
                     tokio::spawn(async move {
                         while let Some(item) = dispatch.pop() {
                             let outcome = exec.run(item).await;
@@ -429,7 +429,7 @@ impl Coordinator {
         let mut pool = std::mem::replace(
             &mut self.pool,
             Pool::Local {
-                exec: Executor::new(Fs::Local, Fs::Local, Preserve::default()),
+                exec: Box::new(Executor::new(Fs::Local, Fs::Local, Preserve::default())),
                 jobs: 0,
             },
         );
