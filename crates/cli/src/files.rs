@@ -199,6 +199,9 @@ async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
         | Command::Du { .. }
         | Command::Run { .. }
         | Command::Fsx(_)
+        | Command::Cp(_)
+        | Command::Sync(_)
+        | Command::StageWorker(_)
         | Command::Bench { .. } => {
             unreachable!("handled in main")
         }

@@ -12,6 +12,7 @@ mod locate;
 mod metrics_cmd;
 mod mount_cmd;
 mod run_cmd;
+mod stage;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -147,6 +148,10 @@ enum Command {
         /// was acknowledged survives the loss of a server's disk.
         #[arg(long, default_value_t = 1)]
         replicas: u8,
+        /// Once the servers answer, copy LOCAL into MadFS (`madfs sync
+        /// LOCAL madfs:/PATH`, over every host of the cluster); repeatable.
+        #[arg(long, value_name = "LOCAL:/PATH")]
+        stage_in: Vec<String>,
     },
     /// Stop the cluster started by `madfs up` (on every host).
     Down {
@@ -156,7 +161,21 @@ enum Command {
         /// (on every host).
         #[arg(long)]
         wipe: bool,
+        /// First copy /PATH out of MadFS to LOCAL (`madfs sync madfs:/PATH
+        /// LOCAL`); if that fails the cluster and its data are kept.
+        #[arg(long, value_name = "/PATH:LOCAL")]
+        stage_out: Vec<String>,
     },
+    /// Copy files and trees into, out of or within MadFS (MadFS paths as
+    /// madfs:/PATH), many files and parts of large files at once; spread
+    /// over the job's hosts with --hosts or --slurm.
+    Cp(stage::CpArgs),
+    /// Make DST a copy of SRC's contents, copying only what differs (size
+    /// and mtime, or --checksum); resumable after an interruption.
+    Sync(stage::SyncArgs),
+    /// A worker of a spread `cp` or `sync` (started by them on each host).
+    #[command(hide = true)]
+    StageWorker(stage::WorkerArgs),
     /// Show every server (grouped by host): address, up/down, inodes, bytes used.
     Status,
     /// Show one server's operations per second, p99 latency and totals,
@@ -376,6 +395,7 @@ fn main() -> ExitCode {
             client_hosts,
             listen_all,
             replicas,
+            stage_in,
         } => {
             let multihost = hosts.is_some() || slurm || hosts::is_multihost(&data);
             let stray = [
@@ -416,8 +436,24 @@ fn main() -> ExitCode {
                         None => Ok(code),
                     })
             }
+            .and_then(|code| match stage_in.is_empty() {
+                true => Ok(code),
+                false => stage::stage(&data, &stage_in, true)
+                    .map(|()| code)
+                    .map_err(|e| format!("the cluster is up, but the stage-in failed: {e}")),
+            })
         }
-        Command::Down { data, wipe } => {
+        Command::Down {
+            data,
+            wipe,
+            stage_out,
+        } => {
+            if let Err(e) = stage::stage(&data, &stage_out, false) {
+                return fail(format!(
+                    "the stage-out failed, so the cluster is still up with its data \
+                     (fix it and run `madfs down` again): {e}"
+                ));
+            }
             if hosts::is_multihost(&data) {
                 hosts::down(&data, wipe)
             } else {
@@ -453,13 +489,18 @@ fn main() -> ExitCode {
             &cmd,
         ),
         Command::Fsx(args) => fsx_cmd::run(args),
+        Command::Cp(args) => stage::cp(cli.cluster.as_deref(), args),
+        Command::Sync(args) => stage::sync(cli.cluster.as_deref(), args),
+        Command::StageWorker(args) => stage::worker(args),
         other => files::run(cli.cluster.as_deref(), other),
     };
     match result {
         Ok(code) => code,
-        Err(msg) => {
-            eprintln!("madfs: {msg}");
-            ExitCode::FAILURE
-        }
+        Err(msg) => fail(msg),
     }
+}
+
+fn fail(msg: String) -> ExitCode {
+    eprintln!("madfs: {msg}");
+    ExitCode::FAILURE
 }
