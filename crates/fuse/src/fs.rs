@@ -1341,7 +1341,17 @@ impl Filesystem for MadFs {
                 Ok(f.file.close().await?)
             }
             .await;
-            reply_empty(reply, r)
+            reply_empty(reply, r);
+            // The last handle of a file unlinked while open frees it: the
+            // drop queues the release, sent now, not at some later request
+            // (found by a test that waited for the inode to go, under load,
+            // when the writes were still in flight at the RELEASE).
+            drop(f);
+            if fs.client.has_unlinked_to_release() {
+                if let Err(e) = fs.client.release_unlinked().await {
+                    tracing::warn!("madfs fuse: freeing unlinked files: {e}");
+                }
+            }
         });
     }
 

@@ -243,27 +243,7 @@ impl ReplicaCopies {
         let (kv, chunks) = (copy.kv.clone(), copy.chunks.clone());
         crate::service::blocking(move || {
             for r in records {
-                let done = match r {
-                    Record::Kv { batch, sync } => match WriteBatch::decode(&batch) {
-                        None => Err("a metadata batch that does not decode".to_string()),
-                        Some(b) => kv.write(b, sync).map_err(|e| e.to_string()),
-                    },
-                    Record::ChunkWrite {
-                        ino,
-                        index,
-                        offset,
-                        chunk_size,
-                        data,
-                    } => chunks
-                        .write(ino, index, offset, &data, chunk_size)
-                        .map_err(|e| e.to_string()),
-                    Record::Sync => chunks
-                        .sync_dirty()
-                        .map_err(|e| e.to_string())
-                        .and_then(|()| kv.sync_wal().map_err(|e| e.to_string())),
-                    other => Err(format!("{other:?} in a load")),
-                };
-                done.map_err(std::io::Error::other)?;
+                apply_one(kv.as_ref(), &chunks, r, None).map_err(std::io::Error::other)?;
             }
             Ok(())
         })
@@ -316,45 +296,59 @@ fn apply_records(
     let mut last = first - 1;
     for (i, r) in records.into_iter().enumerate() {
         let seq = first + i as u64;
-        let done = match r {
-            Record::Kv { batch, sync } => match WriteBatch::decode(&batch) {
-                None => Err("a metadata batch that does not decode".to_string()),
-                Some(mut b) => {
-                    b.put(keys::META_REPLICA_POSITION, &position(stream, seq));
-                    kv.write(b, sync).map_err(|e| e.to_string())
-                }
-            },
-            Record::ChunkWrite {
-                ino,
-                index,
-                offset,
-                chunk_size,
-                data,
-            } => chunks
-                .write(ino, index, offset, &data, chunk_size)
-                .map_err(|e| e.to_string()),
-            Record::Truncate {
-                ino,
-                size,
-                chunk_size,
-            } => chunks
-                .truncate(ino, size, chunk_size)
-                .map_err(|e| e.to_string()),
-            Record::Purge { ino } => chunks.purge(ino).map_err(|e| e.to_string()),
-            Record::Reset { .. } => Err("a reset among numbered records".to_string()),
-            Record::Sync => {
-                // The position too: a copy restarted after this record
-                // knows it has everything up to here.
-                let mut b = WriteBatch::new();
-                b.put(keys::META_REPLICA_POSITION, &position(stream, seq));
-                chunks
-                    .sync_dirty()
-                    .map_err(|e| e.to_string())
-                    .and_then(|()| kv.write(b, true).map_err(|e| e.to_string()))
-            }
-        };
-        done.map_err(|e| (last, e))?;
+        apply_one(kv, chunks, r, Some(position(stream, seq))).map_err(|e| (last, e))?;
         last = seq;
     }
     Ok(last)
+}
+
+/// Apply one record as the primary applied it. With `at` (a numbered
+/// record), metadata batches and syncs also record the copy's position, so
+/// a copy restarted after them knows it has everything up to there; a
+/// resync's load applies its records without one.
+fn apply_one(
+    kv: &dyn KvStore,
+    chunks: &ChunkStore,
+    record: Record,
+    at: Option<[u8; 16]>,
+) -> Result<(), String> {
+    let with_position = |mut b: WriteBatch| {
+        if let Some(p) = at {
+            b.put(keys::META_REPLICA_POSITION, &p);
+        }
+        b
+    };
+    match record {
+        Record::Kv { batch, sync } => match WriteBatch::decode(&batch) {
+            None => Err("a metadata batch that does not decode".to_string()),
+            Some(b) => kv.write(with_position(b), sync).map_err(|e| e.to_string()),
+        },
+        Record::ChunkWrite {
+            ino,
+            index,
+            offset,
+            chunk_size,
+            data,
+        } => chunks
+            .write(ino, index, offset, &data, chunk_size)
+            .map_err(|e| e.to_string()),
+        Record::Truncate {
+            ino,
+            size,
+            chunk_size,
+        } => chunks
+            .truncate(ino, size, chunk_size)
+            .map_err(|e| e.to_string()),
+        Record::Purge { ino } => chunks.purge(ino).map_err(|e| e.to_string()),
+        Record::Reset { .. } => Err("a reset where none belongs".to_string()),
+        Record::Sync => chunks
+            .sync_dirty()
+            .map_err(|e| e.to_string())
+            .and_then(|()| match at {
+                Some(_) => kv
+                    .write(with_position(WriteBatch::new()), true)
+                    .map_err(|e| e.to_string()),
+                None => kv.sync_wal().map_err(|e| e.to_string()),
+            }),
+    }
 }
