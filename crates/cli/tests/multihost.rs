@@ -20,8 +20,12 @@
 //! every process in them even when the test fails. Needs root (`ip netns`):
 //! skipped, with a message, otherwise.
 
+#[path = "common/command.rs"]
+mod command;
+
+use command::{must, output_within, text};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 const MADFS: &str = env!("CARGO_BIN_EXE_madfs");
@@ -36,42 +40,8 @@ fn run(argv: &[&str], env: &[(&str, &str)]) -> Output {
 /// `CMD_TIMEOUT`.
 fn run_with_input(argv: &[&str], env: &[(&str, &str)], input: Option<&str>) -> Output {
     let mut cmd = Command::new(argv[0]);
-    cmd.args(&argv[1..])
-        .stdin(if input.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{argv:?}: {e}"));
-    if let Some(input) = input {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(input.as_bytes()).unwrap();
-    }
-    let pid = child.id() as i32;
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let d2 = done.clone();
-    let watchdog = std::thread::spawn(move || {
-        let deadline = Instant::now() + CMD_TIMEOUT;
-        while Instant::now() < deadline {
-            if d2.load(std::sync::atomic::Ordering::SeqCst) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        // SAFETY: killing the child we spawned (still unreaped: the main
-        // thread waits on it).
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-    });
-    let out = child.wait_with_output().expect("wait");
-    done.store(true, std::sync::atomic::Ordering::SeqCst);
-    let _ = watchdog.join();
-    out
+    cmd.args(&argv[1..]).envs(env.iter().copied());
+    output_within(cmd, CMD_TIMEOUT, input)
 }
 
 fn ok(argv: &[&str]) -> String {
@@ -178,21 +148,6 @@ impl Net {
         self.madfs_input(ns, args, None)
     }
 
-    /// `madfs_in` with `input` on standard input.
-    fn madfs_input(&self, ns: &str, args: &[&str], input: Option<&str>) -> Output {
-        let cluster = self.data().join("cluster.toml");
-        let mut argv = vec!["ip", "netns", "exec", ns, MADFS];
-        argv.extend_from_slice(args);
-        let mut env = vec![("MADFS_CLUSTER", cluster.to_str().unwrap())];
-        // Inherited by the servers `up` starts (ip netns exec keeps the
-        // environment).
-        let delay = self.delay_us.to_string();
-        if self.delay_us > 0 {
-            env.push(("MADFS_NET_DELAY_US", &delay));
-        }
-        run_with_input(&argv, &env, input)
-    }
-
     /// Server hosts h0, h1, ... at .11, .12, ...: each namespace and address.
     fn hosts(&mut self, count: u8) -> Vec<(String, String)> {
         (0..count)
@@ -217,14 +172,37 @@ impl Net {
         self.madfs_input(ns, &args, input)
     }
 
+    /// `madfs_in` with `input` on standard input.
+    fn madfs_input(&self, ns: &str, args: &[&str], input: Option<&str>) -> Output {
+        self.madfs_with(ns, args, input, &[])
+    }
+
     /// `madfs_in` with more environment.
     fn madfs_env(&self, ns: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+        self.madfs_with(ns, args, None, env)
+    }
+
+    /// `madfs ARGS` in namespace `ns` with the cluster file set, `env`
+    /// added, and `input` on standard input.
+    fn madfs_with(
+        &self,
+        ns: &str,
+        args: &[&str],
+        input: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Output {
         let cluster = self.data().join("cluster.toml");
         let mut argv = vec!["ip", "netns", "exec", ns, MADFS];
         argv.extend_from_slice(args);
         let mut all = vec![("MADFS_CLUSTER", cluster.to_str().unwrap())];
+        // Inherited by the servers `up` starts (ip netns exec keeps the
+        // environment).
+        let delay = self.delay_us.to_string();
+        if self.delay_us > 0 {
+            all.push(("MADFS_NET_DELAY_US", &delay));
+        }
         all.extend_from_slice(env);
-        run_with_input(&argv, &all, None)
+        run_with_input(&argv, &all, input)
     }
 
     /// Take namespace `ns`'s link to the bridge down (`up`: back up).
@@ -295,20 +273,6 @@ impl Drop for Net {
         }
         run(&["ip", "link", "del", &self.bridge], &[]);
     }
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-fn must(out: Output) -> String {
-    assert!(out.status.success(), "{}", text(&out));
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Deterministic pseudo-random bytes.

@@ -197,12 +197,8 @@ fn every_change_reaches_the_replicas_copy_key_for_key_and_byte_for_byte() {
     }
 }
 
-/// With replicas, servers dying (kill -9) one after the other, a voter of
-/// the membership group among them, cost a pause, not data: the group
-/// fails each set over to its replica, the client follows, and every file
-/// acknowledged before, during and after reads back as written.
-#[test]
-fn killed_servers_fail_over_to_their_replicas_and_lose_nothing_acknowledged() {
+/// 4 servers keeping 2 copies of everything, and a runtime for clients.
+fn replicated_cluster() -> (TestCluster, tokio::runtime::Runtime) {
     let tc = TestCluster::start_with(
         SERVERS,
         Options {
@@ -215,41 +211,61 @@ fn killed_servers_fail_over_to_their_replicas_and_lose_nothing_acknowledged() {
         .enable_all()
         .build()
         .unwrap();
+    (tc, rt)
+}
+
+/// Write `n` files into directory `dir` (made if missing): small, past
+/// the inline limit, and striped over several servers, in turn; each one
+/// acknowledged is added to `files`.
+async fn write_round(c: &madfs_client::Client, dir: &str, seed: u64, n: u64, files: &mut Expected) {
+    c.mkdir_all(dir, 0o755).await.unwrap();
+    for i in 0..n {
+        let len = [50, 9_000, 2 * common::CHUNK as usize + 77][(i % 3) as usize];
+        let p = format!("{dir}/f{i}");
+        let data = pattern(seed + i, len);
+        c.write_file(p.as_str(), &data)
+            .await
+            .unwrap_or_else(|e| panic!("writing {p}: {e}"));
+        files.push((p, data));
+    }
+}
+
+/// Every file of `files` reads back as written.
+async fn read_back(c: &madfs_client::Client, files: &[(String, Vec<u8>)]) {
+    for (p, data) in files {
+        let got = c
+            .read_file(p.as_str())
+            .await
+            .unwrap_or_else(|e| panic!("reading {p}: {e}"));
+        assert!(
+            got == *data,
+            "{p}: {} bytes, wanted {}",
+            got.len(),
+            data.len()
+        );
+    }
+}
+
+/// With replicas, servers dying (kill -9) one after the other, a voter of
+/// the membership group among them, cost a pause, not data: the group
+/// fails each set over to its replica, the client follows, and every file
+/// acknowledged before, during and after reads back as written.
+#[test]
+fn killed_servers_fail_over_to_their_replicas_and_lose_nothing_acknowledged() {
+    let (tc, rt) = replicated_cluster();
     let c = tc.client();
     let chunk = common::CHUNK as usize;
-    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
-    let write = |files: &mut Vec<(String, Vec<u8>)>, round: u64, n: u64| {
-        rt.block_on(async {
-            c.mkdir_all(format!("/r{round}").as_str(), 0o755)
-                .await
-                .unwrap();
-            for i in 0..n {
-                let len = [50, 9_000, 2 * chunk + 77][(i % 3) as usize];
-                let p = format!("/r{round}/f{i}");
-                let data = pattern(round * 1000 + i, len);
-                c.write_file(p.as_str(), &data)
-                    .await
-                    .unwrap_or_else(|e| panic!("writing {p}: {e}"));
-                files.push((p, data));
-            }
-        })
+    let mut files: Expected = Vec::new();
+    let write = |files: &mut Expected, round: u64, n: u64| {
+        rt.block_on(write_round(
+            &c,
+            &format!("/r{round}"),
+            round * 1000,
+            n,
+            files,
+        ))
     };
-    let check = |files: &[(String, Vec<u8>)]| {
-        rt.block_on(async {
-            for (p, data) in files {
-                let got = c
-                    .read_file(p.as_str())
-                    .await
-                    .unwrap_or_else(|e| panic!("reading {p}: {e}"));
-                assert!(
-                    got == *data,
-                    "{p}: {} bytes, wanted {}",
-                    got.len(),
-                    data.len()
-                );
-            }
-        })
-    };
+    let check = |files: &[(String, Vec<u8>)]| rt.block_on(read_back(&c, files));
     write(&mut files, 0, 24);
     let m = Mount::new(&tc);
     // The mount and `madfs run` follow the failovers too.
@@ -351,53 +367,19 @@ fn killed_servers_fail_over_to_their_replicas_and_lose_nothing_acknowledged() {
 /// after is lost.
 #[test]
 fn a_restarted_server_resyncs_and_takes_over_again() {
-    let mut tc = TestCluster::start_with(
-        SERVERS,
-        Options {
-            replicas: 2,
-            ..Options::default()
-        },
-    );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let (mut tc, rt) = replicated_cluster();
     let c = tc.client();
-    let chunk = common::CHUNK as usize;
     let mut files: Expected = Vec::new();
     let write = |files: &mut Expected, round: u64| {
-        rt.block_on(async {
-            c.mkdir_all(format!("/s{round}").as_str(), 0o755)
-                .await
-                .unwrap();
-            for i in 0..16u64 {
-                let len = [80, 9_000, 2 * chunk + 33][(i % 3) as usize];
-                let p = format!("/s{round}/f{i}");
-                let data = pattern(round * 100 + i, len);
-                c.write_file(p.as_str(), &data)
-                    .await
-                    .unwrap_or_else(|e| panic!("writing {p}: {e}"));
-                files.push((p, data));
-            }
-        })
+        rt.block_on(write_round(
+            &c,
+            &format!("/s{round}"),
+            round * 100,
+            16,
+            files,
+        ))
     };
-    let check = |files: &Expected| {
-        rt.block_on(async {
-            for (p, data) in files {
-                let got = c
-                    .read_file(p.as_str())
-                    .await
-                    .unwrap_or_else(|e| panic!("reading {p}: {e}"));
-                assert!(
-                    got == *data,
-                    "{p}: {} bytes, wanted {}",
-                    got.len(),
-                    data.len()
-                );
-            }
-        })
-    };
+    let check = |files: &Expected| rt.block_on(read_back(&c, files));
     let in_sync = || {
         rt.block_on(c.replica_sets())
             .map(|(_, n)| n)

@@ -9,12 +9,13 @@
 
 mod common;
 
+use common::command::{must, output_within, text};
 use common::{block_on_thread, need, pattern, TestCluster, MADFS};
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
+use std::time::Duration;
 
 const CMD_TIMEOUT: Duration = Duration::from_secs(60);
 /// Parts of 1 MiB (MADFS_STAGE_PART_BYTES): a few MiB file is copied in
@@ -26,51 +27,11 @@ fn madfs_env(tc: &TestCluster, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(MADFS);
     cmd.args(args)
         .env("MADFS_CLUSTER", tc.cluster_file())
-        .env("MADFS_STAGE_PART_BYTES", PART)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .env("MADFS_STAGE_PART_BYTES", PART);
     for (k, v) in env {
         cmd.env(k, v);
     }
-    output_within(cmd, CMD_TIMEOUT)
-}
-
-/// A command's output, killing it after `limit`.
-fn output_within(mut cmd: Command, limit: Duration) -> Output {
-    let child = cmd.spawn().expect("spawn");
-    let pid = child.id() as i32;
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let d2 = done.clone();
-    let watchdog = std::thread::spawn(move || {
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if d2.load(std::sync::atomic::Ordering::SeqCst) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        // SAFETY: our own child, not yet reaped (the caller waits on it).
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-    });
-    let out = child.wait_with_output().expect("wait");
-    done.store(true, std::sync::atomic::Ordering::SeqCst);
-    let _ = watchdog.join();
-    out
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-fn must(out: Output) -> String {
-    assert!(out.status.success(), "{}", text(&out));
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    output_within(cmd, CMD_TIMEOUT, None)
 }
 
 fn s(p: &Path) -> &str {
@@ -487,11 +448,8 @@ fn an_unreadable_file_is_reported_by_name_and_the_rest_is_copied() {
         "-r",
         s(&src),
         "madfs:/drop/",
-    ])
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let out = output_within(cmd, CMD_TIMEOUT);
+    ]);
+    let out = output_within(cmd, CMD_TIMEOUT, None);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let err = String::from_utf8_lossy(&out.stderr);
     let secret = src.join("d/secret");

@@ -11,8 +11,12 @@
 //! when the test fails. Needs root (`ip netns`): skipped, with a message,
 //! otherwise.
 
+#[path = "common/command.rs"]
+mod command;
+
+use command::{must, output_within, text};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 const MADFS: &str = env!("CARGO_BIN_EXE_madfs");
@@ -21,46 +25,8 @@ const CMD_TIMEOUT: Duration = Duration::from_secs(90);
 /// Run a command with `env`, killed after CMD_TIMEOUT.
 fn run(argv: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(argv[0]);
-    cmd.args(&argv[1..])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let child = cmd.spawn().unwrap_or_else(|e| panic!("{argv:?}: {e}"));
-    let pid = child.id() as i32;
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let d2 = done.clone();
-    let watchdog = std::thread::spawn(move || {
-        let deadline = Instant::now() + CMD_TIMEOUT;
-        while Instant::now() < deadline {
-            if d2.load(std::sync::atomic::Ordering::SeqCst) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        // SAFETY: our own child, not yet reaped.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-    });
-    let out = child.wait_with_output().expect("wait");
-    done.store(true, std::sync::atomic::Ordering::SeqCst);
-    let _ = watchdog.join();
-    out
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-fn must(out: Output) -> String {
-    assert!(out.status.success(), "{}", text(&out));
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    cmd.args(&argv[1..]).envs(env.iter().copied());
+    output_within(cmd, CMD_TIMEOUT, None)
 }
 
 fn ok(argv: &[&str]) {

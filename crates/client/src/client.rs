@@ -954,11 +954,7 @@ impl Client {
         };
         let mut last = None;
         for set in self.pool.servers() {
-            match self
-                .pool
-                .call_shared_once(set, &req, SharedData::Owned(Vec::new()))
-                .await
-            {
+            match self.pool.call_once(set, &req, &[]).await {
                 Ok(r) => match r.reply {
                     Reply::Routes {
                         epoch,
@@ -987,12 +983,7 @@ impl Client {
             creds: (*self.creds).clone(),
             op: Op::StatFs,
         };
-        match self
-            .pool
-            .call_shared_once(set, &req, SharedData::Owned(Vec::new()))
-            .await?
-            .reply
-        {
+        match self.pool.call_once(set, &req, &[]).await?.reply {
             Reply::FsStats(s) => Ok(s),
             other => Err(ClientError::unexpected("statfs", &other)),
         }

@@ -207,12 +207,8 @@ impl MadFs {
     /// always runs; Release asks no permission).
     fn release_unlinked_soon(&self) {
         if self.inner.client.has_unlinked_to_release() {
-            let client = self.inner.client.clone();
-            self.rt.spawn(async move {
-                if let Err(e) = client.release_unlinked().await {
-                    tracing::warn!("madfs fuse: freeing unlinked files: {e}");
-                }
-            });
+            let inner = self.inner.clone();
+            self.rt.spawn(async move { inner.release_unlinked().await });
         }
     }
 
@@ -265,6 +261,16 @@ fn ino(i: INodeNo) -> InodeId {
 }
 
 impl Inner {
+    /// Send the Release of files unlinked while open whose last handle is
+    /// gone, if any wait (a handle's drop only queues it).
+    async fn release_unlinked(&self) {
+        if self.client.has_unlinked_to_release() {
+            if let Err(e) = self.client.release_unlinked().await {
+                tracing::warn!("madfs fuse: freeing unlinked files: {e}");
+            }
+        }
+    }
+
     fn client_for(&self, who: Caller) -> Client {
         self.client
             .with_credentials(self.groups.credentials(who.uid, who.gid, who.pid))
@@ -1347,11 +1353,7 @@ impl Filesystem for MadFs {
             // (found by a test that waited for the inode to go, under load,
             // when the writes were still in flight at the RELEASE).
             drop(f);
-            if fs.client.has_unlinked_to_release() {
-                if let Err(e) = fs.client.release_unlinked().await {
-                    tracing::warn!("madfs fuse: freeing unlinked files: {e}");
-                }
-            }
+            fs.release_unlinked().await;
         });
     }
 

@@ -202,7 +202,10 @@ impl Pool {
         }
     }
 
-    async fn call_once(
+    /// `call` to the server `server` is routed to now, with no wait for a
+    /// failover: for calls meant for one server process (status, routes,
+    /// membership messages).
+    pub async fn call_once(
         &self,
         server: ServerId,
         req: &Request,
@@ -232,27 +235,18 @@ impl Pool {
             return self.call_shared_once(server, req, data).await;
         }
         // Kept for a retry elsewhere: shared, so keeping it copies nothing.
-        let data = match data {
+        let (buf, range) = match data {
             SharedData::Owned(v) => {
                 let n = v.len();
-                SharedData::Shared(Arc::new(v), 0..n)
+                (Arc::new(v), 0..n)
             }
-            shared => shared,
+            SharedData::Shared(v, r) => (v, r),
         };
-        let again = match &data {
-            SharedData::Shared(v, r) => SharedData::Shared(v.clone(), r.clone()),
-            SharedData::Owned(_) => unreachable!("made shared above"),
-        };
-        match self.call_shared_once(server, req, data).await {
+        let share = || SharedData::Shared(buf.clone(), range.clone());
+        match self.call_shared_once(server, req, share()).await {
             Err(e) if unreachable(&e) => {
-                self.after_failover(server, e, || {
-                    let d = match &again {
-                        SharedData::Shared(v, r) => SharedData::Shared(v.clone(), r.clone()),
-                        SharedData::Owned(_) => unreachable!("made shared above"),
-                    };
-                    self.call_shared_once(server, req, d)
-                })
-                .await
+                self.after_failover(server, e, || self.call_shared_once(server, req, share()))
+                    .await
             }
             other => other,
         }

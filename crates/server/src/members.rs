@@ -32,7 +32,7 @@ use madfs_proto::auth::{ClusterKey, Role};
 use madfs_proto::message::{Op, Reply};
 use madfs_proto::{ErrorCode, Request, WireError};
 use madfs_rpc::pool::Timeouts;
-use madfs_rpc::{ClusterConfig, Pool, SharedData};
+use madfs_rpc::{ClusterConfig, Pool};
 use madfs_types::{Credentials, ServerId};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -106,11 +106,7 @@ impl PeerNet {
             creds: Credentials::root(),
             op: Op::Membership { msg },
         };
-        match self
-            .pool
-            .call_shared_once(to, &req, SharedData::Owned(Vec::new()))
-            .await
-        {
+        match self.pool.call_once(to, &req, &[]).await {
             Ok(r) => match r.reply {
                 Reply::Membership { msg } => Ok(msg),
                 other => Err(format!("server {to} answered {other:?}")),

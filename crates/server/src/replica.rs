@@ -62,15 +62,19 @@ impl ReplicaCopies {
         }
     }
 
-    /// Close the copy of `set` for good, to serve it: its directory.
-    pub(crate) async fn close_for_promotion(&self, set: ServerId) -> PathBuf {
-        let slot = self
-            .copies
+    /// The place of the copy of `set` (opened or not).
+    fn slot(&self, set: ServerId) -> Arc<tokio::sync::Mutex<Option<ReplicaCopy>>> {
+        self.copies
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .entry(set)
             .or_default()
-            .clone();
+            .clone()
+    }
+
+    /// Close the copy of `set` for good, to serve it: its directory.
+    pub(crate) async fn close_for_promotion(&self, set: ServerId) -> PathBuf {
+        let slot = self.slot(set);
         let mut slot = slot.lock_owned().await;
         self.promoted
             .lock()
@@ -98,13 +102,7 @@ impl ReplicaCopies {
         }
         let records = Record::decode_all(heads, &payloads)?;
         drop(payloads);
-        let slot = self
-            .copies
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(set)
-            .or_default()
-            .clone();
+        let slot = self.slot(set);
         // One apply at a time per copy: records go in stream order.
         let mut slot = slot.lock_owned().await;
         if self

@@ -545,53 +545,50 @@ impl Replicator {
         from: u64,
         replica: ServerId,
     ) -> bool {
-        let me = self;
-        {
-            tracing::info!(
-                "set {}: resync of server {replica} starts (records from {from} kept for it)",
-                me.set
-            );
-            match me.load(server, replica, from).await {
-                Ok((keys, chunks)) => tracing::info!(
-                    "set {}: server {replica} has the copy ({keys} keys, {chunks} chunk files); \
-                     now the records since",
-                    me.set
-                ),
-                Err(e) => {
-                    tracing::error!("set {}: resync of server {replica} failed: {e}", me.set);
+        tracing::info!(
+            "set {}: resync of server {replica} starts (records from {from} kept for it)",
+            self.set
+        );
+        match self.load(server, replica, from).await {
+            Ok((keys, chunks)) => tracing::info!(
+                "set {}: server {replica} has the copy ({keys} keys, {chunks} chunk files); \
+                 now the records since",
+                self.set
+            ),
+            Err(e) => {
+                tracing::error!("set {}: resync of server {replica} failed: {e}", self.set);
+                return false;
+            }
+        }
+        self.start_shipper(i, server.clone());
+        // In sync once it has every record written up to a moment
+        // after the load (later ones keep flowing to it).
+        let target = self.last_seq();
+        loop {
+            {
+                let s = self.lock();
+                let r = &s.replicas[i];
+                if r.generation != generation {
+                    return true;
+                }
+                if r.out.is_some() {
                     return false;
                 }
-            }
-            me.start_shipper(i, server.clone());
-            // In sync once it has every record written up to a moment
-            // after the load (later ones keep flowing to it).
-            let target = me.last_seq();
-            loop {
-                {
-                    let s = me.lock();
-                    let r = &s.replicas[i];
-                    if r.generation != generation {
-                        return true;
-                    }
-                    if r.out.is_some() {
-                        return false;
-                    }
-                    if r.acked >= target {
-                        break;
-                    }
+                if r.acked >= target {
+                    break;
                 }
-                tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            let counted = match me.group.get() {
-                Some(g) => g.mark_in_sync(me.set, replica).await,
-                None => true,
-            };
-            if counted {
-                me.mark_in_sync(replica);
-                tracing::info!("set {}: server {replica} is in sync again", me.set);
-            }
-            counted
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        let counted = match self.group.get() {
+            Some(g) => g.mark_in_sync(self.set, replica).await,
+            None => true,
+        };
+        if counted {
+            self.mark_in_sync(replica);
+            tracing::info!("set {}: server {replica} is in sync again", self.set);
+        }
+        counted
     }
 
     /// The load of a resync: wipe `replica`'s copy and send it every key

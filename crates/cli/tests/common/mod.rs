@@ -6,6 +6,8 @@
 //! Each test binary uses a different subset of this module.
 #![allow(dead_code)]
 
+pub mod command;
+
 use madfs_client::{Client, ClientError, ClusterConfig, ErrorCode, Timeouts};
 use madfs_proto::auth::{decode_welcome, Challenge, ClusterKey, Hello, Role};
 use madfs_proto::frame::{FrameHeader, FRAME_HEADER_BYTES};
