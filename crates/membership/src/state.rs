@@ -4,8 +4,9 @@
 //! commands in the same order and must reach the same map and the same
 //! rejections, so nothing here reads a clock, a random number or the disk.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
+use std::net::SocketAddr;
 
 use madfs_types::ServerId;
 use serde::{Deserialize, Serialize};
@@ -21,6 +22,12 @@ pub struct ClusterMap {
     pub epoch: u64,
     /// Index = set id = home server id.
     pub sets: Vec<SetState>,
+    /// Server id -> "ip:port" where that server now runs, for servers moved
+    /// off the host the cluster file names (`Change::MoveServer`); a server
+    /// not listed is where the cluster file says. Defaulted so maps stored
+    /// before this field existed still load.
+    #[serde(default)]
+    pub addresses: BTreeMap<u16, String>,
 }
 
 /// One replica set.
@@ -68,6 +75,14 @@ pub enum Change {
         #[serde(with = "server_id")]
         server: ServerId,
     },
+    /// `server` now runs at `address` ("ip:port"), replacing a dead process
+    /// under the same id. Only for a server in no set (the detector removed
+    /// it first), so nobody can take over a live server's id.
+    MoveServer {
+        #[serde(with = "server_id")]
+        server: ServerId,
+        address: String,
+    },
 }
 
 /// Why the state machine refused a command. Deterministic: every voter
@@ -113,6 +128,17 @@ pub enum Rejection {
         set: u16,
         server: u16,
     },
+    /// `MoveServer` to an address that is not "ip:port".
+    BadAddress {
+        server: u16,
+        address: String,
+    },
+    /// `MoveServer` of a server still in a set: it must be failed over or
+    /// removed first.
+    StillInSet {
+        set: u16,
+        server: u16,
+    },
 }
 
 impl fmt::Display for Rejection {
@@ -145,6 +171,14 @@ impl fmt::Display for Rejection {
             Rejection::NotSyncing { set, server } => {
                 write!(f, "server {server} is not catching up on set {set}")
             }
+            Rejection::BadAddress { server, address } => write!(
+                f,
+                "server {server} cannot move to {address:?}: not an ip:port address"
+            ),
+            Rejection::StillInSet { set, server } => write!(
+                f,
+                "server {server} is still in set {set}: remove it from every set before moving it"
+            ),
         }
     }
 }
@@ -167,7 +201,18 @@ impl ClusterMap {
                 syncing: Vec::new(),
             })
             .collect();
-        ClusterMap { epoch: 1, sets }
+        ClusterMap {
+            epoch: 1,
+            sets,
+            addresses: BTreeMap::new(),
+        }
+    }
+
+    /// Where `server` runs if it was moved off the cluster file's address;
+    /// `None` for a server at its cluster-file address (or an address that
+    /// does not parse, which `check` keeps out of applied maps).
+    pub fn address_of(&self, server: ServerId) -> Option<SocketAddr> {
+        self.addresses.get(&server.0)?.parse().ok()
     }
 
     /// Whether a bootstrap map has been applied.
@@ -202,21 +247,30 @@ impl ClusterMap {
                 }
             }
         }
+        for (server, address) in &self.addresses {
+            if *server as usize >= servers {
+                return Err(format!("address of server {server}, which is out of range"));
+            }
+            if address.parse::<SocketAddr>().is_err() {
+                return Err(format!("server {server}: {address:?} is not ip:port"));
+            }
+        }
         Ok(())
     }
 
     /// The map after `change`, at `epoch + 1`, if `change` is valid here.
     /// The caller has already checked the epoch.
     pub fn with_change(&self, change: &Change) -> Result<ClusterMap, Rejection> {
+        if !self.is_bootstrapped() {
+            return Err(Rejection::NotBootstrapped);
+        }
         let (set_id, server) = match change {
             Change::Failover { set, new_primary } => (*set, *new_primary),
             Change::RemoveMember { set, server }
             | Change::AddSyncing { set, server }
             | Change::MarkInSync { set, server } => (*set, *server),
+            Change::MoveServer { server, address } => return self.with_move(*server, address),
         };
-        if !self.is_bootstrapped() {
-            return Err(Rejection::NotBootstrapped);
-        }
         if server.0 as usize >= self.sets.len() {
             return Err(Rejection::UnknownServer { server: server.0 });
         }
@@ -265,7 +319,35 @@ impl ClusterMap {
                 set.syncing.remove(at);
                 set.members.push(server);
             }
+            Change::MoveServer { .. } => unreachable!("handled by with_move"),
         }
+        next.epoch += 1;
+        Ok(next)
+    }
+
+    /// The map after `server` moved to `address`.
+    fn with_move(&self, server: ServerId, address: &str) -> Result<ClusterMap, Rejection> {
+        if server.0 as usize >= self.sets.len() {
+            return Err(Rejection::UnknownServer { server: server.0 });
+        }
+        if address.parse::<SocketAddr>().is_err() {
+            return Err(Rejection::BadAddress {
+                server: server.0,
+                address: address.to_string(),
+            });
+        }
+        // A server still in a set may be alive: moving its id elsewhere
+        // would hand its sets to whoever runs at the new address.
+        for (set, state) in self.sets.iter().enumerate() {
+            if state.members.contains(&server) || state.syncing.contains(&server) {
+                return Err(Rejection::StillInSet {
+                    set: set as u16,
+                    server: server.0,
+                });
+            }
+        }
+        let mut next = self.clone();
+        next.addresses.insert(server.0, address.to_string());
         next.epoch += 1;
         Ok(next)
     }
@@ -555,6 +637,113 @@ mod tests {
             ),
             Err(Rejection::UnknownServer { server: 9 })
         );
+    }
+
+    #[test]
+    fn a_server_moves_only_once_it_is_in_no_set() {
+        // Three servers, two replicas: server 1 is in sets 0 and 1.
+        let mut map = ClusterMap::initial(3, 2);
+        let move_1 = |address: &str| Change::MoveServer {
+            server: ServerId(1),
+            address: address.to_string(),
+        };
+        assert_eq!(
+            change(&mut map, move_1("10.0.0.9:7000")),
+            Err(Rejection::StillInSet { set: 0, server: 1 })
+        );
+        change(
+            &mut map,
+            Change::RemoveMember {
+                set: 0,
+                server: ServerId(1),
+            },
+        )
+        .unwrap();
+        // Still syncing somewhere counts as in a set too.
+        change(
+            &mut map,
+            Change::Failover {
+                set: 1,
+                new_primary: ServerId(2),
+            },
+        )
+        .unwrap();
+        change(
+            &mut map,
+            Change::AddSyncing {
+                set: 2,
+                server: ServerId(1),
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            change(&mut map, move_1("10.0.0.9:7000")),
+            Err(Rejection::StillInSet { set: 2, server: 1 })
+        );
+        change(
+            &mut map,
+            Change::RemoveMember {
+                set: 2,
+                server: ServerId(1),
+            },
+        )
+        .unwrap();
+        for bad in [
+            "",
+            "10.0.0.9",
+            "host:7000",
+            "10.0.0.9:70000",
+            "10.0.0.9:7000 ",
+        ] {
+            assert_eq!(
+                change(&mut map, move_1(bad)),
+                Err(Rejection::BadAddress {
+                    server: 1,
+                    address: bad.to_string()
+                })
+            );
+        }
+        assert_eq!(
+            change(
+                &mut map,
+                Change::MoveServer {
+                    server: ServerId(3),
+                    address: "10.0.0.9:7000".into()
+                }
+            ),
+            Err(Rejection::UnknownServer { server: 3 })
+        );
+        let epoch = map.epoch;
+        let moved = change(&mut map, move_1("10.0.0.9:7000")).unwrap();
+        assert_eq!(moved.epoch, epoch + 1, "a move is a change like any other");
+        assert_eq!(
+            moved.address_of(ServerId(1)),
+            Some("10.0.0.9:7000".parse().unwrap())
+        );
+        assert_eq!(moved.address_of(ServerId(0)), None);
+        // Moving again (the new host died too) replaces the address.
+        let again = change(&mut map, move_1("[::1]:7001")).unwrap();
+        assert_eq!(
+            again.address_of(ServerId(1)),
+            Some("[::1]:7001".parse().unwrap())
+        );
+        assert_eq!(again.addresses.len(), 1);
+    }
+
+    #[test]
+    fn check_refuses_bad_addresses_and_old_maps_still_load() {
+        let mut map = ClusterMap::initial(3, 2);
+        map.addresses.insert(5, "10.0.0.1:7000".into());
+        assert!(map.check().is_err(), "an address for a server out of range");
+        map.addresses.clear();
+        map.addresses.insert(2, "not an address".into());
+        assert!(map.check().is_err(), "an address that does not parse");
+        assert_eq!(map.address_of(ServerId(2)), None);
+        // A map stored before addresses existed has no such field.
+        let old = r#"{"epoch":1,"sets":[{"primary":0,"members":[0],"syncing":[]}]}"#;
+        let loaded: ClusterMap = serde_json::from_str(old).expect("an old map loads");
+        assert!(loaded.addresses.is_empty());
+        assert!(loaded.check().is_ok());
     }
 
     #[test]

@@ -216,3 +216,22 @@ pub(crate) fn some_change(map: &ClusterMap, pick: u64) -> Change {
         }
     }
 }
+
+/// A `MoveServer` of `map` chosen by `pick`: of a server in no set if there
+/// is one (valid), else of one still in a set (refused).
+pub(crate) fn some_move(map: &ClusterMap, pick: u64) -> Change {
+    let servers = map.sets.len() as u16;
+    let in_a_set = |s: ServerId| {
+        map.sets
+            .iter()
+            .any(|set| set.members.contains(&s) || set.syncing.contains(&s))
+    };
+    let server = (0..servers)
+        .map(ServerId)
+        .find(|s| !in_a_set(*s))
+        .unwrap_or(ServerId((pick % servers as u64) as u16));
+    Change::MoveServer {
+        server,
+        address: format!("10.0.{}.{}:7000", (pick >> 8) % 256, pick % 256),
+    }
+}

@@ -18,7 +18,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokio::task::JoinHandle;
 
-use super::{some_change, Group};
+use super::{some_change, some_move, Group};
 use crate::{ClusterMap, MembershipError};
 
 /// Every map seen, by epoch, and the first conflict found.
@@ -117,7 +117,10 @@ async fn run_seed(seed: u64, steps: u64) {
                     })
                     .collect();
                 let picks: Vec<u64> = proposers.iter().map(|_| rng.random()).collect();
-                what = format!("propose from {proposers:?}");
+                // Now and then a server move (refused while the server is
+                // in a set, which is most of the time).
+                let moving = rng.random_bool(0.15);
+                what = format!("propose from {proposers:?} (a move: {moving})");
                 let proposals = proposers.iter().zip(&picks).map(|(p, pick)| {
                     let node = group.node(*p).clone();
                     let map = node.map();
@@ -127,7 +130,12 @@ async fn run_seed(seed: u64, steps: u64) {
                                 crate::Rejection::NotBootstrapped,
                             ));
                         }
-                        node.propose(some_change(&map, *pick), map.epoch).await
+                        let change = if moving {
+                            some_move(&map, *pick)
+                        } else {
+                            some_change(&map, *pick)
+                        };
+                        node.propose(change, map.epoch).await
                     }
                 });
                 for (result, proposer) in futures::future::join_all(proposals)
