@@ -26,6 +26,8 @@ pub struct ServerArgs {
     pub metrics: Option<std::net::SocketAddr>,
     pub listen_all: bool,
     pub data_dir: Option<PathBuf>,
+    pub replace: bool,
+    pub address: Option<std::net::SocketAddr>,
 }
 
 pub fn server(cluster: Option<&Path>, a: ServerArgs) -> Result<ExitCode, String> {
@@ -38,6 +40,8 @@ pub fn server(cluster: Option<&Path>, a: ServerArgs) -> Result<ExitCode, String>
         metrics,
         listen_all,
         data_dir,
+        replace,
+        address,
     } = a;
     let path = ClusterConfig::locate(cluster);
     let cfg = ClusterConfig::load(&path).map_err(|e| e.to_string())?;
@@ -60,6 +64,8 @@ pub fn server(cluster: Option<&Path>, a: ServerArgs) -> Result<ExitCode, String>
         listen_all,
         data_dir,
         replicas: None,
+        replace,
+        address,
     };
     madfs_server::run(cfg, ServerId(id), opts).map_err(|e| format!("server {id}: {e}"))?;
     Ok(ExitCode::SUCCESS)
@@ -337,10 +343,15 @@ pub fn status(cluster: Option<&Path>) -> Result<ExitCode, String> {
     let stats = rt.block_on(client.server_stats());
     // With replicas, which server serves each set after failovers.
     let routes = if cfg.replicas > 1 {
-        rt.block_on(client.routes()).ok()
+        rt.block_on(client.cluster_routes()).ok()
     } else {
         None
     };
+    let moved_to: std::collections::HashMap<u16, std::net::SocketAddr> = routes
+        .iter()
+        .flat_map(|r| r.addresses.iter().map(|&(id, a)| (id.0, a)))
+        .collect();
+    let routes = routes.map(|r| r.serving);
     if cfg.replicas > 1 {
         println!(
             "{} copies of every record and chunk{}",
@@ -400,7 +411,9 @@ pub fn status(cluster: Option<&Path>) -> Result<ExitCode, String> {
             }
         );
         for s in servers {
-            let (id, addr) = (s.id, s.address.to_string());
+            let id = s.id;
+            // A replacement on another host answers at its new address.
+            let addr = moved_to.get(&id).copied().unwrap_or(s.address).to_string();
             match stats.remove(&id) {
                 Some(Ok(s)) => {
                     // A failed server answers but refuses writes until restarted.
@@ -424,7 +437,10 @@ pub fn status(cluster: Option<&Path>) -> Result<ExitCode, String> {
                         s.data_bytes,
                         s.bytes_avail,
                         moved(id)
-                    )
+                    );
+                    for r in &s.rebuilds {
+                        println!("     {}", describe_rebuild(id, r));
+                    }
                 }
                 Some(Err(e)) => {
                     all_up = false;
@@ -448,4 +464,22 @@ pub fn status(cluster: Option<&Path>) -> Result<ExitCode, String> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// One line on a copy of `set` being rebuilt on another server.
+fn describe_rebuild(set: u16, r: &madfs_client::Rebuild) -> String {
+    use crate::stage::progress::human_bytes;
+    let percent = if r.bytes_total == 0 {
+        100.0
+    } else {
+        100.0 * r.bytes_done as f64 / r.bytes_total as f64
+    };
+    format!(
+        "rebuilding set {set} on server {}: {}; {} metadata records, {} of {} of chunk data ({percent:.0}%)",
+        r.replica,
+        r.phase.describe(),
+        r.keys,
+        human_bytes(r.bytes_done),
+        human_bytes(r.bytes_total),
+    )
 }

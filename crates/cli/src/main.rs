@@ -79,6 +79,18 @@ enum Command {
         /// (DATA/server-N/replica-of-ID) after this server's disk is lost.
         #[arg(long, value_name = "DIR")]
         data_dir: Option<PathBuf>,
+        /// Take over server ID of a cluster with replicas whose server is
+        /// lost (host dead, disk gone): start from an empty data directory,
+        /// wait until the cluster has failed the old server over, move the
+        /// id to --address, and rebuild every copy it holds from the
+        /// surviving replicas in the background (`madfs status` shows the
+        /// progress).
+        #[arg(long)]
+        replace: bool,
+        /// Listen (and, with --replace, be reached) at this address instead
+        /// of the cluster file's, e.g. a replacement on another host.
+        #[arg(long, value_name = "HOST:PORT")]
+        address: Option<std::net::SocketAddr>,
     },
     /// Start a cluster and wait until every server answers: on 127.0.0.1,
     /// or with --hosts / --slurm on many hosts. Run again on the same
@@ -366,6 +378,8 @@ fn main() -> ExitCode {
             metrics,
             listen_all,
             data_dir,
+            replace,
+            address,
         } => cluster_cmd::server(
             cli.cluster.as_deref(),
             cluster_cmd::ServerArgs {
@@ -377,6 +391,8 @@ fn main() -> ExitCode {
                 metrics,
                 listen_all,
                 data_dir,
+                replace,
+                address,
             },
         ),
         Command::Up {

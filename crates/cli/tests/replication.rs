@@ -423,3 +423,176 @@ fn a_restarted_server_resyncs_and_takes_over_again() {
     write(&mut files, 4);
     check(&files);
 }
+
+/// Every key and chunk file of set `set`'s store under `a` equals the
+/// copy under `b` (each a server's layout: meta/ and chunks/).
+fn assert_same_store(set: usize, a: &Path, b: &Path) {
+    let (mine, theirs) = (all_keys(&a.join("meta")), all_keys(&b.join("meta")));
+    assert!(!mine.is_empty(), "set {set}: {} is empty", a.display());
+    let differ: Vec<_> = mine
+        .iter()
+        .filter(|(k, v)| theirs.get(*k) != Some(v))
+        .map(|(k, _)| String::from_utf8_lossy(k).into_owned())
+        .chain(
+            theirs
+                .keys()
+                .filter(|k| !mine.contains_key(*k))
+                .map(|k| format!("(only in {}) {}", b.display(), String::from_utf8_lossy(k))),
+        )
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "set {set}: {} of {} keys differ between {} and {}: {:?}",
+        differ.len(),
+        mine.len(),
+        a.display(),
+        b.display(),
+        &differ[..differ.len().min(10)]
+    );
+    let (mine, theirs) = (all_files(&a.join("chunks")), all_files(&b.join("chunks")));
+    assert_eq!(
+        mine.keys().collect::<Vec<_>>(),
+        theirs.keys().collect::<Vec<_>>(),
+        "set {set}: chunk files"
+    );
+    for (p, bytes) in &mine {
+        assert!(
+            &theirs[p] == bytes,
+            "set {set}: chunk {} differs",
+            p.display()
+        );
+    }
+}
+
+/// A lost server (killed, its disk gone) is replaced by a new process at
+/// another address with an empty data directory (`madfs server
+/// --replace`): it waits until the cluster gave the old one up, moves the
+/// id, and is rebuilt from the surviving copies while writes go on, with
+/// the progress in `madfs status`. Rebuilt, its copies equal the
+/// originals key for key and byte for byte, and when the server that
+/// served its set dies in turn, it serves the set, reached at its new
+/// address by a client that only has the old cluster file.
+#[test]
+fn a_replacement_takes_over_a_lost_servers_id_and_is_rebuilt_byte_for_byte() {
+    let mut tc = TestCluster::start_with(
+        SERVERS,
+        Options {
+            replicas: 2,
+            // Slow enough that `madfs status` sees the rebuild under way.
+            server_env: vec![("MADFS_FAULT_REBUILD_PIECE_PAUSE_MS".into(), "150".into())],
+            ..Options::default()
+        },
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let c = tc.client();
+    let mut files: Expected = Vec::new();
+    let write = |files: &mut Expected, round: u64| {
+        rt.block_on(write_round(
+            &c,
+            &format!("/p{round}"),
+            round * 100,
+            16,
+            files,
+        ))
+    };
+    let in_sync = || {
+        rt.block_on(c.replica_sets())
+            .map(|(_, n)| n)
+            .unwrap_or_default()
+    };
+    write(&mut files, 0);
+    write(&mut files, 1);
+
+    // Server 3 (not a voter) is lost with its disk; set 3 moves to its
+    // replica, server 0.
+    tc.kill9(3);
+    let old_dir = tc.config().servers[3].data_dir.clone();
+    std::fs::remove_dir_all(&old_dir).unwrap();
+    write(&mut files, 2);
+
+    // A replacement on a data directory that holds files is refused.
+    let used = tc.root().join("used");
+    std::fs::create_dir_all(used.join("meta")).unwrap();
+    let out = tc.madfs([
+        "server",
+        "--id",
+        "3",
+        "--replace",
+        "--data-dir",
+        used.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("empty data directory"), "{err}");
+
+    let t = std::time::Instant::now();
+    let (addr, new_dir) = tc.replace(3);
+    // Writes go on during the rebuild; `madfs status` shows it under way.
+    let mut seen_rebuild = String::new();
+    let deadline = t + std::time::Duration::from_secs(90);
+    let mut round = 3;
+    while in_sync() != vec![2u8; SERVERS] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replacement was not rebuilt: {:?}; its log:\n{}",
+            in_sync(),
+            common::tail(&tc.log_path(3), 30)
+        );
+        if round < 5 {
+            write(&mut files, round);
+            round += 1;
+        }
+        let status = String::from_utf8_lossy(&tc.madfs(["status"]).stdout).into_owned();
+        if let Some(line) = status.lines().find(|l| l.contains("rebuilding set")) {
+            seen_rebuild = line.trim().to_string();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    eprintln!(
+        "the replacement was in sync {:?} after it started; status said: {seen_rebuild}",
+        t.elapsed()
+    );
+    assert!(
+        seen_rebuild.contains("on server 3") && seen_rebuild.contains("of chunk data"),
+        "madfs status never showed the rebuild: {seen_rebuild:?}"
+    );
+    let status = String::from_utf8_lossy(&tc.madfs(["status"]).stdout).into_owned();
+    let row = status
+        .lines()
+        .find(|l| l.starts_with("3 "))
+        .unwrap_or_else(|| panic!("no row for server 3:\n{status}"));
+    assert!(row.contains(&addr.to_string()), "{status}");
+    rt.block_on(read_back(&c, &files));
+
+    // Server 0, which served set 3 since the loss, dies: set 3 goes to the
+    // replacement. A new client, from the cluster file that still names
+    // the old address, finds it.
+    tc.kill9(0);
+    let fresh = tc.client();
+    rt.block_on(read_back(&fresh, &files));
+    let routes = rt.block_on(fresh.cluster_routes()).unwrap();
+    assert_eq!(routes.serving[3], madfs_types::ServerId(3), "{routes:?}");
+    assert!(
+        routes.addresses.contains(&(madfs_types::ServerId(3), addr)),
+        "{routes:?}"
+    );
+
+    // Byte for byte: set 2 (served by server 2) and its copy on the
+    // replacement, and set 3 as server 0 left it and as the replacement
+    // serves it now (nothing was written to it since).
+    drop((c, fresh));
+    for i in [1, 2, 3] {
+        assert!(tc.stop(i).success(), "server {i} exited badly");
+    }
+    let cfg = tc.config().clone();
+    assert_same_store(2, &cfg.servers[2].data_dir, &new_dir.join("replica-of-2"));
+    assert_same_store(
+        3,
+        &cfg.servers[0].data_dir.join("replica-of-3"),
+        &new_dir.join("replica-of-3"),
+    );
+}

@@ -81,6 +81,17 @@ pub(crate) fn write_end(offset: u64, len: usize) -> Result<u64> {
 }
 
 /// What a `Client::write` did, for the open file's bookkeeping.
+/// Who serves the cluster's replica sets now (`Client::cluster_routes`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterRoutes {
+    /// `serving[s]` serves set s.
+    pub serving: Vec<ServerId>,
+    /// How many servers keep each set in sync (empty: no replicas).
+    pub in_sync: Vec<u8>,
+    /// Servers that moved from their cluster-file address.
+    pub addresses: Vec<(ServerId, std::net::SocketAddr)>,
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WriteOutcome {
     /// Servers that acknowledged data and must be fsynced for durability.
@@ -948,6 +959,14 @@ impl Client {
     /// `routes`, and how many servers keep each set in sync (empty when
     /// the cluster keeps no replicas).
     pub async fn replica_sets(&self) -> Result<(Vec<ServerId>, Vec<u8>)> {
+        let r = self.cluster_routes().await?;
+        Ok((r.serving, r.in_sync))
+    }
+
+    /// Which server serves each set, how many keep it in sync, and which
+    /// servers moved to another address, as the first server that answers
+    /// says.
+    pub async fn cluster_routes(&self) -> Result<ClusterRoutes> {
         let req = Request {
             creds: (*self.creds).clone(),
             op: Op::GetRoutes,
@@ -960,9 +979,15 @@ impl Client {
                         epoch,
                         serving,
                         in_sync,
+                        addresses,
                     } => {
+                        self.pool.set_addresses(&addresses).await;
                         self.pool.set_routes(epoch, &serving).await;
-                        return Ok((serving, in_sync));
+                        return Ok(ClusterRoutes {
+                            serving,
+                            in_sync,
+                            addresses,
+                        });
                     }
                     other => return Err(ClientError::unexpected("routes", &other)),
                 },
@@ -1003,6 +1028,7 @@ impl Client {
             inodes: acc.inodes.saturating_add(s.inodes),
             data_bytes: acc.data_bytes.saturating_add(s.data_bytes),
             failure: acc.failure.clone().or_else(|| s.failure.clone()),
+            rebuilds: Vec::new(),
         }))
     }
 

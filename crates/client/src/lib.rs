@@ -35,7 +35,7 @@ pub mod writebehind;
 pub use blocking::{BlockingClient, BlockingFile};
 pub use cache::{parse_ttl, CacheConfig, CacheStats};
 pub use chunk::{split_range, Piece};
-pub use client::{Client, WriteOutcome};
+pub use client::{Client, ClusterRoutes, WriteOutcome};
 pub use counts::RequestCounts;
 pub use dir::DirCursor;
 pub use error::{ClientError, Result};
@@ -48,8 +48,8 @@ pub use path::{normalize, AsFsPath, ParsedPath, PathComponent, SYMLINK_FOLLOW_MA
 // that appear in this crate's signatures.
 pub use madfs_proto::auth::ClusterKey;
 pub use madfs_proto::message::{
-    DirEntry, FsStats, SetAttrs, ACCESS_EXEC, ACCESS_READ, ACCESS_WRITE, RENAME_EXCHANGE,
-    RENAME_NOREPLACE,
+    DirEntry, FsStats, Rebuild, RebuildPhase, SetAttrs, ACCESS_EXEC, ACCESS_READ, ACCESS_WRITE,
+    RENAME_EXCHANGE, RENAME_NOREPLACE,
 };
 pub use madfs_proto::{ErrorCode, Opcode};
 pub use madfs_rpc::pool::Timeouts;

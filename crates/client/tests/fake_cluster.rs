@@ -327,6 +327,7 @@ impl FakeServer {
                     inodes: 1,
                     data_bytes: 7,
                     failure: None,
+                    rebuilds: Vec::new(),
                 }),
                 vec![],
             )),

@@ -491,6 +491,58 @@ pub struct FsStats {
     /// Why this server refuses writes and syncs until it is restarted
     /// (its store was poisoned by a failed fsync); None while it is well.
     pub failure: Option<String>,
+    /// The copies of this set being rebuilt on other servers (with
+    /// replicas: a returning or replacement server catching up).
+    pub rebuilds: Vec<Rebuild>,
+}
+
+/// A copy of one replica set being rebuilt on `replica`, as its primary
+/// sees it.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Rebuild {
+    pub replica: ServerId,
+    /// Which step the rebuild is at (see `RebuildPhase`).
+    pub phase: RebuildPhase,
+    /// Metadata records copied so far.
+    pub keys: u64,
+    /// Chunk bytes copied so far, and in all (as listed at the start).
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+}
+
+/// The steps of a rebuild, in order.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub enum RebuildPhase {
+    /// Wiping the replica's old copy.
+    #[default]
+    Starting = 0,
+    /// Copying every metadata record.
+    Keys = 1,
+    /// Copying every chunk file.
+    Chunks = 2,
+    /// Shipping the records written since the rebuild started.
+    CatchingUp = 3,
+}
+
+impl RebuildPhase {
+    fn from_u8(v: u8) -> Option<RebuildPhase> {
+        Some(match v {
+            0 => RebuildPhase::Starting,
+            1 => RebuildPhase::Keys,
+            2 => RebuildPhase::Chunks,
+            3 => RebuildPhase::CatchingUp,
+            _ => return None,
+        })
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            RebuildPhase::Starting => "starting",
+            RebuildPhase::Keys => "copying metadata",
+            RebuildPhase::Chunks => "copying chunk data",
+            RebuildPhase::CatchingUp => "applying the changes since",
+        }
+    }
 }
 
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -535,11 +587,14 @@ pub enum Reply {
         msg: Vec<u8>,
     },
     /// GetRoutes: `serving[s]` serves replica set s, as of map `epoch`,
-    /// and `in_sync[s]` servers keep it in sync (empty: not known).
+    /// and `in_sync[s]` servers keep it in sync (empty: not known);
+    /// `addresses` are where servers moved (replacements on other hosts),
+    /// overriding the cluster file.
     Routes {
         epoch: u64,
         serving: Vec<ServerId>,
         in_sync: Vec<u8>,
+        addresses: Vec<(ServerId, std::net::SocketAddr)>,
     },
     Installed {
         replaced: Option<(InodeId, FileKind)>,
@@ -1179,6 +1234,14 @@ impl Reply {
                         e.str16(m);
                     }
                 }
+                e.u16(s.rebuilds.len() as u16);
+                for r in &s.rebuilds {
+                    e.u16(r.replica.0);
+                    e.u8(r.phase as u8);
+                    e.u64(r.keys);
+                    e.u64(r.bytes_done);
+                    e.u64(r.bytes_total);
+                }
             }
             Reply::Sealed { empty } => {
                 e.u8(tag::SEALED);
@@ -1201,6 +1264,7 @@ impl Reply {
                 epoch,
                 serving,
                 in_sync,
+                addresses,
             } => {
                 e.u8(tag::ROUTES);
                 e.u64(*epoch);
@@ -1210,6 +1274,11 @@ impl Reply {
                 }
                 e.u16(in_sync.len() as u16);
                 e.raw(in_sync);
+                e.u16(addresses.len() as u16);
+                for (server, addr) in addresses {
+                    e.u16(server.0);
+                    e.str16(&addr.to_string());
+                }
             }
             Reply::Installed { replaced, held } => {
                 e.u8(tag::INSTALLED);
@@ -1300,6 +1369,22 @@ impl Reply {
                 } else {
                     None
                 },
+                rebuilds: {
+                    let n = d.u16()? as usize;
+                    let n = d.list_len(n, limits::SERVERS_MAX, 27, "rebuild count")?;
+                    let mut all = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        all.push(Rebuild {
+                            replica: ServerId(d.u16()?),
+                            phase: RebuildPhase::from_u8(d.u8()?)
+                                .ok_or(ProtoError::BadValue("rebuild phase"))?,
+                            keys: d.u64()?,
+                            bytes_done: d.u64()?,
+                            bytes_total: d.u64()?,
+                        });
+                    }
+                    all
+                },
             }),
             tag::SEALED => Reply::Sealed { empty: d.bool()? },
             tag::LINKS => Reply::Links { nlink: d.u32()? },
@@ -1318,10 +1403,22 @@ impl Reply {
                 let n = d.u16()? as usize;
                 let n = d.list_len(n, limits::SERVERS_MAX, 1, "in-sync count")?;
                 let in_sync = d.raw(n)?.to_vec();
+                let n = d.u16()? as usize;
+                let n = d.list_len(n, limits::SERVERS_MAX, 4, "address count")?;
+                let mut addresses = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let server = ServerId(d.u16()?);
+                    let addr = d.str16(64, "server address")?;
+                    let addr = addr
+                        .parse()
+                        .map_err(|_| ProtoError::BadValue("server address"))?;
+                    addresses.push((server, addr));
+                }
                 Reply::Routes {
                     epoch,
                     serving,
                     in_sync,
+                    addresses,
                 }
             }
             tag::INSTALLED => Reply::Installed {
@@ -1681,6 +1778,7 @@ mod tests {
                 inodes: 4,
                 data_bytes: 5,
                 failure: None,
+                rebuilds: Vec::new(),
             }),
             Reply::FsStats(FsStats {
                 bytes_total: 1,
@@ -1689,6 +1787,13 @@ mod tests {
                 inodes: 4,
                 data_bytes: 5,
                 failure: Some("chunk store poisoned since ...".into()),
+                rebuilds: vec![Rebuild {
+                    replica: ServerId(3),
+                    phase: RebuildPhase::Chunks,
+                    keys: 4096,
+                    bytes_done: 1 << 20,
+                    bytes_total: 3 << 20,
+                }],
             }),
             Reply::Sealed { empty: false },
             Reply::Links { nlink: 3 },
@@ -1698,6 +1803,7 @@ mod tests {
                 epoch: 7,
                 serving: vec![ServerId(0), ServerId(0), ServerId(2)],
                 in_sync: vec![2, 1, 2],
+                addresses: vec![(ServerId(1), "10.0.0.9:7001".parse().unwrap())],
             },
             Reply::Installed {
                 replaced: Some((InodeId(8), FileKind::File)),

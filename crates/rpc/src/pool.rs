@@ -61,7 +61,9 @@ pub const FAILOVER_WAIT: Duration = Duration::from_secs(30);
 const ROUTES_POLL: Duration = Duration::from_millis(200);
 
 pub struct Pool {
-    addrs: Vec<SocketAddr>,
+    /// Where each server listens: the cluster file's address, or where the
+    /// cluster map says it moved (a replacement on another host).
+    addrs: Vec<std::sync::RwLock<SocketAddr>>,
     /// Which server serves each set now (index: set).
     route: Vec<AtomicU16>,
     /// The map epoch `route` comes from.
@@ -78,7 +80,11 @@ pub struct Pool {
 
 impl Pool {
     pub fn new(cfg: &ClusterConfig, key: ClusterKey, role: Role, timeouts: Timeouts) -> Pool {
-        let addrs: Vec<SocketAddr> = cfg.servers.iter().map(|s| s.address).collect();
+        let addrs: Vec<_> = cfg
+            .servers
+            .iter()
+            .map(|s| std::sync::RwLock::new(s.address))
+            .collect();
         let slots = addrs.iter().map(|_| Mutex::new(None)).collect();
         Pool {
             route: (0..addrs.len() as u16).map(AtomicU16::new).collect(),
@@ -101,7 +107,9 @@ impl Pool {
             route: (0..servers as u16).map(AtomicU16::new).collect(),
             epoch: AtomicU64::new(0),
             failover: false,
-            addrs: vec![unused; servers],
+            addrs: (0..servers)
+                .map(|_| std::sync::RwLock::new(unused))
+                .collect(),
             key: ClusterKey::from_hex(&"00".repeat(32)).expect("a valid key"),
             role,
             timeouts: Timeouts::default(),
@@ -143,6 +151,35 @@ impl Pool {
             .map_or(set, |r| ServerId(r.load(Ordering::Relaxed)))
     }
 
+    /// Where `server` listens, as this pool knows it.
+    pub fn address(&self, server: ServerId) -> Option<SocketAddr> {
+        self.addrs
+            .get(server.0 as usize)
+            .map(|a| *a.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Servers that moved to another address (a replacement on another
+    /// host): the connections routed to them are dropped, and the next
+    /// call connects to the new address.
+    pub async fn set_addresses(&self, moved: &[(ServerId, SocketAddr)]) {
+        for &(server, addr) in moved {
+            let Some(slot) = self.addrs.get(server.0 as usize) else {
+                continue;
+            };
+            let was =
+                std::mem::replace(&mut *slot.write().unwrap_or_else(|e| e.into_inner()), addr);
+            if was == addr {
+                continue;
+            }
+            tracing::info!("server {server} moved from {was} to {addr}");
+            for set in 0..self.route.len() {
+                if self.route[set].load(Ordering::Relaxed) == server.0 {
+                    *self.slots[set].lock().await = None;
+                }
+            }
+        }
+    }
+
     /// Take the routes of map `epoch` (older ones are ignored); the sets
     /// that moved lose their connection.
     pub async fn set_routes(&self, epoch: u64, serving: &[ServerId]) {
@@ -174,9 +211,13 @@ impl Pool {
                 return Ok(c.clone());
             }
         }
+        let to = self.route(server);
+        let addr = self
+            .address(to)
+            .expect("routes name servers of the cluster");
         let c = Connection::connect(
             server,
-            self.addrs[self.route(server).0 as usize],
+            addr,
             &self.key,
             self.role,
             self.timeouts.connect,
@@ -344,10 +385,17 @@ impl Pool {
             }
             let answer = tokio::time::timeout(ROUTES_ASK_TIMEOUT, self.call_once(other, &ask, &[]));
             if let Ok(Ok(Response {
-                reply: madfs_proto::Reply::Routes { epoch, serving, .. },
+                reply:
+                    madfs_proto::Reply::Routes {
+                        epoch,
+                        serving,
+                        addresses,
+                        ..
+                    },
                 ..
             })) = answer.await
             {
+                self.set_addresses(&addresses).await;
                 self.set_routes(epoch, &serving).await;
                 return;
             }

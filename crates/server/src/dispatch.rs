@@ -274,6 +274,7 @@ impl Server {
                     .map(madfs_types::ServerId)
                     .collect(),
                 in_sync: Vec::new(),
+                addresses: Vec::new(),
             }),
             op @ (Op::Seal { .. } | Op::PurgeChunks { .. } | Op::InvalidateDir { .. }) => {
                 debug_assert_eq!(ctx.role, Role::Peer);

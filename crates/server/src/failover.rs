@@ -31,6 +31,8 @@ pub struct Routes {
     pub serving: Vec<ServerId>,
     /// How many servers keep each set in sync (empty: not known).
     pub in_sync: Vec<u8>,
+    /// Servers that moved from their cluster-file address.
+    pub addresses: Vec<(ServerId, std::net::SocketAddr)>,
 }
 
 /// Every request this process takes, by the set its connection is for.
@@ -82,6 +84,7 @@ impl Router {
                 epoch: 0,
                 serving,
                 in_sync: Vec::new(),
+                addresses: Vec::new(),
             }),
             promoting: tokio::sync::Mutex::new(()),
             group: std::sync::OnceLock::new(),
@@ -238,6 +241,7 @@ impl Handler for Router {
                     epoch: r.epoch,
                     serving: r.serving,
                     in_sync: r.in_sync,
+                    addresses: r.addresses,
                 },
                 Vec::new(),
             ));

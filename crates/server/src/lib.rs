@@ -22,6 +22,7 @@ mod ops;
 mod peers;
 pub mod perm;
 mod rename;
+mod replace;
 mod replica;
 pub mod replication;
 mod seals;
@@ -113,6 +114,13 @@ pub struct RunOptions {
     /// replica set in the cluster file (a set served after a failover
     /// passes the members the cluster map has left).
     pub replicas: Option<Vec<ServerId>>,
+    /// Take over this id from a lost server (replace.rs): start empty,
+    /// wait until the cluster gave the old one up, move the id to
+    /// `address`, and be rebuilt from the other replicas.
+    pub replace: bool,
+    /// Listen at this address instead of the cluster file's (and, with
+    /// `replace`, move the id there).
+    pub address: Option<std::net::SocketAddr>,
 }
 
 impl Default for RunOptions {
@@ -126,6 +134,8 @@ impl Default for RunOptions {
             listen_all: false,
             data_dir: None,
             replicas: None,
+            replace: false,
+            address: None,
         }
     }
 }
@@ -150,23 +160,37 @@ pub fn run(cfg: ClusterConfig, id: ServerId, opts: RunOptions) -> Result<(), Ser
         let key = cfg
             .load_key()
             .map_err(|e| ServerError::Config(e.to_string()))?;
+        let data_dir = opts
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| entry.data_dir.clone());
+        if opts.replace {
+            if cfg.replicas < 2 {
+                return Err(ServerError::Config(
+                    "--replace needs a cluster that keeps replicas (--replicas 2 or 3):                      without them a lost server's data exist nowhere else"
+                        .into(),
+                ));
+            }
+            replace::check_empty(&data_dir)?;
+        }
         let server = Arc::new(Server::open(&cfg, id, key.clone(), &opts)?);
+        let address = opts.address.unwrap_or(entry.address);
         let bind = if opts.listen_all {
-            let any: std::net::IpAddr = if entry.address.is_ipv4() {
+            let any: std::net::IpAddr = if address.is_ipv4() {
                 std::net::Ipv4Addr::UNSPECIFIED.into()
             } else {
                 std::net::Ipv6Addr::UNSPECIFIED.into()
             };
-            std::net::SocketAddr::new(any, entry.address.port())
+            std::net::SocketAddr::new(any, address.port())
         } else {
-            entry.address
+            address
         };
         let listener = tokio::net::TcpListener::bind(bind)
             .await
             .map_err(|e| ServerError::Bind(format!("{bind}: {e}")))?;
         tracing::info!(
             "server {id} listening on {}",
-            listener.local_addr().unwrap_or(entry.address)
+            listener.local_addr().unwrap_or(address)
         );
         if let Some(d) = madfs_rpc::serve::net_delay() {
             tracing::warn!(
@@ -197,6 +221,10 @@ pub fn run(cfg: ClusterConfig, id: ServerId, opts: RunOptions) -> Result<(), Ser
             opts.clone(),
             metrics,
         ));
+        if opts.replace {
+            // Never serve the home set from this empty store (replace.rs).
+            router.depose(id);
+        }
         let serving = tokio::spawn(madfs_rpc::serve::serve(
             listener,
             id,
@@ -206,12 +234,12 @@ pub fn run(cfg: ClusterConfig, id: ServerId, opts: RunOptions) -> Result<(), Ser
         // With replicas, the membership group decides who serves what; the
         // listener is up first, since the voters must reach each other.
         let group = if cfg.replicas > 1 {
-            let data_dir = opts
-                .data_dir
-                .clone()
-                .unwrap_or_else(|| entry.data_dir.clone());
-            let g = members::Members::start(&cfg, id, key.clone(), &data_dir).await?;
+            let g =
+                members::Members::start(&cfg, id, key.clone(), &data_dir, opts.replace).await?;
             router.join(g.clone());
+            if opts.replace {
+                replace::take_over(&g, address, entry.address).await?;
+            }
             g.follow(router.clone());
             Some(g)
         } else {

@@ -145,6 +145,9 @@ pub struct Members {
     map: watch::Sender<ClusterMap>,
     /// The newest epoch a ping announced.
     announced: AtomicU64,
+    /// A replacement waiting for the cluster to give up the server it
+    /// replaces: it answers no ping (replace.rs).
+    replacing: AtomicBool,
     /// The epoch of the last map applied to the router (`apply`).
     applied: AtomicU64,
     fetching: AtomicBool,
@@ -159,6 +162,7 @@ impl Members {
         me: ServerId,
         key: ClusterKey,
         data_dir: &Path,
+        replace: bool,
     ) -> Result<Arc<Members>, ServerError> {
         let timing = Timing::default();
         let voters = voters(cfg);
@@ -178,10 +182,17 @@ impl Members {
                 data_dir.join("membership"),
                 initial_map(cfg),
             );
-            let node = Membership::start(mc, Arc::new(NodeNet(net.clone())))
-                .await
-                .map_err(|e| ServerError::Storage(format!("membership: {e}")))?;
-            Some(node)
+            let net: Arc<dyn Transport> = Arc::new(NodeNet(net.clone()));
+            let node = if replace {
+                // STUB-UNTIL-MERGE: Membership::join
+                let _ = net;
+                return Err(ServerError::Config(format!(
+                    "server {me} is a voter; replacing a voter is not built yet"
+                )));
+            } else {
+                Membership::start(mc, net).await
+            };
+            Some(node.map_err(|e| ServerError::Storage(format!("membership: {e}")))?)
         } else {
             None
         };
@@ -196,6 +207,7 @@ impl Members {
             net,
             map,
             announced: AtomicU64::new(0),
+            replacing: AtomicBool::new(replace),
             applied: AtomicU64::new(0),
             fetching: AtomicBool::new(false),
         });
@@ -292,6 +304,13 @@ impl Members {
                 None => Err(bad(format!("server {} is not a voter", self.me))),
             },
             tag::PING => {
+                if self.replacing.load(Ordering::Acquire) {
+                    // Answering would keep the lost server's lease alive.
+                    return Err(WireError::new(
+                        ErrorCode::Unavailable,
+                        format!("server {} is a replacement, not taken over yet", self.me),
+                    ));
+                }
                 let (epoch, ping) = rest
                     .split_first_chunk::<8>()
                     .ok_or_else(|| bad("short ping".into()))?;
@@ -389,9 +408,30 @@ impl Members {
         self.net.pool.clone()
     }
 
+    /// The map as the voters have it now (not as this server last heard).
+    pub async fn fresh_map(&self) -> Result<ClusterMap, String> {
+        let m = match &self.node {
+            Some(node) => node.read_map().await.map_err(|e| e.to_string())?,
+            None => fetch_map(&self.voters, &NodeNet(self.net.clone()), REMOTE_WAIT)
+                .await
+                .map_err(|e| e.to_string())?,
+        };
+        self.map.send_if_modified(|cur| newer(cur, m.clone()));
+        Ok(m)
+    }
+
+    /// The replacement took over: answer pings from now on.
+    pub fn took_over(&self) {
+        self.replacing.store(false, Ordering::Release);
+    }
+
+    pub fn me(&self) -> ServerId {
+        self.me
+    }
+
     /// Propose `change` against the newest map known, again while the
     /// epoch moved under it; whether it applied (or was applied before).
-    async fn propose_latest(&self, change: Change) -> bool {
+    pub(crate) async fn propose_latest(&self, change: Change) -> bool {
         for _ in 0..PROPOSE_ATTEMPTS {
             let epoch = self.map().epoch;
             match self.propose(change.clone(), epoch).await {
@@ -459,6 +499,10 @@ impl Members {
 
     async fn apply(self: &Arc<Self>, map: &ClusterMap, router: &Router) {
         let serving: Vec<ServerId> = map.sets.iter().map(|s| s.primary).collect();
+        // Addresses first: a set routed to a moved server must connect to
+        // where it is now.
+        let moved = moved_addresses(map);
+        self.net.pool.set_addresses(&moved).await;
         router.set_routes(Routes {
             epoch: map.epoch,
             serving: serving.clone(),
@@ -467,8 +511,10 @@ impl Members {
                 .iter()
                 .map(|s| s.members.len().min(u8::MAX as usize) as u8)
                 .collect(),
+            addresses: moved.clone(),
         });
         for server in router.servers() {
+            server.peers.set_addresses(&moved).await;
             server.peers.set_routes(map.epoch, &serving).await;
         }
         for (set, s) in map.sets.iter().enumerate() {
@@ -536,6 +582,15 @@ impl Members {
             }
         }
     }
+}
+
+/// The servers `map` says moved from their cluster-file address (a
+/// replacement on another host), with where they are now.
+pub fn moved_addresses(map: &ClusterMap) -> Vec<(ServerId, std::net::SocketAddr)> {
+    map.addresses
+        .keys()
+        .filter_map(|&id| map.address_of(ServerId(id)).map(|a| (ServerId(id), a)))
+        .collect()
 }
 
 /// A short, stable name of a rejection, to recognise it across the wire.

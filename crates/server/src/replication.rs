@@ -34,7 +34,7 @@
 use crate::errors::{err, OpResult};
 use madfs_kv::{KvStore, WriteBatch};
 use madfs_proto::codec::Encoder;
-use madfs_proto::message::{Op, Reply};
+use madfs_proto::message::{Op, Rebuild, RebuildPhase, Reply};
 use madfs_proto::{ErrorCode, Request, WireError};
 use madfs_rpc::{Pool, SharedData};
 use madfs_types::{ChunkIndex, Credentials, InodeId, ServerId};
@@ -253,6 +253,8 @@ struct Replica {
     /// +1 at each resync: a shipper or an acknowledgement of an earlier
     /// one is ignored.
     generation: u64,
+    /// How far its resync has come, while one runs.
+    rebuild: Option<Rebuild>,
 }
 
 struct Stream {
@@ -296,6 +298,7 @@ impl Replicator {
                         out: None,
                         syncing: false,
                         generation: 0,
+                        rebuild: None,
                     })
                     .collect(),
             }),
@@ -492,6 +495,7 @@ impl Replicator {
                     out: None,
                     syncing: true,
                     generation: 0,
+                    rebuild: None,
                 });
                 s.replicas.len() - 1
             }
@@ -501,7 +505,35 @@ impl Replicator {
         r.syncing = true;
         r.generation += 1;
         r.acked = from - 1;
+        r.rebuild = Some(Rebuild {
+            replica: server,
+            phase: RebuildPhase::Starting,
+            keys: 0,
+            bytes_done: 0,
+            bytes_total: 0,
+        });
         Some((i, r.generation, from))
+    }
+
+    /// The resyncs running now and how far each has come.
+    pub(crate) fn rebuilds(&self) -> Vec<Rebuild> {
+        self.lock()
+            .replicas
+            .iter()
+            .filter_map(|r| r.rebuild.clone())
+            .collect()
+    }
+
+    /// Note progress of replica `i`'s resync of `generation` (not of a
+    /// newer one).
+    fn progress(&self, i: usize, generation: u64, note: impl FnOnce(&mut Rebuild)) {
+        let mut s = self.lock();
+        let r = &mut s.replicas[i];
+        if r.generation == generation {
+            if let Some(p) = r.rebuild.as_mut() {
+                note(p);
+            }
+        }
     }
 
     /// `server` counts in the set again.
@@ -509,6 +541,7 @@ impl Replicator {
         let mut s = self.lock();
         if let Some(r) = s.replicas.iter_mut().find(|r| r.server == server) {
             r.syncing = false;
+            r.rebuild = None;
         }
     }
 
@@ -527,7 +560,12 @@ impl Replicator {
                     return;
                 }
                 let overtaken = me.lock().replicas[i].generation != generation;
-                if overtaken || attempt == RESYNC_ATTEMPTS {
+                if overtaken {
+                    return;
+                }
+                if attempt == RESYNC_ATTEMPTS {
+                    // Given up: no progress to show (the replica stays out).
+                    me.lock().replicas[i].rebuild = None;
                     return;
                 }
                 tokio::time::sleep(RESYNC_PAUSE).await;
@@ -549,7 +587,7 @@ impl Replicator {
             "set {}: resync of server {replica} starts (records from {from} kept for it)",
             self.set
         );
-        match self.load(server, replica, from).await {
+        match self.load(server, replica, from, (i, generation)).await {
             Ok((keys, chunks)) => tracing::info!(
                 "set {}: server {replica} has the copy ({keys} keys, {chunks} chunk files); \
                  now the records since",
@@ -560,6 +598,7 @@ impl Replicator {
                 return false;
             }
         }
+        self.progress(i, generation, |p| p.phase = RebuildPhase::CatchingUp);
         self.start_shipper(i, server.clone());
         // In sync once it has every record written up to a moment
         // after the load (later ones keep flowing to it).
@@ -592,13 +631,16 @@ impl Replicator {
     }
 
     /// The load of a resync: wipe `replica`'s copy and send it every key
-    /// and every chunk file of this server's store. (keys, chunk files).
+    /// and every chunk file of this server's store, noting progress for
+    /// replica index and generation `of`. (keys, chunk files).
     async fn load(
         &self,
         server: &crate::Server,
         replica: ServerId,
         from: u64,
+        of: (usize, u64),
     ) -> Result<(u64, u64), String> {
+        let progress = |note: &dyn Fn(&mut Rebuild)| self.progress(of.0, of.1, note);
         let send = |records: Vec<Record>| async move {
             let (heads, payloads) = encode_all(records.iter());
             let req = Request {
@@ -617,6 +659,22 @@ impl Replicator {
                 .map_err(|e| e.to_string())
         };
         send(vec![Record::Reset { applied: from - 1 }]).await?;
+        // The chunk files are listed first, for the total the progress
+        // counts against; files written later come with the records kept
+        // since `from`.
+        let chunks = server.chunks.clone();
+        let files = crate::service::blocking(move || chunks.list_chunks())
+            .await
+            .map_err(|e| e.to_string())?;
+        let total: u64 = files
+            .iter()
+            .filter_map(|(_, _, p)| std::fs::metadata(p).ok())
+            .map(|m| m.len())
+            .sum();
+        progress(&|p| {
+            p.phase = RebuildPhase::Keys;
+            p.bytes_total = total;
+        });
         let (mut keys, mut start) = (0u64, Vec::new());
         loop {
             let kv = server.kv.clone();
@@ -641,14 +699,12 @@ impl Replicator {
                 sync: false,
             }])
             .await?;
+            progress(&|p| p.keys = keys);
             if !full {
                 break;
             }
         }
-        let chunks = server.chunks.clone();
-        let files = crate::service::blocking(move || chunks.list_chunks())
-            .await
-            .map_err(|e| e.to_string())?;
+        progress(&|p| p.phase = RebuildPhase::Chunks);
         for (ino, index, path) in &files {
             let mut offset = 0u64;
             loop {
@@ -681,6 +737,10 @@ impl Replicator {
                 }])
                 .await?;
                 offset += n;
+                progress(&|p| p.bytes_done += n);
+                if let Some(pause) = rebuild_piece_pause() {
+                    tokio::time::sleep(pause).await;
+                }
             }
         }
         // Durable there before the records resume.
@@ -795,6 +855,19 @@ fn random_stream_id() -> u64 {
 }
 
 /// Attempts at a resync of one server, and the pause between two.
+/// Test seam: `MADFS_FAULT_REBUILD_PIECE_PAUSE_MS` pauses a resync after
+/// each piece of chunk data it copies, so a test sees a rebuild under way
+/// (`madfs status`). At most a second.
+fn rebuild_piece_pause() -> Option<Duration> {
+    static PAUSE: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    *PAUSE.get_or_init(|| {
+        std::env::var("MADFS_FAULT_REBUILD_PIECE_PAUSE_MS")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(|ms| Duration::from_millis(ms.min(1000)))
+    })
+}
+
 const RESYNC_ATTEMPTS: u32 = 10;
 const RESYNC_PAUSE: Duration = Duration::from_secs(1);
 /// Keys per load call of a resync.

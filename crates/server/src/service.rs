@@ -332,6 +332,11 @@ impl Server {
             inodes: self.inode_count.load(Ordering::Relaxed),
             data_bytes: self.chunks.bytes_used(),
             failure: self.chunks.failure(),
+            rebuilds: self
+                .replication
+                .as_ref()
+                .map(|r| r.rebuilds())
+                .unwrap_or_default(),
         })
     }
 

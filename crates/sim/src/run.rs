@@ -201,6 +201,8 @@ impl Cluster {
             listen_all: false,
             data_dir: None,
             replicas: None,
+            replace: false,
+            address: None,
         };
         let data_dir = self.cfg.servers[id.0 as usize].data_dir.clone();
         let server =

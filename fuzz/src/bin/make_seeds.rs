@@ -4,7 +4,8 @@
 
 use madfs_proto::auth::{Challenge, Hello, Role};
 use madfs_proto::message::{
-    encode_error_message, DirEntry, Entry, FsStats, Hold, Op, SetAttrs, TouchToken, TouchWait,
+    encode_error_message, DirEntry, Entry, FsStats, Hold, Op, Rebuild, RebuildPhase, SetAttrs,
+    TouchToken, TouchWait,
 };
 use madfs_proto::{ErrorCode, FrameHeader, Reply, Request};
 use madfs_types::{
@@ -162,6 +163,13 @@ fn main() {
                     inodes: 12,
                     data_bytes: 4096,
                     failure: Some("chunk store poisoned since 2026-01-01 00:00:00 UTC".into()),
+                    rebuilds: vec![Rebuild {
+                        replica: ServerId(2),
+                        phase: RebuildPhase::Chunks,
+                        keys: 4096,
+                        bytes_done: 1 << 20,
+                        bytes_total: 3 << 20,
+                    }],
                 })
                 .encode(),
                 &[],
@@ -215,6 +223,7 @@ fn main() {
                     epoch: 3,
                     serving: vec![ServerId(0), ServerId(0), ServerId(2)],
                     in_sync: vec![2, 1, 2],
+                    addresses: vec![(ServerId(1), "10.0.0.7:7001".parse().unwrap())],
                 }
                 .encode(),
                 &[],

@@ -11,7 +11,7 @@ mod copy;
 mod fs;
 mod io;
 mod plan;
-mod progress;
+pub(crate) mod progress;
 mod run;
 mod updown;
 mod walk;

@@ -40,6 +40,9 @@ pub struct TestCluster {
     cfg: ClusterConfig,
     children: Vec<Option<Child>>,
     opts: Options,
+    /// Arguments a server gets besides the usual (a replacement's new
+    /// address and data directory), by id.
+    own_args: std::collections::HashMap<usize, Vec<String>>,
 }
 
 /// How `TestCluster::start_with` sets its servers up; `Default` is what
@@ -168,6 +171,7 @@ impl TestCluster {
             },
             children: Vec::new(),
             opts,
+            own_args: Default::default(),
         };
         // A port picked here may be taken by someone else before the server
         // binds it (other tests run in parallel): then pick again.
@@ -270,6 +274,7 @@ impl TestCluster {
             .arg("--id")
             .arg(i.to_string())
             .args(&self.opts.server_args)
+            .args(self.own_args.get(&i).into_iter().flatten())
             // Start, stop and find-index lines: the tests read some.
             .env("MADFS_LOG", "info")
             .envs(self.opts.server_env.iter().map(|(k, v)| (k, v)))
@@ -400,6 +405,29 @@ impl TestCluster {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
+    }
+
+    /// Start a replacement for lost server `i` (`madfs server --replace`,
+    /// after kill9): an empty data directory and a new loopback port, as
+    /// on another host. It serves nothing until rebuilt, so this does not
+    /// wait for it. Restarts of `i` run the replacement again (without
+    /// --replace). Its address and data directory.
+    pub fn replace(&mut self, i: usize) -> (std::net::SocketAddr, PathBuf) {
+        assert!(self.children[i].is_none(), "server {i} is still running");
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_ports(1)[0]).parse().unwrap();
+        let dir = self.root.join(format!("server-{i}-replacement"));
+        let own = vec![
+            "--address".to_string(),
+            addr.to_string(),
+            "--data-dir".to_string(),
+            dir.display().to_string(),
+        ];
+        self.own_args
+            .insert(i, [vec!["--replace".to_string()], own.clone()].concat());
+        let child = self.spawn(i);
+        self.children[i] = Some(child);
+        self.own_args.insert(i, own);
+        (addr, dir)
     }
 
     /// Start server `i` again (after kill9 or stop) and wait until it answers.
