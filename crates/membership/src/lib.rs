@@ -14,12 +14,18 @@
 //! promoted before the lease of the primary it replaces has surely run out:
 //! no split brain. See docs/ARCHITECTURE.md, "Membership".
 //!
+//! A voter whose Raft state is lost is replaced by a new Raft node under
+//! the same server id, a fresh incarnation ([`Membership::join`]), through
+//! openraft's membership change; servers that moved host are recorded in
+//! the map ([`Change::MoveServer`]).
+//!
 //! The crate owns no sockets: the caller's [`Transport`] carries encoded
 //! messages, and [`Membership::handle`] answers them on the receiving side.
 //! [`local::LocalNet`] is an in-process transport with injectable partitions
 //! and losses, for tests.
 
 mod detector;
+mod join;
 mod lease;
 pub mod local;
 mod network;
@@ -74,6 +80,9 @@ pub struct Timing {
     /// A server that answered no ping for this long is declared down.
     /// At least `lease + lease_margin`, so its lease ran out first.
     pub down_after: Duration,
+    /// A whole [`Membership::become_voter`]: catching up as a learner,
+    /// then the two-step voter change, retries included.
+    pub join_timeout: Duration,
 }
 
 impl Default for Timing {
@@ -86,6 +95,7 @@ impl Default for Timing {
             lease: Duration::from_secs(1),
             lease_margin: Duration::from_millis(100),
             down_after: Duration::from_secs(2),
+            join_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -112,6 +122,10 @@ impl Timing {
         if self.down_after < self.lease + self.lease_margin {
             return fail("down_after must be at least lease + lease_margin");
         }
+        // The leader gives one join request up to `propose_timeout`.
+        if self.join_timeout < self.propose_timeout {
+            return fail("join_timeout must be at least propose_timeout");
+        }
         Ok(())
     }
 }
@@ -121,8 +135,11 @@ impl Timing {
 pub struct MembershipConfig {
     /// This server.
     pub me: ServerId,
-    /// Every voter of the group, `me` included; the same list on every
-    /// voter. A few (3 or 5): each write waits for a majority of them.
+    /// Every voter of the group at bootstrap, `me` included; the same list
+    /// on every voter. A few (3 or 5): each write waits for a majority of
+    /// them. For [`Membership::join`], the servers to ask (any voters;
+    /// `me` need not be among them). The group's current voters may differ
+    /// after joins: [`Membership::voters`].
     pub voters: Vec<ServerId>,
     /// Where the Raft log, vote and snapshot live (a RocksDB directory of
     /// its own, not the server's metadata store).

@@ -1,8 +1,9 @@
 //! openraft's network over the caller's [`Transport`]: each Raft RPC is one
-//! encoded [`Request`] sent with `Transport::call`, bounded by a timeout,
-//! and its [`Reply`] decoded. Transport failures become openraft's
-//! `Unreachable` (it backs off and retries); a malformed reply becomes a
-//! network error.
+//! encoded [`Request`], addressed to its target node, sent with
+//! `Transport::call` to that node's server, bounded by a timeout, and its
+//! [`Reply`] decoded. Transport failures, and a server now running another
+//! incarnation, become openraft's `Unreachable` (it backs off and
+//! retries); a malformed reply becomes a network error.
 
 use std::future::Future;
 use std::io;
@@ -20,24 +21,28 @@ use openraft::raft::{
 };
 use openraft::{EmptyNode, OptionalSend, Snapshot, Vote};
 
-use crate::wire::{decode, encode, NodeId, Reply, Request, TypeConfig};
+use crate::wire::{
+    decode_message, encode_message, server_of, Envelope, NodeId, Reply, Request, TypeConfig,
+};
 use crate::{MembershipError, Transport};
 
-/// Send `request` to `to` and wait at most `timeout` for its reply.
+/// Send `request` to server `to` (for its node `node`, or for whichever
+/// node runs there if `None`) and wait at most `timeout` for its reply.
 pub(crate) async fn call(
     net: &dyn Transport,
     to: ServerId,
-    request: &Request,
+    node: Option<NodeId>,
+    request: Request,
     timeout: Duration,
 ) -> Result<Reply, MembershipError> {
-    let sent = net.call(to, encode(request));
+    let sent = net.call(to, encode_message(&Envelope { to: node, request }));
     match tokio::time::timeout(timeout, sent).await {
         Err(_) => Err(MembershipError::Unreachable {
             server: to,
             why: format!("no reply within {timeout:?}"),
         }),
         Ok(Err(why)) => Err(MembershipError::Unreachable { server: to, why }),
-        Ok(Ok(bytes)) => decode(&bytes),
+        Ok(Ok(bytes)) => decode_message(&bytes),
     }
 }
 
@@ -77,11 +82,18 @@ fn unexpected(reply: &Reply) -> NetworkError {
 }
 
 impl Peer {
-    async fn send(&self, request: &Request, timeout: Duration) -> Result<Reply, MembershipError> {
-        // Node ids are server ids widened at start; a wider id never reaches
-        // openraft, so this conversion cannot fail for a voter.
-        let to = ServerId(u16::try_from(self.target).expect("voter ids are server ids"));
-        call(&*self.net, to, request, timeout).await
+    /// Send `request` to the target node. A server that runs another
+    /// incarnation now answers `WrongNode`: the target is gone, as if its
+    /// server were down.
+    async fn send(&self, request: Request, timeout: Duration) -> Result<Reply, MembershipError> {
+        let to = server_of(self.target);
+        match call(&*self.net, to, Some(self.target), request, timeout).await? {
+            Reply::WrongNode { me } => Err(MembershipError::Unreachable {
+                server: to,
+                why: format!("node {} is gone: node {me} runs there now", self.target),
+            }),
+            reply => Ok(reply),
+        }
     }
 
     fn remote(&self, e: RaftError<NodeId>) -> RPCError<NodeId, EmptyNode, RaftError<NodeId>> {
@@ -96,7 +108,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, EmptyNode, RaftError<NodeId>>> {
         let reply = self
-            .send(&Request::AppendEntries(rpc), option.hard_ttl())
+            .send(Request::AppendEntries(rpc), option.hard_ttl())
             .await
             .map_err(|e| RPCError::Unreachable(unreachable(e)))?;
         match reply {
@@ -112,7 +124,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, EmptyNode, RaftError<NodeId>>> {
         let reply = self
-            .send(&Request::Vote(rpc), option.hard_ttl())
+            .send(Request::Vote(rpc), option.hard_ttl())
             .await
             .map_err(|e| RPCError::Unreachable(unreachable(e)))?;
         match reply {
@@ -136,7 +148,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         };
         let reply = tokio::select! {
             closed = cancel => return Err(StreamingError::Closed(closed)),
-            reply = self.send(&request, option.hard_ttl()) => reply,
+            reply = self.send(request, option.hard_ttl()) => reply,
         };
         match reply.map_err(|e| StreamingError::Unreachable(unreachable(e)))? {
             Reply::FullSnapshot(Ok(response)) => Ok(response),

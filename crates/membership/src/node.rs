@@ -1,11 +1,14 @@
 //! One voter of the membership group ([`Membership`]): starting (bootstrap
-//! or recovery), answering other nodes' messages, proposing changes and
-//! reading the map through whichever node leads, and stopping; plus
-//! [`fetch_map`] for servers and clients that are not voters.
+//! or recovery), answering other nodes' messages (refusing those meant for
+//! another incarnation of this server), proposing changes and reading the
+//! map through whichever node leads, and stopping; plus [`fetch_map`] for
+//! servers and clients that are not voters. Joining as a replacement is in
+//! join.rs.
 
 use std::collections::hash_map::RandomState;
 use std::collections::BTreeSet;
 use std::hash::{BuildHasher, Hasher};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,12 +24,15 @@ use tokio::time::Instant;
 use crate::network::{call, PeerFactory};
 use crate::state::{Change, ClusterMap, Command, ProposalId, Rejection};
 use crate::store;
-use crate::wire::{decode, encode, NodeId, Reply, Request, TypeConfig};
+use crate::wire::{
+    decode_message, encode_message, node_id, server_of, Envelope, NodeId, Reply, Request,
+    TypeConfig,
+};
 use crate::{MembershipConfig, MembershipError, Timing, Transport};
 
 /// Most voters a group may have: every write waits for a majority, and the
 /// leader sends every voter a heartbeat each interval.
-const VOTERS_MAX: usize = 9;
+pub(crate) const VOTERS_MAX: usize = 9;
 
 /// How long `shutdown` waits for openraft's tasks to let go of the store.
 const STORE_RELEASE_WAIT: Duration = Duration::from_secs(5);
@@ -34,17 +40,24 @@ const STORE_RELEASE_WAIT: Duration = Duration::from_secs(5);
 /// A running voter. Cheap to clone; every clone is the same node.
 #[derive(Clone)]
 pub struct Membership {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
-    me: ServerId,
-    timing: Timing,
-    raft: Raft<TypeConfig>,
-    net: Arc<dyn Transport>,
+pub(crate) struct Inner {
+    pub(crate) me: ServerId,
+    /// This node's Raft id: `me` and its incarnation.
+    pub(crate) node: NodeId,
+    pub(crate) timing: Timing,
+    pub(crate) raft: Raft<TypeConfig>,
+    pub(crate) net: Arc<dyn Transport>,
+    /// The servers a joining node asks (`cfg.voters`).
+    pub(crate) ask: Vec<ServerId>,
+    /// One join served at a time on the leader: each computes its voter
+    /// set from the membership the previous one left.
+    pub(crate) join_lock: tokio::sync::Mutex<()>,
     map: watch::Receiver<ClusterMap>,
     /// Set once by `shutdown`; our own tasks (bootstrap, detector) watch it.
-    stopped: watch::Sender<bool>,
+    pub(crate) stopped: watch::Sender<bool>,
     /// Proposal ids: a random start per process, then +1 per proposal.
     next_nonce: AtomicU64,
     /// The store, released last by `shutdown` so a restart can reopen it.
@@ -69,10 +82,6 @@ enum LeaderOp {
     Read,
 }
 
-fn server_of(node: NodeId) -> Option<ServerId> {
-    u16::try_from(node).ok().map(ServerId)
-}
-
 impl Membership {
     /// Start this voter with its store in `cfg.dir` (RocksDB, created if
     /// missing): bootstraps the group on its first start, recovers the
@@ -81,22 +90,38 @@ impl Membership {
         cfg: MembershipConfig,
         net: Arc<dyn Transport>,
     ) -> Result<Membership, MembershipError> {
-        std::fs::create_dir_all(&cfg.dir).map_err(|e| {
-            MembershipError::Storage(format!("creating {}: {e}", cfg.dir.display()))
-        })?;
-        let kv = RocksStore::open(&cfg.dir)?;
-        Membership::start_with_store(cfg, Arc::new(kv), net).await
+        let kv = open_dir(&cfg.dir)?;
+        Membership::start_with_store(cfg, kv, net).await
     }
 
     /// [`Membership::start`] over a store the caller opened (`cfg.dir` is
     /// not used): a `MemStore` in tests, a simulated disk in madfs-sim.
+    ///
+    /// A store a replacement made ([`Membership::join`]) comes back as that
+    /// node, its incarnation kept.
     pub async fn start_with_store(
         cfg: MembershipConfig,
         kv: Arc<dyn KvStore>,
         net: Arc<dyn Transport>,
     ) -> Result<Membership, MembershipError> {
-        check_config(&cfg)?;
+        let incarnation = store::read_incarnation(&*kv)?.unwrap_or(0);
+        // A replacement may have joined as a voter the cluster file does
+        // not list.
+        check_config(&cfg, incarnation == 0)?;
+        Membership::launch(cfg, kv, net, incarnation).await
+    }
+
+    /// Start the Raft node of `cfg.me` in `incarnation` over `kv`. Only
+    /// the original voters (incarnation 0) initialize the group; a later
+    /// incarnation waits to be added by the leader.
+    pub(crate) async fn launch(
+        cfg: MembershipConfig,
+        kv: Arc<dyn KvStore>,
+        net: Arc<dyn Transport>,
+        incarnation: u64,
+    ) -> Result<Membership, MembershipError> {
         let timing = cfg.timing.clone();
+        let node = node_id(cfg.me, incarnation);
         let (publish, map) = watch::channel(ClusterMap::default());
         let (log, machine) = store::open(kv.clone(), publish)?;
         let millis = |d: Duration| d.as_millis().max(1) as u64;
@@ -118,31 +143,30 @@ impl Membership {
             net: net.clone(),
             retry_after: timing.heartbeat,
         };
-        let raft = Raft::new(
-            cfg.me.0 as NodeId,
-            Arc::new(raft_config),
-            peers,
-            log,
-            machine,
-        )
-        .await
-        .map_err(|e| MembershipError::Raft(e.to_string()))?;
-        // Every voter initializes with the same voter set: openraft writes
-        // the same first entry on each, so it does not matter who was first.
-        // After the first start the store holds a vote or log and this is
-        // refused, which is what we want.
-        let voters: BTreeSet<NodeId> = cfg.voters.iter().map(|v| v.0 as NodeId).collect();
-        match raft.initialize(voters).await {
-            Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
-            Err(e) => return Err(MembershipError::Raft(e.to_string())),
+        let raft = Raft::new(node, Arc::new(raft_config), peers, log, machine)
+            .await
+            .map_err(|e| MembershipError::Raft(e.to_string()))?;
+        // Every original voter initializes with the same voter set: openraft
+        // writes the same first entry on each, so it does not matter who was
+        // first. After the first start the store holds a vote or log and
+        // this is refused, which is what we want.
+        if incarnation == 0 {
+            let voters: BTreeSet<NodeId> = cfg.voters.iter().map(|v| node_id(*v, 0)).collect();
+            match raft.initialize(voters).await {
+                Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
+                Err(e) => return Err(MembershipError::Raft(e.to_string())),
+            }
         }
         let seed = RandomState::new().build_hasher().finish();
         let membership = Membership {
             inner: Arc::new(Inner {
                 me: cfg.me,
+                node,
                 timing,
                 raft,
                 net,
+                ask: cfg.voters.clone(),
+                join_lock: tokio::sync::Mutex::new(()),
                 map,
                 stopped: watch::channel(false).0,
                 next_nonce: AtomicU64::new(seed),
@@ -204,7 +228,7 @@ impl Membership {
             .metrics()
             .borrow()
             .current_leader
-            .and_then(server_of)
+            .map(server_of)
     }
 
     /// Whether this node believes it leads (a partitioned old leader still
@@ -319,7 +343,7 @@ impl Membership {
                         Attempt::Done(written.data.map_err(MembershipError::Rejected))
                     }
                     Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
-                        Attempt::Redirect(f.leader_id.and_then(server_of))
+                        Attempt::Redirect(f.leader_id.map(server_of))
                     }
                     Ok(Err(RaftError::APIError(e))) => {
                         Attempt::Done(Err(MembershipError::Raft(e.to_string())))
@@ -332,7 +356,7 @@ impl Membership {
                 Err(_) => timed_out,
                 Ok(Ok(_)) => Attempt::Done(Ok(self.map())),
                 Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)))) => {
-                    Attempt::Redirect(f.leader_id.and_then(server_of))
+                    Attempt::Redirect(f.leader_id.map(server_of))
                 }
                 Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) => {
                     Attempt::Retry
@@ -348,7 +372,7 @@ impl Membership {
             LeaderOp::Propose(command) => Request::Propose(command.clone()),
             LeaderOp::Read => Request::ReadMap,
         };
-        match call(&*self.inner.net, leader, &request, timeout).await {
+        match call(&*self.inner.net, leader, None, request, timeout).await {
             Ok(Reply::Proposed(applied)) => {
                 Attempt::Done(applied.map_err(MembershipError::Rejected))
             }
@@ -370,7 +394,20 @@ impl Membership {
     /// message (the caller should drop it, as if lost).
     pub async fn handle(&self, msg: &[u8]) -> Result<Vec<u8>, MembershipError> {
         let raft = &self.inner.raft;
-        let reply = match decode::<Request>(msg)? {
+        let Envelope { to, request } = decode_message(msg)?;
+        // A Raft message for another incarnation of this server is for a
+        // node that no longer runs here: acting on it would let this node
+        // vote or acknowledge entries in its predecessor's name.
+        let mine = match to {
+            Some(node) => node == self.inner.node,
+            None => !request.is_raft(),
+        };
+        if !mine {
+            return Ok(encode_message(&Reply::WrongNode {
+                me: self.inner.node,
+            }));
+        }
+        let reply = match request {
             Request::AppendEntries(rpc) => Reply::AppendEntries(raft.append_entries(rpc).await),
             Request::Vote(rpc) => Reply::Vote(raft.vote(rpc).await),
             Request::FullSnapshot { vote, meta, data } => {
@@ -382,8 +419,9 @@ impl Membership {
             }
             Request::Propose(command) => self.answer(LeaderOp::Propose(command)).await,
             Request::ReadMap => self.answer(LeaderOp::Read).await,
+            Request::Join { node } => self.serve_join(node).await,
         };
-        Ok(encode(&reply))
+        Ok(encode_message(&reply))
     }
 
     /// Serve a forwarded leader operation; never forwards it again.
@@ -429,6 +467,13 @@ impl Membership {
     }
 }
 
+/// Open (creating it if missing) the RocksDB directory of a node's store.
+pub(crate) fn open_dir(dir: &Path) -> Result<Arc<dyn KvStore>, MembershipError> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| MembershipError::Storage(format!("creating {}: {e}", dir.display())))?;
+    Ok(Arc::new(RocksStore::open(dir)?))
+}
+
 /// Lock a mutex whose data a panic cannot leave half-changed.
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
@@ -436,7 +481,9 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn check_config(cfg: &MembershipConfig) -> Result<(), MembershipError> {
+/// Check `cfg`; `me_votes`: `cfg.me` must be among `cfg.voters` (an
+/// original voter).
+pub(crate) fn check_config(cfg: &MembershipConfig, me_votes: bool) -> Result<(), MembershipError> {
     cfg.timing.validate()?;
     let voters: BTreeSet<ServerId> = cfg.voters.iter().copied().collect();
     if voters.len() != cfg.voters.len() {
@@ -451,7 +498,7 @@ fn check_config(cfg: &MembershipConfig) -> Result<(), MembershipError> {
             voters.len()
         )));
     }
-    if !voters.contains(&cfg.me) {
+    if me_votes && !voters.contains(&cfg.me) {
         return Err(MembershipError::Config(format!(
             "server {} is not among the voters",
             cfg.me
@@ -489,9 +536,19 @@ pub async fn fetch_map(
             }
         };
         let remaining = deadline.saturating_duration_since(Instant::now());
-        match call(net, target, &Request::ReadMap, call_timeout.min(remaining)).await {
+        match call(
+            net,
+            target,
+            None,
+            Request::ReadMap,
+            call_timeout.min(remaining),
+        )
+        .await
+        {
             Ok(Reply::Map(map)) => return Ok(map),
-            Ok(Reply::NotLeader { hint: Some(leader) }) if voters.contains(&ServerId(leader)) => {
+            // Any hint, not only a listed voter: a server that joined
+            // later (`Membership::join`) may lead.
+            Ok(Reply::NotLeader { hint: Some(leader) }) => {
                 if leader == target.0 {
                     // It names itself but cannot serve yet (no quorum).
                     tokio::time::sleep(call_timeout.min(remaining)).await;
@@ -513,28 +570,6 @@ pub async fn fetch_map(
         waited: timeout,
         leader: last_leader,
     })
-}
-
-#[cfg(test)]
-impl Membership {
-    /// The vote this node has persisted (term, candidate, committed).
-    pub(crate) fn vote(&self) -> openraft::Vote<NodeId> {
-        self.inner.raft.metrics().borrow().vote
-    }
-
-    /// The index of the last entry in this node's log.
-    pub(crate) fn last_log_index(&self) -> Option<u64> {
-        self.inner.raft.metrics().borrow().last_log_index
-    }
-
-    /// The last log id in this node's snapshot and the last purged.
-    pub(crate) fn snapshot_and_purged(&self) -> (Option<u64>, Option<u64>) {
-        let metrics = self.inner.raft.metrics().borrow().clone();
-        (
-            metrics.snapshot.map(|id| id.index),
-            metrics.purged.map(|id| id.index),
-        )
-    }
 }
 
 impl From<Rejection> for MembershipError {

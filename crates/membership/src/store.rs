@@ -15,7 +15,9 @@
 //!
 //! Keys (4-byte prefixes, as the server's tables): `VOTE`, `COMM` (commit
 //! index), `PURG` (last purged log id), `SNAP` (snapshot meta and data),
-//! `LOGE` + big-endian index (one entry each).
+//! `LOGE` + big-endian index (one entry each), `INCA` (the node's
+//! incarnation, written once, synced, before Raft starts, by a node that
+//! joined as a replacement; absent for the original voters, incarnation 0).
 
 // openraft's storage traits return its `StorageError` (over 200 bytes);
 // the helpers here return the same type so the trait methods can use `?`.
@@ -44,6 +46,7 @@ const KEY_COMMITTED: &[u8] = b"COMM";
 const KEY_PURGED: &[u8] = b"PURG";
 const KEY_SNAPSHOT: &[u8] = b"SNAP";
 const PREFIX_LOG: &[u8] = b"LOGE";
+const KEY_INCARNATION: &[u8] = b"INCA";
 
 type StoreResult<T> = Result<T, StorageError<NodeId>>;
 
@@ -132,6 +135,36 @@ fn range_to_indexes<RB: RangeBounds<u64>>(range: &RB) -> (u64, u64) {
         Bound::Unbounded => u64::MAX,
     };
     (start, end)
+}
+
+/// The incarnation stored by a node that joined as a replacement; `None`
+/// for an original voter's store (incarnation 0) or an empty one.
+pub(crate) fn read_incarnation(kv: &dyn KvStore) -> Result<Option<u64>, MembershipError> {
+    get_record(kv, KEY_INCARNATION).map_err(|e| MembershipError::Storage(e.to_string()))
+}
+
+/// Record the incarnation, synced, before Raft runs: a restart must come
+/// back as the same node, never as incarnation 0 (whose votes it does not
+/// have).
+pub(crate) fn write_incarnation(kv: &dyn KvStore, incarnation: u64) -> Result<(), MembershipError> {
+    put_record(kv, KEY_INCARNATION, &incarnation, true)
+        .map_err(|e| MembershipError::Storage(e.to_string()))
+}
+
+/// Whether the store holds any Raft state (a vote, log entries or a
+/// snapshot): a node with state must not take a new identity.
+pub(crate) fn holds_raft_state(kv: &dyn KvStore) -> Result<bool, MembershipError> {
+    for key in [KEY_VOTE, KEY_SNAPSHOT, KEY_PURGED] {
+        if kv.get(key)?.is_some() {
+            return Ok(true);
+        }
+    }
+    let mut any_entry = false;
+    kv.scan_visit(PREFIX_LOG, PREFIX_LOG, &mut |_, _| {
+        any_entry = true;
+        false
+    })?;
+    Ok(any_entry)
 }
 
 /// Open the store's Raft state: the log store and the state machine, which

@@ -1,13 +1,14 @@
 //! Tests of the whole crate: voters of one group in one process over
 //! `LocalNet`, on tokio's paused clock (elections, timeouts and leases take
 //! no wall time). The harness is here; the scenarios are in group.rs,
-//! detector.rs and random.rs.
+//! detector.rs, replace.rs and random.rs.
 
 mod detector;
 mod group;
 mod random;
+mod replace;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +18,8 @@ use madfs_types::ServerId;
 use tokio::time::Instant;
 
 use crate::local::LocalNet;
-use crate::{Change, ClusterMap, Membership, MembershipConfig, Timing};
+use crate::wire::NodeId;
+use crate::{Change, ClusterMap, Membership, MembershipConfig, MembershipError, Timing};
 
 /// Where a voter keeps its state across restarts.
 enum Disk {
@@ -107,6 +109,58 @@ impl Group {
         .expect("voter starts");
         self.net.attach(node.clone());
         self.nodes.insert(voter, node);
+    }
+
+    /// Start a node for `server` with `Membership::join` on its disk (a
+    /// fresh one if it has none) and attach it; it is not a voter yet.
+    pub async fn join_node(&mut self, server: ServerId) -> Membership {
+        assert!(!self.nodes.contains_key(&server), "{server} is running");
+        let disk = self
+            .disks
+            .entry(server)
+            .or_insert_with(|| Disk::Mem(Arc::new(MemStore::new())));
+        let Disk::Mem(store) = disk else {
+            panic!("join_node runs on in-memory stores")
+        };
+        let mut cfg = MembershipConfig::new(
+            server,
+            self.voters.clone(),
+            PathBuf::new(),
+            self.initial.clone(),
+        );
+        cfg.timing = self.timing.clone();
+        cfg.snapshot_every_entries = self.snapshot_every_entries;
+        let node = Membership::join_with_store(cfg, store.clone(), self.net.transport(server))
+            .await
+            .expect("the joining node starts");
+        self.net.attach(node.clone());
+        self.nodes.insert(server, node.clone());
+        node
+    }
+
+    /// Lose `server`'s store (its host died): its next start finds it empty.
+    pub fn wipe(&mut self, server: ServerId) {
+        assert!(!self.nodes.contains_key(&server), "{server} is running");
+        self.disks
+            .insert(server, Disk::Mem(Arc::new(MemStore::new())));
+    }
+
+    /// Start `server` with `Membership::join` on its existing disk, which
+    /// is expected to be refused.
+    pub async fn join_refused(&self, server: ServerId) -> MembershipError {
+        let Disk::Mem(store) = &self.disks[&server] else {
+            panic!("join_refused runs on in-memory stores")
+        };
+        let cfg = MembershipConfig::new(
+            server,
+            self.voters.clone(),
+            PathBuf::new(),
+            self.initial.clone(),
+        );
+        match Membership::join_with_store(cfg, store.clone(), self.net.transport(server)).await {
+            Ok(_) => panic!("join on {server}'s store was accepted"),
+            Err(e) => e,
+        }
     }
 
     /// Stop `voter` as a crash would: cut from the network first, so it
@@ -233,5 +287,45 @@ pub(crate) fn some_move(map: &ClusterMap, pick: u64) -> Change {
     Change::MoveServer {
         server,
         address: format!("10.0.{}.{}:7000", (pick >> 8) % 256, pick % 256),
+    }
+}
+
+/// What the tests read of a node's Raft state.
+impl Membership {
+    /// This node's Raft id.
+    pub(crate) fn node_id(&self) -> NodeId {
+        self.inner.node
+    }
+
+    /// The Raft ids of the voters, as this node last learned.
+    pub(crate) fn voter_nodes(&self) -> BTreeSet<NodeId> {
+        let metrics = self.inner.raft.metrics().borrow().clone();
+        metrics.membership_config.membership().voter_ids().collect()
+    }
+
+    /// The Raft ids of every voter and learner, as this node last learned.
+    pub(crate) fn member_nodes(&self) -> BTreeSet<NodeId> {
+        let metrics = self.inner.raft.metrics().borrow().clone();
+        let membership = metrics.membership_config.membership().clone();
+        membership.nodes().map(|(id, _)| *id).collect()
+    }
+
+    /// The vote this node has persisted (term, candidate, committed).
+    pub(crate) fn vote(&self) -> openraft::Vote<NodeId> {
+        self.inner.raft.metrics().borrow().vote
+    }
+
+    /// The index of the last entry in this node's log.
+    pub(crate) fn last_log_index(&self) -> Option<u64> {
+        self.inner.raft.metrics().borrow().last_log_index
+    }
+
+    /// The last log id in this node's snapshot and the last purged.
+    pub(crate) fn snapshot_and_purged(&self) -> (Option<u64>, Option<u64>) {
+        let metrics = self.inner.raft.metrics().borrow().clone();
+        (
+            metrics.snapshot.map(|id| id.index),
+            metrics.purged.map(|id| id.index),
+        )
     }
 }
