@@ -464,6 +464,49 @@ fn assert_same_store(set: usize, a: &Path, b: &Path) {
     }
 }
 
+/// Wait (at most 90 s) until every set has its 2 copies in sync again,
+/// writing two more rounds into /p{round}.. meanwhile; the last line of
+/// `madfs status` that showed a rebuild under way.
+fn wait_rebuilt(
+    tc: &TestCluster,
+    rt: &tokio::runtime::Runtime,
+    c: &madfs_client::Client,
+    files: &mut Expected,
+    mut round: u64,
+) -> String {
+    let in_sync = || {
+        rt.block_on(c.replica_sets())
+            .map(|(_, n)| n)
+            .unwrap_or_default()
+    };
+    let mut seen = String::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    let last_round = round + 2;
+    while in_sync() != vec![2u8; SERVERS] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replacement was not rebuilt: {:?}",
+            in_sync(),
+        );
+        if round < last_round {
+            rt.block_on(write_round(
+                c,
+                &format!("/p{round}"),
+                round * 100,
+                16,
+                files,
+            ));
+            round += 1;
+        }
+        let status = String::from_utf8_lossy(&tc.madfs(["status"]).stdout).into_owned();
+        if let Some(line) = status.lines().find(|l| l.contains("rebuilding set")) {
+            seen = line.trim().to_string();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    seen
+}
+
 /// A lost server (killed, its disk gone) is replaced by a new process at
 /// another address with an empty data directory (`madfs server
 /// --replace`): it waits until the cluster gave the old one up, moves the
@@ -499,11 +542,6 @@ fn a_replacement_takes_over_a_lost_servers_id_and_is_rebuilt_byte_for_byte() {
             files,
         ))
     };
-    let in_sync = || {
-        rt.block_on(c.replica_sets())
-            .map(|(_, n)| n)
-            .unwrap_or_default()
-    };
     write(&mut files, 0);
     write(&mut files, 1);
 
@@ -532,26 +570,7 @@ fn a_replacement_takes_over_a_lost_servers_id_and_is_rebuilt_byte_for_byte() {
     let t = std::time::Instant::now();
     let (addr, new_dir) = tc.replace(3);
     // Writes go on during the rebuild; `madfs status` shows it under way.
-    let mut seen_rebuild = String::new();
-    let deadline = t + std::time::Duration::from_secs(90);
-    let mut round = 3;
-    while in_sync() != vec![2u8; SERVERS] {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the replacement was not rebuilt: {:?}; its log:\n{}",
-            in_sync(),
-            common::tail(&tc.log_path(3), 30)
-        );
-        if round < 5 {
-            write(&mut files, round);
-            round += 1;
-        }
-        let status = String::from_utf8_lossy(&tc.madfs(["status"]).stdout).into_owned();
-        if let Some(line) = status.lines().find(|l| l.contains("rebuilding set")) {
-            seen_rebuild = line.trim().to_string();
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let seen_rebuild = wait_rebuilt(&tc, &rt, &c, &mut files, 3);
     eprintln!(
         "the replacement was in sync {:?} after it started; status said: {seen_rebuild}",
         t.elapsed()
@@ -594,5 +613,43 @@ fn a_replacement_takes_over_a_lost_servers_id_and_is_rebuilt_byte_for_byte() {
         3,
         &cfg.servers[0].data_dir.join("replica-of-3"),
         &new_dir.join("replica-of-3"),
+    );
+}
+
+/// A lost voter of the membership group is replaced too: its replacement
+/// joins the group as a new node in place of the old one (never as the
+/// old node, whose votes it does not know), so the group keeps a
+/// majority when a second original voter dies afterwards, and still fails
+/// that server's set over.
+#[test]
+fn a_lost_voter_is_replaced_and_the_group_survives_the_next_loss() {
+    let (mut tc, rt) = replicated_cluster();
+    let c = tc.client();
+    let mut files: Expected = Vec::new();
+    rt.block_on(write_round(&c, "/v0", 0, 16, &mut files));
+
+    // Voter 1 is lost with its disk, and replaced at a new address.
+    tc.kill9(1);
+    std::fs::remove_dir_all(&tc.config().servers[1].data_dir).unwrap();
+    rt.block_on(write_round(&c, "/v1", 100, 16, &mut files));
+    let (addr, _) = tc.replace(1);
+    wait_rebuilt(&tc, &rt, &c, &mut files, 2);
+    let log = common::tail(&tc.log_path(1), 200);
+    assert!(
+        log.contains("a voter of the membership group again"),
+        "the replacement did not become a voter:\n{log}"
+    );
+
+    // Voter 2, an original, dies: voters 0 and the replacement of 1 are
+    // the majority that fails set 2 over to its replica (server 3).
+    tc.kill9(2);
+    rt.block_on(read_back(&c, &files));
+    rt.block_on(write_round(&c, "/v9", 900, 16, &mut files));
+    rt.block_on(read_back(&c, &files));
+    let routes = rt.block_on(c.cluster_routes()).unwrap();
+    assert_eq!(routes.serving[2], madfs_types::ServerId(3), "{routes:?}");
+    assert!(
+        routes.addresses.contains(&(madfs_types::ServerId(1), addr)),
+        "{routes:?}"
     );
 }

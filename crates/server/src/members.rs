@@ -183,16 +183,26 @@ impl Members {
                 initial_map(cfg),
             );
             let net: Arc<dyn Transport> = Arc::new(NodeNet(net.clone()));
+            // A replacement's Raft directory is empty: it joins as a new
+            // incarnation of its server (crates/membership, join.rs), never
+            // as the node it replaces, which may have voted already.
             let node = if replace {
-                // STUB-UNTIL-MERGE: Membership::join
-                let _ = net;
-                return Err(ServerError::Config(format!(
-                    "server {me} is a voter; replacing a voter is not built yet"
-                )));
+                Membership::join(mc, net).await
             } else {
                 Membership::start(mc, net).await
             };
-            Some(node.map_err(|e| ServerError::Storage(format!("membership: {e}")))?)
+            let node = node.map_err(|e| ServerError::Storage(format!("membership: {e}")))?;
+            if !replace && node.incarnation() != 0 {
+                // A replacement restarted: if it stopped before it became a
+                // voter, it finishes now (at once if it did).
+                let n = node.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = n.become_voter().await {
+                        tracing::error!("server {me}: joining the membership group: {e}");
+                    }
+                });
+            }
+            Some(node)
         } else {
             None
         };
@@ -346,7 +356,7 @@ impl Members {
     /// Propose `change` against the map at `epoch`, through this server's
     /// node or a voter's.
     async fn propose(&self, change: Change, epoch: u64) -> Result<ClusterMap, String> {
-        if let Some(node) = &self.node {
+        if let Some(node) = self.voting_node() {
             return node.propose(change, epoch).await.map_err(|e| match e {
                 MembershipError::Rejected(r) => format!("rejected: {}", reject_code(&r)),
                 other => other.to_string(),
@@ -354,7 +364,7 @@ impl Members {
         }
         let body = serde_json::to_vec(&(change, epoch)).expect("changes encode");
         let mut last = String::from("no voter answered");
-        for &v in &self.voters {
+        for v in self.other_voters() {
             let mut m = vec![tag::PROPOSE];
             m.extend_from_slice(&body);
             match tokio::time::timeout(REMOTE_WAIT, self.net.send(v, m)).await {
@@ -408,21 +418,55 @@ impl Members {
         self.net.pool.clone()
     }
 
+    /// This server's node, if it is a voter of the group now (a
+    /// replacement's node is not, until it took over).
+    fn voting_node(&self) -> Option<&Membership> {
+        self.node
+            .as_ref()
+            .filter(|_| !self.replacing.load(Ordering::Acquire))
+    }
+
+    /// The voters but this server, to ask for the map or a change.
+    fn other_voters(&self) -> Vec<ServerId> {
+        self.voters
+            .iter()
+            .copied()
+            .filter(|&v| v != self.me)
+            .collect()
+    }
+
     /// The map as the voters have it now (not as this server last heard).
     pub async fn fresh_map(&self) -> Result<ClusterMap, String> {
-        let m = match &self.node {
+        let m = match self.voting_node() {
             Some(node) => node.read_map().await.map_err(|e| e.to_string())?,
-            None => fetch_map(&self.voters, &NodeNet(self.net.clone()), REMOTE_WAIT)
-                .await
-                .map_err(|e| e.to_string())?,
+            None => fetch_map(
+                &self.other_voters(),
+                &NodeNet(self.net.clone()),
+                REMOTE_WAIT,
+            )
+            .await
+            .map_err(|e| e.to_string())?,
         };
         self.map.send_if_modified(|cur| newer(cur, m.clone()));
         Ok(m)
     }
 
-    /// The replacement took over: answer pings from now on.
-    pub fn took_over(&self) {
+    /// The replacement took over (its id moved to its address): a voter's
+    /// node becomes a voter in place of the node it replaces, and the
+    /// server answers pings from now on.
+    pub async fn take_over_done(&self) -> Result<(), ServerError> {
+        if let Some(node) = &self.node {
+            node.become_voter()
+                .await
+                .map_err(|e| ServerError::Config(format!("joining the membership group: {e}")))?;
+            tracing::info!(
+                "server {}: a voter of the membership group again, as node incarnation {}",
+                self.me,
+                node.incarnation()
+            );
+        }
         self.replacing.store(false, Ordering::Release);
+        Ok(())
     }
 
     pub fn me(&self) -> ServerId {
@@ -441,15 +485,7 @@ impl Members {
                 }
                 Err(e) if e.starts_with("rejected: stale-epoch") => {
                     // Learn the newer map, then try again.
-                    if let Some(node) = &self.node {
-                        if let Ok(m) = node.read_map().await {
-                            self.map.send_if_modified(|cur| newer(cur, m));
-                        }
-                    } else if let Ok(m) =
-                        fetch_map(&self.voters, &NodeNet(self.net.clone()), REMOTE_WAIT).await
-                    {
-                        self.map.send_if_modified(|cur| newer(cur, m));
-                    }
+                    let _ = self.fresh_map().await;
                 }
                 Err(e) => {
                     tracing::warn!("server {}: {change:?}: {e}", self.me);

@@ -17,7 +17,10 @@
 //! 4. Propose `MoveServer` (compare-and-set on the epoch, refused while
 //!    N is in a set) when the address differs: from then on every server
 //!    and client that learns the map connects to the new address.
-//! 5. Answer pings, and follow the map like any server: missing from the
+//! 5. A voter's replacement joins the membership group as a new node
+//!    (a new incarnation of its id) in place of the old one, through
+//!    openraft's membership change (crates/membership, join.rs).
+//! 6. Answer pings, and follow the map like any server: missing from the
 //!    sets the cluster file puts it in, it asks to catch up on each, and
 //!    each primary wipes and loads its copy, then counts it in sync.
 //!
@@ -83,8 +86,8 @@ pub async fn take_over(
                             })
                             .await
                     {
+                        members.take_over_done().await?;
                         tracing::info!("server {me}: taken over at {address}; rebuilding");
-                        members.took_over();
                         return Ok(());
                     }
                     format!("the move of server {me} to {address} was not accepted")
