@@ -43,6 +43,20 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// server process.
 pub const FSYNC_FAULT_ENV: &str = "MADFS_FAULT_FSYNC_FAIL_AFTER";
 
+/// Test seam: `MADFS_FAULT_MIRROR_PAUSE_US` pauses each chunk write for
+/// up to that long (at most 10 ms) between the disk and its record in the
+/// replication stream, widening the window two racing writes could be
+/// recorded out of order in, for the test that they are not.
+fn mirror_pause() -> Option<std::time::Duration> {
+    static PAUSE: OnceLock<Option<std::time::Duration>> = OnceLock::new();
+    *PAUSE.get_or_init(|| {
+        std::env::var("MADFS_FAULT_MIRROR_PAUSE_US")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(|us| std::time::Duration::from_micros(us.min(10_000)))
+    })
+}
+
 /// Writes of at least this many bytes, at an offset and of a length that
 /// are multiples of `DIRECT_ALIGN`, bypass the page cache.
 const DIRECT_WRITE_MIN_BYTES: usize = 256 * 1024;
@@ -143,6 +157,8 @@ pub struct ChunkStore {
     /// Where writes, truncates and purges are reported once done (the
     /// replication stream of a primary with replicas; none otherwise).
     mirror: OnceLock<Arc<dyn crate::replication::ChunkMirror>>,
+    /// With a mirror: each change and its record under one lock.
+    order: crate::write_order::WriteOrder,
 }
 
 impl ChunkStore {
@@ -193,6 +209,7 @@ impl ChunkStore {
             fault_errno: AtomicI32::new(0),
             fault_after: AtomicU64::new(0),
             mirror: OnceLock::new(),
+            order: crate::write_order::WriteOrder::new(),
         })
     }
 
@@ -439,6 +456,9 @@ impl ChunkStore {
         chunk_size: u64,
     ) -> io::Result<()> {
         self.check_poisoned()?;
+        // With replicas, racing writes are recorded in the order the disk
+        // applied them (write_order.rs).
+        let _turn = self.mirror.get().map(|_| self.order.write(ino, index));
         // Registered before the file is touched; an early return drops it.
         let ticket = self.cache.begin_write(ino, index, offset, data.len());
         let path = self.chunk_path(ino, index);
@@ -529,6 +549,14 @@ impl ChunkStore {
         // Data the page cache holds (buffered writes) is not kept twice.
         ticket.finish(kept);
         if let Some(m) = self.mirror.get() {
+            if let Some(max) = mirror_pause() {
+                // A pause of its own for each write (up to the maximum), so
+                // a later write may get to its record first.
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.subsec_nanos() as u128);
+                std::thread::sleep(max.mul_f64((nanos % 1000) as f64 / 1000.0));
+            }
             m.wrote(ino, index, offset, data, chunk_size);
         }
         Ok(())
@@ -537,6 +565,7 @@ impl ChunkStore {
     /// Drop this server's data of `ino` at and beyond byte `size` of the file.
     pub fn truncate(&self, ino: InodeId, size: u64, chunk_size: u64) -> io::Result<()> {
         self.check_poisoned()?;
+        let _turn = self.mirror.get().map(|_| self.order.whole(ino));
         let _ticket = self.cache.begin_truncate(ino, size, chunk_size);
         let dir = self.inode_dir(ino);
         let entries = match fs::read_dir(&dir) {
@@ -588,6 +617,7 @@ impl ChunkStore {
     /// Remove every chunk of `ino` held here.
     pub fn purge(&self, ino: InodeId) -> io::Result<()> {
         self.check_poisoned()?;
+        let _turn = self.mirror.get().map(|_| self.order.whole(ino));
         let _ticket = self.cache.begin_purge(ino);
         let dir = self.inode_dir(ino);
         let freed = du(&dir).unwrap_or(0);

@@ -30,6 +30,7 @@ mod service;
 mod space;
 pub mod sync;
 mod touch;
+mod write_order;
 mod writeback;
 
 pub use service::{run_disk_io_inline, Server};
