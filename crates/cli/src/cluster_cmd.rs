@@ -351,6 +351,10 @@ pub fn status(cluster: Option<&Path>) -> Result<ExitCode, String> {
         .iter()
         .flat_map(|r| r.addresses.iter().map(|&(id, a)| (id.0, a)))
         .collect();
+    let in_sync: Vec<u8> = routes
+        .as_ref()
+        .map(|r| r.in_sync.clone())
+        .unwrap_or_default();
     let routes = routes.map(|r| r.serving);
     if cfg.replicas > 1 {
         println!(
@@ -363,10 +367,17 @@ pub fn status(cluster: Option<&Path>) -> Result<ExitCode, String> {
         );
     }
     let moved = |id: u16| -> String {
-        match routes.as_ref().and_then(|r| r.get(id as usize)) {
+        let mut note = match routes.as_ref().and_then(|r| r.get(id as usize)) {
             Some(to) if to.0 != id => format!("  (served by server {to} since a failover)"),
             _ => String::new(),
+        };
+        // A set short of copies: one more loss of it loses data.
+        if let Some(&n) = in_sync.get(id as usize) {
+            if n < cfg.replicas {
+                note.push_str(&format!("  ({n} of {} copies in sync)", cfg.replicas));
+            }
         }
+        note
     };
     let multihost = cfg.servers.iter().any(|s| s.host.is_some());
     // Operations per second and p99 latency over one second, from the

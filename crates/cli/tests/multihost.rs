@@ -973,5 +973,72 @@ fn replicas_survive_a_partition_and_a_dead_host() {
     check(&net, &client, &files);
     eprintln!("with h0 dead, every file read back in {:?}", t.elapsed());
 
+    // h0 is gone for good: a new host takes over both its servers
+    // (`madfs server --replace` at its own address, empty disks), voter 0
+    // among them, and is rebuilt from the copies while writes go on.
+    let r = net.add("r", 21);
+    let cluster = data.join("cluster.toml");
+    let t = Instant::now();
+    for (id, port) in [(0u16, 7100u16), (1, 7101)] {
+        let dir = data.join("r").join(format!("server-{id}"));
+        std::fs::create_dir_all(data.join("r")).unwrap();
+        let log = std::fs::File::create(data.join("r").join(format!("server-{id}.log"))).unwrap();
+        Command::new("ip")
+            .args(["netns", "exec", &r, MADFS, "server", "--cluster"])
+            .arg(&cluster)
+            .args(["--id", &id.to_string(), "--replace", "--address"])
+            .arg(format!("{}:{port}", net.addr(21)))
+            .arg("--data-dir")
+            .arg(&dir)
+            .env("MADFS_LOG", "info")
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start a replacement");
+    }
+    put(
+        &net,
+        &mut files,
+        &client,
+        &format!("/{}", name_on(0, servers, "r")),
+        2 << 20,
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let status = text(&net.madfs_in(&client, &["status"]));
+        let rows_moved = ["0 ", "1 "].iter().all(|row| {
+            status
+                .lines()
+                .any(|l| l.starts_with(row) && l.contains(&net.addr(21)) && l.contains(" up "))
+        });
+        if rows_moved && !status.contains("copies in sync") && !status.contains("rebuilding") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "h0's replacements were not rebuilt:\n{status}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    eprintln!(
+        "the new host's two servers were rebuilt {:?} after they started",
+        t.elapsed()
+    );
+    // h1 (servers 2 and 3, voter 2) dies too: only the copies on the new
+    // host hold some sets now, and only voter 0's replacement makes a
+    // majority with voter 4.
+    let (h1, _) = &hosts[1];
+    net.kill_all(h1);
+    check(&net, &client, &files);
+    put(
+        &net,
+        &mut files,
+        &client,
+        &format!("/{}", name_on(2, servers, "after")),
+        700,
+    );
+    check(&net, &client, &files);
+
     must(net.madfs_in(&client, &["down", "--data", &data_s, "--wipe"]));
 }

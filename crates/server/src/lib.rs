@@ -199,7 +199,13 @@ pub fn run(cfg: ClusterConfig, id: ServerId, opts: RunOptions) -> Result<(), Ser
             );
         }
         let metrics = Arc::new(metrics::Metrics::new(server.sync.stats()));
-        let metrics_http = match opts.metrics.or(entry.metrics) {
+        // Moved (`--address`, a replacement on another host): the cluster
+        // file's metrics port, on the new address.
+        let listed_metrics = match (opts.address, entry.metrics) {
+            (Some(a), Some(m)) => Some(std::net::SocketAddr::new(a.ip(), m.port())),
+            (_, m) => m,
+        };
+        let metrics_http = match opts.metrics.or(listed_metrics) {
             None => None,
             Some(addr) => {
                 let l = tokio::net::TcpListener::bind(addr)
