@@ -979,11 +979,12 @@ fn replicas_survive_a_partition_and_a_dead_host() {
     let r = net.add("r", 21);
     let cluster = data.join("cluster.toml");
     let t = Instant::now();
+    let mut replacements = Vec::new();
     for (id, port) in [(0u16, 7100u16), (1, 7101)] {
         let dir = data.join("r").join(format!("server-{id}"));
         std::fs::create_dir_all(data.join("r")).unwrap();
         let log = std::fs::File::create(data.join("r").join(format!("server-{id}.log"))).unwrap();
-        Command::new("ip")
+        let child = Command::new("ip")
             .args(["netns", "exec", &r, MADFS, "server", "--cluster"])
             .arg(&cluster)
             .args(["--id", &id.to_string(), "--replace", "--address"])
@@ -996,6 +997,7 @@ fn replicas_survive_a_partition_and_a_dead_host() {
             .stderr(log)
             .spawn()
             .expect("start a replacement");
+        replacements.push(child);
     }
     put(
         &net,
@@ -1041,4 +1043,9 @@ fn replicas_survive_a_partition_and_a_dead_host() {
     check(&net, &client, &files);
 
     must(net.madfs_in(&client, &["down", "--data", &data_s, "--wipe"]));
+    // `madfs up` did not start the replacements: stop them here.
+    for mut c in replacements {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
 }

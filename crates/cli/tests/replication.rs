@@ -126,18 +126,7 @@ async fn workload(c: &madfs_client::Client) -> Expected {
 
 #[test]
 fn every_change_reaches_the_replicas_copy_key_for_key_and_byte_for_byte() {
-    let mut tc = TestCluster::start_with(
-        SERVERS,
-        Options {
-            replicas: 2,
-            ..Options::default()
-        },
-    );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let (mut tc, rt) = replicated_cluster();
     let c = tc.client();
     rt.block_on(workload(&c));
     drop(c);
@@ -148,61 +137,39 @@ fn every_change_reaches_the_replicas_copy_key_for_key_and_byte_for_byte() {
     for i in 0..SERVERS {
         assert!(tc.stop(i).success(), "server {i} exited badly");
     }
-    let cfg = tc.config().clone();
+    assert_every_copy_equal(tc.config());
+}
+
+/// With the servers stopped, every set's store equals its replica's copy.
+fn assert_every_copy_equal(cfg: &madfs_client::ClusterConfig) {
     for s in 0..SERVERS {
-        let set = madfs_types::ServerId(s as u16);
-        let replicas = cfg.replica_set(set);
+        let replicas = cfg.replica_set(madfs_types::ServerId(s as u16));
         assert_eq!(replicas.len(), 2);
-        let home = &cfg.servers[s].data_dir;
-        let copy = cfg.servers[replicas[1].0 as usize]
-            .data_dir
-            .join(format!("replica-of-{s}"));
-        let (mine, theirs) = (all_keys(&home.join("meta")), all_keys(&copy.join("meta")));
-        assert!(!mine.is_empty());
-        let differ: Vec<_> = mine
-            .iter()
-            .filter(|(k, v)| theirs.get(*k) != Some(v))
-            .map(|(k, _)| String::from_utf8_lossy(k).into_owned())
-            .chain(
-                theirs
-                    .keys()
-                    .filter(|k| !mine.contains_key(*k))
-                    .map(|k| format!("(only in the copy) {}", String::from_utf8_lossy(k))),
-            )
-            .collect();
-        assert!(
-            differ.is_empty(),
-            "set {s}: {} of {} keys differ in the copy on server {}: {:?}",
-            differ.len(),
-            mine.len(),
-            replicas[1],
-            &differ[..differ.len().min(10)]
+        assert_same_store(
+            s,
+            &cfg.servers[s].data_dir,
+            &cfg.servers[replicas[1].0 as usize]
+                .data_dir
+                .join(format!("replica-of-{s}")),
         );
-        let (mine, theirs) = (
-            all_files(&home.join("chunks")),
-            all_files(&copy.join("chunks")),
-        );
-        assert_eq!(
-            mine.keys().collect::<Vec<_>>(),
-            theirs.keys().collect::<Vec<_>>(),
-            "set {s}: chunk files"
-        );
-        for (p, bytes) in &mine {
-            assert!(
-                &theirs[p] == bytes,
-                "set {s}: chunk {} differs",
-                p.display()
-            );
-        }
     }
 }
 
 /// 4 servers keeping 2 copies of everything, and a runtime for clients.
 fn replicated_cluster() -> (TestCluster, tokio::runtime::Runtime) {
+    replicated_cluster_with(&[])
+}
+
+/// `replicated_cluster` with `env` set for the servers (test seams).
+fn replicated_cluster_with(env: &[(&str, &str)]) -> (TestCluster, tokio::runtime::Runtime) {
     let tc = TestCluster::start_with(
         SERVERS,
         Options {
             replicas: 2,
+            server_env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             ..Options::default()
         },
     );
@@ -517,20 +484,8 @@ fn wait_rebuilt(
 /// address by a client that only has the old cluster file.
 #[test]
 fn a_replacement_takes_over_a_lost_servers_id_and_is_rebuilt_byte_for_byte() {
-    let mut tc = TestCluster::start_with(
-        SERVERS,
-        Options {
-            replicas: 2,
-            // Slow enough that `madfs status` sees the rebuild under way.
-            server_env: vec![("MADFS_FAULT_REBUILD_PIECE_PAUSE_MS".into(), "150".into())],
-            ..Options::default()
-        },
-    );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    // Slow enough that `madfs status` sees the rebuild under way.
+    let (mut tc, rt) = replicated_cluster_with(&[("MADFS_FAULT_REBUILD_PIECE_PAUSE_MS", "150")]);
     let c = tc.client();
     let mut files: Expected = Vec::new();
     let write = |files: &mut Expected, round: u64| {
@@ -660,20 +615,8 @@ fn a_lost_voter_is_replaced_and_the_group_survives_the_next_loss() {
 /// otherwise keep another writer's bytes than the primary served).
 #[test]
 fn racing_writes_to_the_same_bytes_leave_the_copy_equal_to_the_primary() {
-    let mut tc = TestCluster::start_with(
-        SERVERS,
-        Options {
-            replicas: 2,
-            // A wider window between a write's disk and its record.
-            server_env: vec![("MADFS_FAULT_MIRROR_PAUSE_US".into(), "10000".into())],
-            ..Options::default()
-        },
-    );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    // A wider window between a write's disk and its record.
+    let (mut tc, rt) = replicated_cluster_with(&[("MADFS_FAULT_MIRROR_PAUSE_US", "10000")]);
     let c = tc.client();
     let chunk = common::CHUNK as usize;
     rt.block_on(c.write_file("/race", &pattern(1, 3 * chunk)))
@@ -709,15 +652,5 @@ fn racing_writes_to_the_same_bytes_leave_the_copy_equal_to_the_primary() {
     for i in 0..SERVERS {
         assert!(tc.stop(i).success(), "server {i} exited badly");
     }
-    let cfg = tc.config().clone();
-    for s in 0..SERVERS {
-        let copy_on = cfg.replica_set(madfs_types::ServerId(s as u16))[1];
-        assert_same_store(
-            s,
-            &cfg.servers[s].data_dir,
-            &cfg.servers[copy_on.0 as usize]
-                .data_dir
-                .join(format!("replica-of-{s}")),
-        );
-    }
+    assert_every_copy_equal(tc.config());
 }
