@@ -654,3 +654,57 @@ fn racing_writes_to_the_same_bytes_leave_the_copy_equal_to_the_primary() {
     }
     assert_every_copy_equal(tc.config());
 }
+
+/// A server whose disk fails hands its set to its replica instead of
+/// answering EIO from then on: server 3 alone gets the test fault that
+/// fails its fifth sync pass (which poisons its store, as a real failed
+/// fsync does). Writes and syncs go on until set 3 has moved, and none of
+/// them fails: the ones the failed store refused wait for the set to move
+/// and are done by the replica, which holds every acknowledged change.
+/// Every file reads back, and set 3 takes writes again.
+#[test]
+fn a_server_whose_disk_fails_hands_its_set_to_its_replica() {
+    let tc = TestCluster::start_with(
+        SERVERS,
+        Options {
+            replicas: 2,
+            server_env_for: vec![(3, "MADFS_FAULT_FSYNC_FAIL_AFTER".into(), "4".into())],
+            ..Options::default()
+        },
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let c = tc.client();
+    let set3 = madfs_types::ServerId(3);
+    let mut files: Expected = Vec::new();
+    rt.block_on(c.mkdir("/disk", 0o755)).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut i = 0u64;
+    while rt.block_on(c.routes()).unwrap()[3] == set3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "set 3 never moved; server 3's log:\n{}",
+            common::tail(&tc.log_path(3), 20)
+        );
+        let (p, data) = (
+            format!("/disk/f{i}"),
+            pattern(7000 + i, 3 * 1024 + i as usize),
+        );
+        rt.block_on(c.write_file(p.as_str(), &data))
+            .unwrap_or_else(|e| panic!("writing {p}: {e}"));
+        files.push((p, data));
+        rt.block_on(c.fsync_servers(&[set3]))
+            .unwrap_or_else(|e| panic!("fsync after {i} writes: {e}"));
+        i += 1;
+    }
+    eprintln!("set 3 moved after {i} writes and syncs");
+    let log = common::tail(&tc.log_path(3), 200);
+    assert!(log.contains("this store is unusable"), "{log}");
+    rt.block_on(read_back(&c, &files));
+    rt.block_on(write_round(&c, "/after", 9000, 16, &mut files));
+    rt.block_on(c.fsync_servers(&[set3])).unwrap();
+    rt.block_on(read_back(&c, &files));
+}

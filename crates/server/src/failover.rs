@@ -272,7 +272,32 @@ impl Handler for Router {
             .get(&ctx.set)
             .cloned();
         match target {
-            Some(m) => m.handle(ctx, req, data).await,
+            Some(m) => {
+                // With replicas, a set whose store failed moves to a replica
+                // that holds every acknowledged change (step_down.rs): the
+                // caller waits for that and goes there, instead of getting
+                // EIO, or reads of pages the kernel may have dropped.
+                let unusable = |m: &Metered| {
+                    self.group.get()?;
+                    let why = m.server.chunks.failure()?;
+                    Some(WireError::new(
+                        ErrorCode::Unavailable,
+                        format!(
+                            "server {}'s store of set {} is unusable ({why}); the set moves to \
+                             its replica",
+                            self.home, ctx.set
+                        ),
+                    ))
+                };
+                let status = matches!(req.op, Op::StatFs);
+                if let Some(e) = unusable(&m).filter(|_| !status) {
+                    return Err(e);
+                }
+                match m.handle(ctx, req, data).await {
+                    Err(e) => Err(unusable(&m).filter(|_| !status).unwrap_or(e)),
+                    ok => ok,
+                }
+            }
             None => Err(WireError::new(
                 ErrorCode::Unavailable,
                 format!("server {} no longer serves set {}", self.home, ctx.set),

@@ -28,6 +28,7 @@ pub mod replication;
 mod seals;
 mod service;
 mod space;
+mod step_down;
 pub mod sync;
 mod touch;
 mod write_order;
@@ -248,6 +249,7 @@ pub fn run(cfg: ClusterConfig, id: ServerId, opts: RunOptions) -> Result<(), Ser
                 replace::take_over(&g, address, entry.address).await?;
             }
             g.follow(router.clone());
+            step_down::watch(g.clone(), router.clone());
             Some(g)
         } else {
             None

@@ -594,8 +594,10 @@ impl Members {
             }
         }
         // A server missing from a set the cluster file puts it in asks to
-        // catch up on it (after a restart, or when it was taken out).
-        for &set in &self.intended {
+        // catch up on it (after a restart, or when it was taken out); not
+        // with a disk that failed (step_down.rs), which would fail it.
+        let unusable = router.home_server().chunks.failure().is_some();
+        for &set in self.intended.iter().filter(|_| !unusable) {
             let Some(s) = map.sets.get(set.0 as usize) else {
                 continue;
             };

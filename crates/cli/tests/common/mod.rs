@@ -60,6 +60,8 @@ pub struct Options {
     /// More environment variables for `madfs server` (test knobs such as
     /// `MADFS_TEST_TOUCH_DELAY_MS`, test faults).
     pub server_env: Vec<(String, String)>,
+    /// Environment variables for one server only: (id, name, value).
+    pub server_env_for: Vec<(usize, String, String)>,
     /// Give every server a metrics address (a free loopback port) in the
     /// cluster file.
     pub metrics: bool,
@@ -278,6 +280,13 @@ impl TestCluster {
             // Start, stop and find-index lines: the tests read some.
             .env("MADFS_LOG", "info")
             .envs(self.opts.server_env.iter().map(|(k, v)| (k, v)))
+            .envs(
+                self.opts
+                    .server_env_for
+                    .iter()
+                    .filter(|(id, _, _)| *id == i)
+                    .map(|(_, k, v)| (k, v)),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log);
