@@ -19,7 +19,8 @@ use crate::convert::{self, file_attr};
 use crate::creds::GroupCache;
 use crate::dirattrs::DirAttrs;
 use crate::handles::{
-    DirHandle, DirState, DirTable, FileTable, OpenFile, QueuedWrite, WriteMode, DIRS_MAX, FILES_MAX,
+    is_head_piece, DirHandle, DirState, DirTable, FileTable, HeldWrite, OpenFile, QueuedWrite,
+    WriteMode, WriteRange, DIRS_MAX, FILES_MAX,
 };
 use crate::stats::{FuseOp, Stats};
 use fuser::{
@@ -28,6 +29,7 @@ use fuser::{
     ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
     ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
+use madfs_client::writebehind::Ticket;
 use madfs_client::{
     Attr, Client, ClientError, ClusterConfig, ClusterKey, Credentials, DirEntry, ErrorCode, File,
     FileKind, InodeId, OpenOptions, ServerId, SetAttrs, TimeSet, ACCESS_EXEC, ACCESS_READ,
@@ -48,6 +50,12 @@ pub const MAX_READAHEAD_BYTES: u32 = 1 << 20;
 /// Asynchronous requests (readahead, ...) the kernel keeps in flight to us;
 /// its default of 12 would cap streaming reads below what the cluster serves.
 const MAX_BACKGROUND: u16 = 64;
+/// How long a head piece of a split write waits for the rest
+/// (handles.rs, `HeldWrite`). The kernel sends the rest as soon as the
+/// piece is answered, so it comes within microseconds unless the writer
+/// lost its processor; a piece that was a whole write(2) goes alone after
+/// this, or at once when something waits for the handle's writes.
+const HOLD_MAX: Duration = Duration::from_millis(1);
 /// Entries asked of each server per readdir page.
 const READDIR_PAGE_PER_SERVER: u32 = 1024;
 /// Attributes fetched at once for one readdirplus reply.
@@ -260,6 +268,23 @@ fn ino(i: INodeNo) -> InodeId {
     InodeId(i.0)
 }
 
+/// Write `data` at `offset` through `f`, then release the writes it
+/// carries (one, or a held head piece and its rest): their slots, budget
+/// and ranges, with the outcome for the handle's next write, flush or
+/// fsync to report.
+async fn land(f: Arc<OpenFile>, offset: u64, data: Vec<u8>, claims: Vec<(Ticket, WriteRange)>) {
+    let r = f.file.write_at(offset, &data).await.map(|_| ());
+    for (ticket, range) in claims {
+        f.wb.finish(ticket, r.clone());
+        drop(range);
+    }
+}
+
+/// Send a held head piece alone, on `rt`.
+fn send_held(rt: &tokio::runtime::Handle, f: &Arc<OpenFile>, h: HeldWrite) {
+    rt.spawn(land(f.clone(), h.offset, h.data, vec![(h.ticket, h.range)]));
+}
+
 impl Inner {
     /// Send the Release of files unlinked while open whose last handle is
     /// gone, if any wait (a handle's drop only queues it).
@@ -369,7 +394,11 @@ impl Inner {
     /// Wait for the writes in flight through any handle of `ino` (before
     /// reading it or changing its attributes).
     async fn drain_ino(&self, ino: u64) {
-        for f in self.files.of_ino(ino) {
+        let files = self.files.of_ino(ino);
+        for f in &files {
+            f.send_held_now();
+        }
+        for f in files {
             f.wb.drain().await;
         }
     }
@@ -377,6 +406,7 @@ impl Inner {
     /// Wait for this handle's writes; the first failure among them, if any
     /// not yet reported.
     async fn settle(&self, f: &OpenFile) -> Result<(), ClientError> {
+        f.send_held_now();
         f.wb.drain().await;
         match f.wb.take_error() {
             Some(e) => Err(e),
@@ -397,7 +427,11 @@ impl Inner {
     ) -> R<u32> {
         let len = data.len();
         let end = offset.saturating_add(len as u64);
-        // After any overlapping write through another handle of the inode.
+        // After any overlapping write through another handle of the inode
+        // (a head piece held there goes now rather than after its wait).
+        for other in self.files.of_ino(f.ino) {
+            other.send_held_now();
+        }
         let range = self.files.claim_write(f.ino, offset, end).await;
         drop(queued);
         match f.mode {
@@ -422,6 +456,8 @@ impl Inner {
     /// overlapping write of the inode in flight or on its way, a free slot
     /// of the handle and room in the mount's budget. Then the write is
     /// answered by the thread that read it, without a task in between.
+    /// The rest of a split write(2) goes out together with its head piece
+    /// held back (`HeldWrite`); a head piece is held for its rest.
     fn try_write_now(
         &self,
         rt: &tokio::runtime::Handle,
@@ -432,19 +468,56 @@ impl Inner {
         if f.mode != WriteMode::Behind {
             return false;
         }
+        let held = match f.take_held() {
+            Some(h) if h.end() == offset => Some(h),
+            Some(h) => {
+                send_held(rt, f, h);
+                None
+            }
+            None => None,
+        };
         let end = offset.saturating_add(data.len() as u64);
-        let Some(range) = self.files.try_claim_write(f.ino, offset, end) else {
+        let claimed = self
+            .files
+            .try_claim_write(f.ino, offset, end)
+            .and_then(|range| {
+                let ticket = f.wb.try_admit(self.client.write_budget(), offset, end)?;
+                Some((ticket, range))
+            });
+        let Some(claim) = claimed else {
+            if let Some(h) = held {
+                send_held(rt, f, h);
+            }
             return false;
         };
-        let Some(ticket) = f.wb.try_admit(self.client.write_budget(), offset, end) else {
-            return false;
-        };
-        let (f, data) = (f.clone(), data.to_vec());
-        rt.spawn(async move {
-            let r = f.file.write_at(offset, &data).await.map(|_| ());
-            f.wb.finish(ticket, r);
-            drop(range);
-        });
+        if let Some(h) = held {
+            let mut joined = Vec::with_capacity(h.data.len() + data.len());
+            joined.extend_from_slice(&h.data);
+            joined.extend_from_slice(data);
+            rt.spawn(land(
+                f.clone(),
+                h.offset,
+                joined,
+                vec![(h.ticket, h.range), claim],
+            ));
+        } else if is_head_piece(offset, data.len()) {
+            let (ticket, range) = claim;
+            let (id, send_now, before) = f.hold(offset, data.to_vec(), ticket, range);
+            if let Some(b) = before {
+                send_held(rt, f, b);
+            }
+            let f = f.clone();
+            rt.spawn(async move {
+                // Told to go, taken by its rest (the sender dropped), or
+                // no rest in time.
+                let _ = tokio::time::timeout(HOLD_MAX, send_now).await;
+                if let Some(h) = f.take_held_if(id) {
+                    land(f.clone(), h.offset, h.data, vec![(h.ticket, h.range)]).await;
+                }
+            });
+        } else {
+            rt.spawn(land(f.clone(), offset, data.to_vec(), vec![claim]));
+        }
         true
     }
 

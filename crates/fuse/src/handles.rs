@@ -7,12 +7,12 @@
 //! handles (`InodeWrites`).
 
 use fuser::Errno;
-use madfs_client::writebehind::WriteBehind;
+use madfs_client::writebehind::{Ticket, WriteBehind};
 use madfs_client::{DirCursor, DirEntry, File, InodeId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use tokio::sync::Notify;
+use tokio::sync::{oneshot, Notify};
 
 /// Open files per mount. One kernel file description is one handle, so this
 /// is the mount-wide limit on open files (the kernel's own default
@@ -45,15 +45,119 @@ impl WriteMode {
     }
 }
 
+/// The kernel's page cache splits a write(2) that starts inside a page it
+/// does not hold: that first page goes alone, as a FUSE write of its own,
+/// and the rest follows once it is answered (fs/fuse/file.c,
+/// `fuse_fill_write_folios`, stops at a partly written folio that is not
+/// up to date). IOR-hard's 47,008-byte writes thus reached the servers as
+/// twice as many requests as through `madfs run`, each a record shipped to
+/// every replica with `--replicas`. Such a head piece is answered at once
+/// but held back here, briefly, and sent together with the rest when that
+/// comes next through the same handle (`MadFs::write`).
+pub struct HeldWrite {
+    pub offset: u64,
+    pub data: Vec<u8>,
+    /// Its slot among the handle's writes in flight and its claim on the
+    /// inode's range: everything that waits for writes waits for it too.
+    pub ticket: Ticket,
+    pub range: WriteRange,
+    id: u64,
+    /// Tells the task that sends it alone (after `HOLD_MAX`) to send it
+    /// now; dropped when the rest took it along, which ends that task.
+    send_now: Option<oneshot::Sender<()>>,
+}
+
+impl HeldWrite {
+    pub fn end(&self) -> u64 {
+        self.offset + self.data.len() as u64
+    }
+}
+
+/// A write that looks like the head piece of a split write(2): from inside
+/// a page to the end of that page (or of a large folio: up to 64 KiB).
+pub fn is_head_piece(offset: u64, len: usize) -> bool {
+    const PAGE: u64 = 4096;
+    const FOLIO_MAX: usize = 64 << 10;
+    let end = offset.saturating_add(len as u64);
+    len > 0 && len < FOLIO_MAX && offset % PAGE != 0 && end % PAGE == 0
+}
+
 /// An open file, the inode it belongs to, and its writes in flight.
 pub struct OpenFile {
     pub file: File,
     pub ino: u64,
     pub mode: WriteMode,
     pub wb: WriteBehind,
+    /// A head piece waiting for the rest of its write (see `HeldWrite`).
+    held: Mutex<Option<HeldWrite>>,
+    held_ids: AtomicU64,
 }
 
 impl OpenFile {
+    fn new(file: File, mode: WriteMode) -> OpenFile {
+        OpenFile {
+            ino: file.ino().0,
+            file,
+            mode,
+            wb: WriteBehind::new(),
+            held: Mutex::new(None),
+            held_ids: AtomicU64::new(0),
+        }
+    }
+
+    fn held(&self) -> MutexGuard<'_, Option<HeldWrite>> {
+        // A plain slot: consistent even if a holder panicked.
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keep a head piece whose ticket and range are taken; the receiver
+    /// fires when it must go at once (`send_held_now`) or closes when the
+    /// rest took it (`take_held`). Returns its id for `take_held_if`. A
+    /// piece held before is handed back to be sent (there is none: the
+    /// caller took it first).
+    pub fn hold(
+        &self,
+        offset: u64,
+        data: Vec<u8>,
+        ticket: Ticket,
+        range: WriteRange,
+    ) -> (u64, oneshot::Receiver<()>, Option<HeldWrite>) {
+        let id = self.held_ids.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        let before = self.held().replace(HeldWrite {
+            offset,
+            data,
+            ticket,
+            range,
+            id,
+            send_now: Some(tx),
+        });
+        (id, rx, before)
+    }
+
+    /// The held piece, if any, taken out (to be merged or sent).
+    pub fn take_held(&self) -> Option<HeldWrite> {
+        self.held().take()
+    }
+
+    /// The held piece if it is still the one numbered `id`.
+    pub fn take_held_if(&self, id: u64) -> Option<HeldWrite> {
+        let mut held = self.held();
+        if held.as_ref().is_some_and(|h| h.id == id) {
+            held.take()
+        } else {
+            None
+        }
+    }
+
+    /// Have a held piece sent now instead of at the end of its wait: for
+    /// whatever is about to wait for this handle's writes.
+    pub fn send_held_now(&self) {
+        if let Some(tx) = self.held().as_mut().and_then(|h| h.send_now.take()) {
+            let _ = tx.send(());
+        }
+    }
+
     /// Nothing of this handle is in flight or left to publish: its flush
     /// or release has nothing to send. (In flight is looked at first: a
     /// write records what it leaves to publish before it leaves the
@@ -237,17 +341,9 @@ impl FileTable {
             return Err(Errno::ENFILE);
         }
         let fh = self.next.fetch_add(1, Ordering::Relaxed);
-        let ino = file.ino().0;
-        t.by_fh.insert(
-            fh,
-            Arc::new(OpenFile {
-                file,
-                ino,
-                mode,
-                wb: WriteBehind::new(),
-            }),
-        );
-        t.by_ino.entry(ino).or_default().push(fh);
+        let f = OpenFile::new(file, mode);
+        t.by_ino.entry(f.ino).or_default().push(fh);
+        t.by_fh.insert(fh, Arc::new(f));
         Ok(fh)
     }
 
@@ -411,5 +507,25 @@ impl DirTable {
 
     pub fn remove(&self, fh: u64) -> Option<Arc<DirHandle>> {
         self.lock().remove(&fh)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_head_piece;
+
+    #[test]
+    fn head_pieces_are_the_split_part_of_a_page() {
+        // IOR-hard's 47,008-byte write at 47,008: the kernel sends
+        // [47008, 49152) alone, then the rest.
+        assert!(is_head_piece(47008, 49152 - 47008));
+        assert!(is_head_piece(4095, 1));
+        // From a page boundary, or not ending on one: whole writes.
+        assert!(!is_head_piece(0, 4096));
+        assert!(!is_head_piece(8192, 100));
+        assert!(!is_head_piece(100, 200));
+        assert!(!is_head_piece(100, 0));
+        // Longer than any folio: not a head piece.
+        assert!(!is_head_piece(4000, (1 << 20) - 4000 + 4096 * 16));
     }
 }
