@@ -708,3 +708,25 @@ fn a_server_whose_disk_fails_hands_its_set_to_its_replica() {
     rt.block_on(c.fsync_servers(&[set3])).unwrap();
     rt.block_on(read_back(&c, &files));
 }
+
+/// A server whose disk was lost and that comes back at once, before the
+/// cluster failed it over, finds a replica holding its set's data and
+/// starts as a replacement (as `--replace`): it never serves its empty
+/// store as the set, so no acknowledged file goes missing, and it is
+/// rebuilt from the copies.
+#[test]
+fn a_server_back_at_once_on_an_empty_disk_is_rebuilt_not_served_empty() {
+    let (mut tc, rt) = replicated_cluster();
+    let c = tc.client();
+    let mut files: Expected = Vec::new();
+    rt.block_on(write_round(&c, "/e0", 0, 16, &mut files));
+    tc.kill9(3);
+    std::fs::remove_dir_all(&tc.config().servers[3].data_dir).unwrap();
+    tc.start_again(3);
+    rt.block_on(read_back(&c, &files));
+    rt.block_on(write_round(&c, "/e1", 100, 16, &mut files));
+    wait_rebuilt(&tc, &rt, &c, &mut files, 2);
+    rt.block_on(read_back(&c, &files));
+    let log = common::tail(&tc.log_path(3), 200);
+    assert!(log.contains("starting as a replacement"), "{log}");
+}

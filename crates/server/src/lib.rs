@@ -166,6 +166,19 @@ pub fn run(cfg: ClusterConfig, id: ServerId, opts: RunOptions) -> Result<(), Ser
             .data_dir
             .clone()
             .unwrap_or_else(|| entry.data_dir.clone());
+        // An empty data directory where a replica holds the set's data: the
+        // disk was lost, and the server came back before the cluster
+        // failed it over. It must not serve the empty store as its set.
+        let mut opts = opts;
+        if cfg.replicas > 1 && !opts.replace && replace::is_empty(&data_dir) {
+            if let Some(holder) = replace::copy_elsewhere(&cfg, id, key.clone()).await {
+                tracing::warn!(
+                    "server {id}: starting as a replacement (as --replace): server {holder} \
+                     holds its set's data and this data directory is empty"
+                );
+                opts.replace = true;
+            }
+        }
         if opts.replace {
             if cfg.replicas < 2 {
                 return Err(ServerError::Config(

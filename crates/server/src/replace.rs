@@ -31,6 +31,12 @@
 use crate::members::Members;
 use crate::ServerError;
 use madfs_membership::Change;
+use madfs_proto::auth::{ClusterKey, Role};
+use madfs_proto::message::Op;
+use madfs_proto::Request;
+use madfs_rpc::pool::Timeouts;
+use madfs_rpc::{ClusterConfig, Pool, RpcError};
+use madfs_types::{Credentials, ServerId};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
@@ -54,6 +60,59 @@ pub fn check_empty(dir: &Path) -> Result<(), ServerError> {
             ))),
         },
     }
+}
+
+/// Whether `dir` is absent or holds nothing.
+pub fn is_empty(dir: &Path) -> bool {
+    std::fs::read_dir(dir).map_or(true, |mut d| d.next().is_none())
+}
+
+/// How long the probe of `copy_elsewhere` waits for one replica.
+const PROBE_WAIT: Duration = Duration::from_secs(5);
+
+/// For a server starting on an empty data directory in a cluster with
+/// replicas: a server of its replica set that refuses an empty record
+/// stream for its set, because it holds a copy with records of an earlier
+/// stream (or serves the set now). The set then has data this empty
+/// store lacks (its disk was lost and it came back before the cluster
+/// failed it over): the server must start as a replacement, never serve
+/// the empty store. None when every replica that answers has an empty
+/// copy (a new cluster) or none answers.
+pub async fn copy_elsewhere(
+    cfg: &ClusterConfig,
+    id: ServerId,
+    key: ClusterKey,
+) -> Option<ServerId> {
+    let pool = Pool::new(
+        cfg,
+        key,
+        Role::Peer,
+        Timeouts {
+            connect: PROBE_WAIT,
+            call: PROBE_WAIT,
+        },
+    );
+    let probe = Request {
+        creds: Credentials::root(),
+        op: Op::ReplicaApply {
+            set: id,
+            stream: crate::replication::random_stream_id(),
+            first_seq: 1,
+            heads: Vec::new(),
+        },
+    };
+    for &r in &cfg.replica_set(id)[1..] {
+        let answer = tokio::time::timeout(PROBE_WAIT, pool.call_once(r, &probe, &[])).await;
+        if let Ok(Err(RpcError::Remote(w))) = answer {
+            tracing::warn!(
+                "server {id}: server {r} holds set {id}'s data ({}), and this data directory \
+                 is empty",
+                w.message
+            );
+            return Some(r);
+        }
+    }
+    None
 }
 
 /// Steps 3 and 4: wait until the map has given up the server this process

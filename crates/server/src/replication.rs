@@ -849,7 +849,7 @@ impl Replicator {
 
 /// A stream id no earlier start of this server used (with overwhelming
 /// odds): std's per-process random hash keys, over the time.
-fn random_stream_id() -> u64 {
+pub(crate) fn random_stream_id() -> u64 {
     use std::hash::BuildHasher;
     std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now()) | 1
 }

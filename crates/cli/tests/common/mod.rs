@@ -439,6 +439,14 @@ impl TestCluster {
         (addr, dir)
     }
 
+    /// Start server `i` again (after kill9 or stop) without waiting for it
+    /// (it may serve nothing for a while: a server rebuilt from replicas).
+    pub fn start_again(&mut self, i: usize) {
+        assert!(self.children[i].is_none(), "server {i} is still running");
+        let child = self.spawn(i);
+        self.children[i] = Some(child);
+    }
+
     /// Start server `i` again (after kill9 or stop) and wait until it answers.
     pub fn restart(&mut self, i: usize) {
         assert!(self.children[i].is_none(), "server {i} is still running");
