@@ -22,8 +22,11 @@
 
 #[path = "common/command.rs"]
 mod command;
+#[path = "common/netns.rs"]
+mod netns;
 
 use command::{must, output_within, text};
+use netns::Netns;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -56,91 +59,38 @@ fn ok(argv: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// A bridge and namespaces on it; everything goes when dropped.
+/// The hosts (crates/cli/tests/common/netns.rs) and the delay the
+/// servers add on every link.
 struct Net {
-    tag: String,
-    subnet: u8,
-    bridge: String,
-    namespaces: Vec<String>,
-    data: tempfile::TempDir,
+    hosts: Netns,
     /// One-way delay the servers add to every frame (MADFS_NET_DELAY_US).
     delay_us: u32,
+}
+
+impl std::ops::Deref for Net {
+    type Target = Netns;
+    fn deref(&self) -> &Netns {
+        &self.hosts
+    }
+}
+
+impl std::ops::DerefMut for Net {
+    fn deref_mut(&mut self) -> &mut Netns {
+        &mut self.hosts
+    }
 }
 
 impl Net {
     /// None (after saying why) when network namespaces are unavailable.
     fn new(test: char, subnet: u8) -> Option<Net> {
-        let tag = format!("{}{test}", std::process::id() % 1_000_000);
-        let probe = format!("mhprobe{tag}");
-        let out = match Command::new("ip").args(["netns", "add", &probe]).output() {
-            Ok(o) => o,
-            Err(e) => {
-                eprintln!("SKIPPED: cannot run `ip` (iproute2): {e}");
-                return None;
-            }
-        };
-        if !out.status.success() {
-            eprintln!(
-                "SKIPPED: cannot create network namespaces ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-            return None;
-        }
-        run(&["ip", "netns", "del", &probe], &[]);
-        let net = Net {
-            bridge: format!("mb{tag}"),
-            tag,
-            subnet,
-            namespaces: Vec::new(),
-            data: tempfile::Builder::new()
-                .prefix("madfs-multihost-")
-                .tempdir()
-                .expect("tempdir"),
+        Some(Net {
+            hosts: Netns::new('m', test, subnet)?,
             delay_us: 0,
-        };
-        ok(&["ip", "link", "add", &net.bridge, "type", "bridge"]);
-        ok(&["ip", "link", "set", &net.bridge, "up"]);
-        Some(net)
-    }
-
-    /// Add namespace `name` (unique to this run) with address .`last`.
-    fn add(&mut self, name: &str, last: u8) -> String {
-        let ns = self.ns(name);
-        let i = self.namespaces.len();
-        ok(&["ip", "netns", "add", &ns]);
-        self.namespaces.push(ns.clone());
-        let (outer, inner) = (format!("mv{}o{i}", self.tag), format!("mv{}i{i}", self.tag));
-        ok(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
-        ok(&[
-            "ip", "link", "add", &outer, "type", "veth", "peer", "name", &inner, "netns", &ns,
-        ]);
-        ok(&["ip", "link", "set", &outer, "master", &self.bridge, "up"]);
-        let addr = self.addr(last);
-        ok(&[
-            "ip",
-            "-n",
-            &ns,
-            "addr",
-            "add",
-            &format!("{addr}/24"),
-            "dev",
-            &inner,
-        ]);
-        ok(&["ip", "-n", &ns, "link", "set", &inner, "up"]);
-        ns
-    }
-
-    fn ns(&self, name: &str) -> String {
-        format!("mh{}{name}", self.tag)
-    }
-
-    fn addr(&self, last: u8) -> String {
-        format!("10.213.{}.{last}", self.subnet)
+        })
     }
 
     fn data(&self) -> PathBuf {
-        self.data.path().join("data")
+        self.path("data")
     }
 
     /// `madfs ARGS` run inside namespace `ns`, with the cluster file set.
@@ -204,43 +154,12 @@ impl Net {
         all.extend_from_slice(env);
         run_with_input(&argv, &all, input)
     }
-
-    /// Take namespace `ns`'s link to the bridge down (`up`: back up).
-    fn link(&self, ns: &str, up: bool) {
-        let i = self
-            .namespaces
-            .iter()
-            .position(|n| n == ns)
-            .expect("a namespace of this test");
-        let outer = format!("mv{}o{i}", self.tag);
-        ok(&["ip", "link", "set", &outer, if up { "up" } else { "down" }]);
-    }
-
-    /// Processes running in namespace `ns`.
-    fn pids(&self, ns: &str) -> Vec<i32> {
-        let out = run(&["ip", "netns", "pids", ns], &[]);
-        String::from_utf8_lossy(&out.stdout)
-            .split_whitespace()
-            .filter_map(|p| p.parse().ok())
-            .collect()
-    }
-
-    fn kill_all(&self, ns: &str) {
-        for pid in self.pids(ns) {
-            // SAFETY: only processes inside this test's namespace.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.pids(ns).is_empty() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
 }
 
 impl Drop for Net {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            // Show the servers' last words.
+            // Show the servers' last words (the namespaces go after this).
             let dirs = std::fs::read_dir(self.data())
                 .into_iter()
                 .flatten()
@@ -265,13 +184,6 @@ impl Drop for Net {
                 }
             }
         }
-        for ns in &self.namespaces {
-            self.kill_all(ns);
-        }
-        for ns in &self.namespaces {
-            run(&["ip", "netns", "del", ns], &[]);
-        }
-        run(&["ip", "link", "del", &self.bridge], &[]);
     }
 }
 
@@ -328,7 +240,7 @@ fn cluster_across_four_hosts_survives_losing_one() {
     let list = host_list(&hosts);
     let data = net.data();
     let data_s = data.to_str().unwrap().to_string();
-    let mnt = net.data.path().join("mnt").to_str().unwrap().to_string();
+    let mnt = net.root().join("mnt").to_str().unwrap().to_string();
     let more = [
         "--servers-per-host",
         "2",
@@ -377,10 +289,10 @@ fn cluster_across_four_hosts_survives_losing_one() {
 
     // A large file, striped over every host, comes back identical.
     let big = pattern(7, BIG);
-    let local = net.data.path().join("big");
+    let local = net.root().join("big");
     std::fs::write(&local, &big).unwrap();
     must(net.madfs_in(&client, &["put", local.to_str().unwrap(), "/big"]));
-    let copy = net.data.path().join("big.copy");
+    let copy = net.root().join("big.copy");
     must(net.madfs_in(&client, &["get", "/big", copy.to_str().unwrap()]));
     assert!(std::fs::read(&copy).unwrap() == big, "/big differs");
 
@@ -406,7 +318,7 @@ fn cluster_across_four_hosts_survives_losing_one() {
     // Renames across hosts: entries and directories live on different
     // servers, so some of these move an entry from one host to another.
     must(net.madfs_in(&client, &["mkdir", "/a", "/b", "/c"]));
-    let small = net.data.path().join("small");
+    let small = net.root().join("small");
     for i in 0..8 {
         std::fs::write(&small, format!("file {i}\n")).unwrap();
         must(net.madfs_in(
@@ -603,7 +515,7 @@ fn slurm_style_launch_keeps_one_command_per_host() {
     for (ns, _) in &hosts {
         assert!(net.pids(ns).len() >= 2, "{ns}: {:?}", net.pids(ns));
     }
-    let local = net.data.path().join("f");
+    let local = net.root().join("f");
     std::fs::write(&local, pattern(3, 3 << 20)).unwrap();
     must(net.madfs_in(&client, &["put", local.to_str().unwrap(), "/f"]));
     let status = must(net.madfs_in(&client, &["status"]));
@@ -805,12 +717,12 @@ fn clients_work_over_links_with_200us_latency() {
     };
 
     let big = pattern(11, 12 << 20);
-    let local = net.data.path().join("big");
+    let local = net.root().join("big");
     std::fs::write(&local, &big).unwrap();
     let t = Instant::now();
     must(via(&["put", local.to_str().unwrap(), "/big"]));
     let put_time = t.elapsed();
-    let copy = net.data.path().join("big.copy");
+    let copy = net.root().join("big.copy");
     must(via(&["get", "/big", copy.to_str().unwrap()]));
     assert!(std::fs::read(&copy).unwrap() == big, "/big differs");
     must(via(&["mkdir", "-p", "/d/e/f"]));
@@ -876,7 +788,7 @@ fn replicas_survive_a_partition_and_a_dead_host() {
 
     // Files everywhere, small and striped.
     let mut files: Vec<(String, Vec<u8>)> = Vec::new();
-    let local = net.data.path().join("f");
+    let local = net.root().join("f");
     let put = |net: &Net, files: &mut Vec<(String, Vec<u8>)>, ns: &str, path: &str, len: usize| {
         let bytes = pattern(files.len() as u64 + 11, len);
         std::fs::write(&local, &bytes).unwrap();
@@ -893,7 +805,7 @@ fn replicas_survive_a_partition_and_a_dead_host() {
             len,
         );
     }
-    let copy = net.data.path().join("copy");
+    let copy = net.root().join("copy");
     let check = |net: &Net, ns: &str, files: &[(String, Vec<u8>)]| {
         for (p, bytes) in files {
             must(net.madfs_in(ns, &["get", p, copy.to_str().unwrap()]));

@@ -13,9 +13,12 @@
 
 #[path = "common/command.rs"]
 mod command;
+#[path = "common/netns.rs"]
+mod netns;
 
 use command::{must, output_within, text};
-use std::path::{Path, PathBuf};
+use netns::Netns;
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -29,81 +32,25 @@ fn run(argv: &[&str], env: &[(&str, &str)]) -> Output {
     output_within(cmd, CMD_TIMEOUT, None)
 }
 
-fn ok(argv: &[&str]) {
-    must(run(argv, &[]));
-}
+/// The hosts (crates/cli/tests/common/netns.rs), and `madfs` run in them.
+struct Net(Netns);
 
-/// A bridge and namespaces on it; everything goes when dropped.
-struct Net {
-    tag: String,
-    bridge: String,
-    namespaces: Vec<String>,
-    dir: tempfile::TempDir,
+impl std::ops::Deref for Net {
+    type Target = Netns;
+    fn deref(&self) -> &Netns {
+        &self.0
+    }
 }
 
 impl Net {
     /// None (after saying why) when network namespaces are unavailable.
     fn new() -> Option<Net> {
-        let tag = format!("{}s", std::process::id() % 1_000_000);
-        let probe = format!("stprobe{tag}");
-        match Command::new("ip").args(["netns", "add", &probe]).output() {
-            Ok(o) if o.status.success() => {}
-            Ok(o) => {
-                eprintln!(
-                    "SKIPPED: cannot create network namespaces: {}",
-                    String::from_utf8_lossy(&o.stderr).trim()
-                );
-                return None;
-            }
-            Err(e) => {
-                eprintln!("SKIPPED: cannot run `ip` (iproute2): {e}");
-                return None;
-            }
-        }
-        run(&["ip", "netns", "del", &probe], &[]);
-        let net = Net {
-            bridge: format!("sb{tag}"),
-            tag,
-            namespaces: Vec::new(),
-            dir: tempfile::Builder::new()
-                .prefix("madfs-stage-mh-")
-                .tempdir()
-                .expect("tempdir"),
-        };
-        ok(&["ip", "link", "add", &net.bridge, "type", "bridge"]);
-        ok(&["ip", "link", "set", &net.bridge, "up"]);
-        Some(net)
+        Netns::new('s', 's', 9).map(Net)
     }
 
     /// Namespace `name` (unique to this run) at 10.213.9.`last`.
     fn add(&mut self, name: &str, last: u8) -> (String, String) {
-        let ns = format!("st{}{name}", self.tag);
-        let i = self.namespaces.len();
-        ok(&["ip", "netns", "add", &ns]);
-        self.namespaces.push(ns.clone());
-        let (outer, inner) = (format!("sv{}o{i}", self.tag), format!("sv{}i{i}", self.tag));
-        ok(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
-        ok(&[
-            "ip", "link", "add", &outer, "type", "veth", "peer", "name", &inner, "netns", &ns,
-        ]);
-        ok(&["ip", "link", "set", &outer, "master", &self.bridge, "up"]);
-        let addr = format!("10.213.9.{last}");
-        ok(&[
-            "ip",
-            "-n",
-            &ns,
-            "addr",
-            "add",
-            &format!("{addr}/24"),
-            "dev",
-            &inner,
-        ]);
-        ok(&["ip", "-n", &ns, "link", "set", &inner, "up"]);
-        (ns, addr)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
+        (self.0.add(name, last), self.0.addr(last))
     }
 
     /// `madfs ARGS` inside namespace `ns`.
@@ -117,31 +64,6 @@ impl Net {
             ("MADFS_STAGE_PART_BYTES", "1048576"),
         ];
         run(&argv, &env)
-    }
-
-    fn pids(&self, ns: &str) -> Vec<i32> {
-        let out = run(&["ip", "netns", "pids", ns], &[]);
-        String::from_utf8_lossy(&out.stdout)
-            .split_whitespace()
-            .filter_map(|p| p.parse().ok())
-            .collect()
-    }
-}
-
-impl Drop for Net {
-    fn drop(&mut self) {
-        for ns in &self.namespaces {
-            for pid in self.pids(ns) {
-                // SAFETY: only processes inside this test's namespaces.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !self.pids(ns).is_empty() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            run(&["ip", "netns", "del", ns], &[]);
-        }
-        run(&["ip", "link", "del", &self.bridge], &[]);
     }
 }
 
