@@ -71,6 +71,26 @@ pub struct Launcher {
     /// Servers listen on every interface, not only on their address.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub listen_all: bool,
+    /// Servers that replacements took over on other hosts (`up --replace`):
+    /// where they run now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub moved: Vec<Moved>,
+}
+
+/// Where a replaced server runs now.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Moved {
+    pub id: u16,
+    pub host: String,
+    pub address: std::net::SocketAddr,
+}
+
+impl Launcher {
+    /// Where replaced server `id` runs now, if it was replaced.
+    fn moved(&self, id: u16) -> Option<&Moved> {
+        self.moved.iter().find(|m| m.id == id)
+    }
 }
 
 /// `madfs up` options for a cluster across hosts.
@@ -289,10 +309,30 @@ pub fn hosts_of(cfg: &ClusterConfig) -> Vec<(String, Vec<&ServerEntry>)> {
     out
 }
 
-/// Every host the launcher reaches: the server hosts (with their servers)
-/// and then the client hosts (with none).
+/// Every host the launcher reaches: the server hosts (with their servers;
+/// a replaced server on the host that took it over, and a host whose
+/// servers were all replaced left out) and then the client hosts (with
+/// none).
 fn all_hosts<'a>(cfg: &'a ClusterConfig, l: &Launcher) -> Vec<(String, Vec<&'a ServerEntry>)> {
     let mut hosts = hosts_of(cfg);
+    for (host, servers) in hosts.iter_mut() {
+        servers.retain(|s| l.moved(s.id).is_none_or(|m| m.host == *host));
+    }
+    for m in &l.moved {
+        let id = m.id;
+        let Some(entry) = cfg.server(ServerId(id)) else {
+            continue;
+        };
+        match hosts.iter_mut().find(|(h, _)| *h == m.host) {
+            Some((_, v)) => {
+                if !v.iter().any(|s| s.id == id) {
+                    v.push(entry)
+                }
+            }
+            None => hosts.push((m.host.clone(), vec![entry])),
+        }
+    }
+    hosts.retain(|(_, servers)| !servers.is_empty());
     for c in &l.clients {
         if !hosts.iter().any(|(h, _)| h == c) {
             hosts.push((c.clone(), Vec::new()));
@@ -422,6 +462,29 @@ fn spawn_on(exec: &str, host: &str, script: &str, log: &Path) -> Result<Child, S
 
 /// The script that writes the cluster file and key on a host and starts
 /// its servers (those not running); it prints `started ID` for each.
+/// The `case` arms that give replaced servers among `ids` their address
+/// and data directory on the host that took them over (and `--replace`
+/// for `replacing`, at its first start).
+fn moved_cases(l: &Launcher, data: &Path, ids: &[u16], replacing: Option<u16>) -> String {
+    let mut arms = String::new();
+    for id in ids {
+        if let Some(m) = l.moved(*id) {
+            let dir = host_dir(data, &m.host).join(format!("server-{id}"));
+            let replace = if replacing == Some(*id) {
+                " --replace"
+            } else {
+                ""
+            };
+            arms.push_str(&format!(
+                "{id}) extra=\"--address {} --data-dir {}{replace}\" ;; ",
+                m.address,
+                sqp(&dir)
+            ));
+        }
+    }
+    arms
+}
+
 fn start_script(
     l: &Launcher,
     data: &Path,
@@ -429,6 +492,20 @@ fn start_script(
     key_hex: &str,
     host: &str,
     ids: &[u16],
+) -> String {
+    start_script_replacing(l, data, cfg_text, key_hex, host, ids, None)
+}
+
+/// `start_script`, with `replacing` started as a replacement (its first
+/// start on the host that takes it over).
+fn start_script_replacing(
+    l: &Launcher,
+    data: &Path,
+    cfg_text: &str,
+    key_hex: &str,
+    host: &str,
+    ids: &[u16],
+    replacing: Option<u16>,
 ) -> String {
     let n = ids.len().max(1);
     let cache = match l.cache_mib {
@@ -460,7 +537,9 @@ new=""
 alive() {{ [ -f "$1" ] && p=$(cat "$1") && kill -0 "$p" 2>/dev/null && grep -q server "/proc/$p/cmdline" 2>/dev/null; }}
 for id in {ids}; do
   if alive server-$id.pid; then echo "running $id"; continue; fi
-  setsid {madfs} --cluster {cfg} server --id $id --threads $threads --cache-mib $cache{listen} </dev/null >>server-$id.log 2>&1 &
+  extra=""
+  case $id in {moved}*) ;; esac
+  setsid {madfs} --cluster {cfg} server --id $id --threads $threads --cache-mib $cache{listen} $extra </dev/null >>server-$id.log 2>&1 &
   echo $! > server-$id.pid
   echo "started $id"
   new="$new $id"
@@ -480,6 +559,7 @@ done
         cfg = sqp(&host_dir(data, host).join(CLUSTER_FILE)),
         ids = ids_s.join(" "),
         listen = if l.listen_all { " --listen-all" } else { "" },
+        moved = moved_cases(l, data, ids, replacing),
     );
     if l.foreground {
         s.push_str("wait\n");
@@ -668,6 +748,7 @@ fn create(data: &Path, o: &UpOptions) -> Result<(ClusterConfig, Launcher), Strin
             }
         },
         listen_all: o.listen_all,
+        moved: Vec::new(),
     };
     // Check the template before writing anything.
     exec_argv(&launcher.exec, "h")?;
@@ -1071,6 +1152,69 @@ fn mount_all(
     }
 }
 
+/// `madfs up --replace ID --on HOST`: start a replacement of lost server
+/// `id` on `on` (`madfs server --replace` there, at the server's port on
+/// that host's address) and remember it there for `down` and later `up`
+/// runs. It answers once the cluster has given the old server up, and is
+/// rebuilt in the background (`madfs status` shows it).
+pub fn replace(data: &Path, id: u16, on: &str) -> Result<ExitCode, String> {
+    let data = absolute(data)?;
+    let cfg_path = data.join(CLUSTER_FILE);
+    let cfg = ClusterConfig::load(&cfg_path).map_err(|e| e.to_string())?;
+    let mut launcher = load_launcher(&data)?;
+    if cfg.replicas < 2 {
+        return Err(format!(
+            "the cluster in {} keeps no replicas: a lost server's data exist nowhere else",
+            data.display()
+        ));
+    }
+    let entry = cfg
+        .server(ServerId(id))
+        .ok_or_else(|| format!("no server {id} in {}", cfg_path.display()))?;
+    let spec = match parse_hosts(on)?.as_slice() {
+        [one] => one.clone(),
+        _ => return Err(format!("--on takes one host, not '{on}'")),
+    };
+    let address = std::net::SocketAddr::new(resolve(&spec, true)?, entry.address.port());
+    let before = launcher.clone();
+    launcher.moved.retain(|m| m.id != id);
+    launcher.moved.push(Moved {
+        id,
+        host: spec.name.clone(),
+        address,
+    });
+    // Kept first: `down` must find the replacement once it may run.
+    save_launcher(&data, &launcher)?;
+    let cfg_text = std::fs::read_to_string(&cfg_path).map_err(|e| e.to_string())?;
+    let key_hex = cfg.load_key().map_err(|e| e.to_string())?.to_hex();
+    let script = start_script_replacing(
+        &launcher,
+        &data,
+        &cfg_text,
+        &key_hex,
+        &spec.name,
+        &[id],
+        Some(id),
+    );
+    let started = if launcher.foreground {
+        let log = data.join(format!("launch-{}.log", spec.name));
+        // The step keeps running with the server, as `up` leaves its own.
+        spawn_on(&launcher.exec, &spec.name, &script, &log).map(std::mem::forget)
+    } else {
+        run_on(&launcher.exec, &spec.name, &script).map(|_| ())
+    };
+    if let Err(e) = started {
+        save_launcher(&data, &before)?;
+        return Err(format!("host '{}': {e}", spec.name));
+    }
+    println!(
+        "Replacing server {id} on {} at {address}: it takes over once the cluster has given the \
+         old server up, then is rebuilt from the replicas; `madfs status` shows the progress",
+        spec.name
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn down(data: &Path, wipe: bool) -> Result<ExitCode, String> {
     let data = absolute(data)?;
     let cfg_path = data.join(CLUSTER_FILE);
@@ -1220,12 +1364,14 @@ mod tests {
             mount: None,
             clients: vec!["c1".into()],
             listen_all: true,
+            moved: Vec::new(),
         };
         let s = start_script(&l, Path::new("/scratch/d"), "x = 1", "abcd", "n1", &[3, 4]);
         assert!(s.contains(r"'/opt/it'\''s/madfs' --cluster '/scratch/d/n1/cluster.toml' server"));
         assert!(s.contains("cd '/scratch/d/n1'\n"));
         assert!(s.contains("for id in 3 4;"));
-        assert!(s.contains("--cache-mib $cache --listen-all </dev/null"));
+        assert!(s.contains("--cache-mib $cache --listen-all $extra </dev/null"));
+        assert!(s.contains("case $id in *) ;; esac"));
         assert!(s.contains("umask 077"));
         assert!(s.contains("\nabcd\n"));
         assert!(s.ends_with("wait\n"));
@@ -1236,5 +1382,49 @@ mod tests {
         let c = start_script(&l, Path::new("/scratch/d"), "x = 1", "abcd", "c1", &[]);
         assert!(c.contains("for id in ; do"));
         assert!(c.contains("\nabcd\n"));
+    }
+
+    #[test]
+    fn a_replaced_server_runs_on_the_host_that_took_it_over() {
+        let text = "cluster_id = \"t\"\nchunk_size = 1048576\nkey_file = \"cluster.key\"\nreplicas = 2\n\
+                    [[server]]\nid = 0\naddress = \"10.0.0.1:7100\"\ndata_dir = \"/d/n0/server-0\"\nhost = \"n0\"\n\
+                    [[server]]\nid = 1\naddress = \"10.0.0.2:7100\"\ndata_dir = \"/d/n1/server-1\"\nhost = \"n1\"\n";
+        let cfg = ClusterConfig::from_toml(text).unwrap();
+        let l = Launcher {
+            exec: SSH_EXEC.into(),
+            foreground: false,
+            madfs: "/bin/madfs".into(),
+            cache_mib: None,
+            mount: None,
+            clients: Vec::new(),
+            listen_all: false,
+            moved: vec![Moved {
+                id: 0,
+                host: "n9".into(),
+                address: "10.0.0.9:7100".parse().unwrap(),
+            }],
+        };
+        // It keeps in hosts.toml.
+        let text = toml::to_string_pretty(&l).unwrap();
+        assert_eq!(toml::from_str::<Launcher>(&text).unwrap(), l);
+        let hosts: Vec<(String, Vec<u16>)> = all_hosts(&cfg, &l)
+            .into_iter()
+            .map(|(h, s)| (h, s.iter().map(|e| e.id).collect()))
+            .collect();
+        // n0 ran only server 0: left out (it may be gone for good).
+        assert_eq!(hosts, vec![("n1".into(), vec![1]), ("n9".into(), vec![0])]);
+        let d = Path::new("/d");
+        let first = start_script_replacing(&l, d, "x", "k", "n9", &[0], Some(0));
+        assert!(
+            first.contains(
+                "0) extra=\"--address 10.0.0.9:7100 --data-dir '/d/n9/server-0' --replace\" ;;"
+            ),
+            "{first}"
+        );
+        let again = start_script(&l, d, "x", "k", "n9", &[0]);
+        assert!(
+            again.contains("0) extra=\"--address 10.0.0.9:7100 --data-dir '/d/n9/server-0'\" ;;"),
+            "{again}"
+        );
     }
 }

@@ -164,6 +164,15 @@ enum Command {
         /// LOCAL madfs:/PATH`, over every host of the cluster); repeatable.
         #[arg(long, value_name = "LOCAL:/PATH")]
         stage_in: Vec<String>,
+        /// For a cluster across hosts with replicas: start a replacement of
+        /// lost server ID on host --on (`madfs server --replace` there, at
+        /// the server's port on that host's address); `down` and later
+        /// `up` runs reach it there.
+        #[arg(long, value_name = "ID", requires = "on")]
+        replace: Option<u16>,
+        /// The host (NAME or NAME=ADDR) that takes over --replace's server.
+        #[arg(long, value_name = "HOST", requires = "replace")]
+        on: Option<String>,
     },
     /// Stop the cluster started by `madfs up` (on every host).
     Down {
@@ -412,6 +421,8 @@ fn main() -> ExitCode {
             listen_all,
             replicas,
             stage_in,
+            replace,
+            on,
         } => {
             let multihost = hosts.is_some() || slurm || hosts::is_multihost(&data);
             let stray = [
@@ -424,6 +435,16 @@ fn main() -> ExitCode {
             ];
             if let (false, Some((_, flag))) = (multihost, stray.iter().find(|(set, _)| *set)) {
                 Err(format!("{flag} needs --hosts or --slurm"))
+            } else if let (Some(id), Some(on)) = (replace, on) {
+                if multihost {
+                    hosts::replace(&data, id, &on)
+                } else {
+                    Err(format!(
+                        "--replace needs a cluster across hosts in {} (for a local one, run \
+                         `madfs server --replace --id {id}`)",
+                        data.display()
+                    ))
+                }
             } else if multihost {
                 hosts::up(
                     &data,

@@ -808,7 +808,13 @@ fn replicas_survive_a_partition_and_a_dead_host() {
     let copy = net.root().join("copy");
     let check = |net: &Net, ns: &str, files: &[(String, Vec<u8>)]| {
         for (p, bytes) in files {
-            must(net.madfs_in(ns, &["get", p, copy.to_str().unwrap()]));
+            let out = net.madfs_in(ns, &["get", p, copy.to_str().unwrap()]);
+            assert!(
+                out.status.success(),
+                "reading {p} from {ns} ({} files): {}",
+                files.len(),
+                text(&out)
+            );
             assert!(
                 std::fs::read(&copy).unwrap() == *bytes,
                 "{p} differs read from {ns}"
@@ -886,30 +892,21 @@ fn replicas_survive_a_partition_and_a_dead_host() {
     eprintln!("with h0 dead, every file read back in {:?}", t.elapsed());
 
     // h0 is gone for good: a new host takes over both its servers
-    // (`madfs server --replace` at its own address, empty disks), voter 0
-    // among them, and is rebuilt from the copies while writes go on.
+    // (`madfs up --replace ID --on HOST`, which runs `madfs server
+    // --replace` there at its own address, on empty disks), voter 0 among
+    // them, and is rebuilt from the copies while writes go on.
     let r = net.add("r", 21);
-    let cluster = data.join("cluster.toml");
+    let on = format!("{r}={}", net.addr(21));
     let t = Instant::now();
-    let mut replacements = Vec::new();
-    for (id, port) in [(0u16, 7100u16), (1, 7101)] {
-        let dir = data.join("r").join(format!("server-{id}"));
-        std::fs::create_dir_all(data.join("r")).unwrap();
-        let log = std::fs::File::create(data.join("r").join(format!("server-{id}.log"))).unwrap();
-        let child = Command::new("ip")
-            .args(["netns", "exec", &r, MADFS, "server", "--cluster"])
-            .arg(&cluster)
-            .args(["--id", &id.to_string(), "--replace", "--address"])
-            .arg(format!("{}:{port}", net.addr(21)))
-            .arg("--data-dir")
-            .arg(&dir)
-            .env("MADFS_LOG", "info")
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start a replacement");
-        replacements.push(child);
+    for id in ["0", "1"] {
+        let out = must(net.madfs_in(
+            &client,
+            &["up", "--data", &data_s, "--replace", id, "--on", &on],
+        ));
+        assert!(
+            out.contains(&format!("Replacing server {id} on {r}")),
+            "{out}"
+        );
     }
     put(
         &net,
@@ -954,10 +951,11 @@ fn replicas_survive_a_partition_and_a_dead_host() {
     );
     check(&net, &client, &files);
 
+    // `down` stops the replacements where they run now.
     must(net.madfs_in(&client, &["down", "--data", &data_s, "--wipe"]));
-    // `madfs up` did not start the replacements: stop them here.
-    for mut c in replacements {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
+    assert!(
+        net.pids(&r).is_empty(),
+        "processes left on the new host after down: {:?}",
+        net.pids(&r)
+    );
 }
