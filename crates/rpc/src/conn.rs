@@ -225,18 +225,43 @@ struct OutFrame {
 
 /// Bytes a frame sends without copying them: a buffer it owns, or a range
 /// of one it shares with the caller (the pieces of one write, each to its
-/// server, share the write's buffer).
+/// server, share the write's buffer), or several of those one after the
+/// other (the payloads of many replication records, each kept where its
+/// record keeps it: gathering them into one buffer was a copy of every
+/// byte replicated).
 pub enum SharedData {
     Owned(Vec<u8>),
     Shared(Arc<Vec<u8>>, std::ops::Range<usize>),
+    Pieces(Vec<SharedData>),
 }
 
 impl SharedData {
-    pub fn as_slice(&self) -> &[u8] {
+    pub fn len(&self) -> usize {
         match self {
-            SharedData::Owned(v) => v,
-            SharedData::Shared(v, r) => &v[r.clone()],
+            SharedData::Owned(v) => v.len(),
+            SharedData::Shared(_, r) => r.len(),
+            SharedData::Pieces(p) => p.iter().map(SharedData::len).sum(),
         }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes, in order, as slices onto `out`.
+    pub fn slices<'a>(&'a self, out: &mut Vec<&'a [u8]>) {
+        match self {
+            SharedData::Owned(v) => out.push(v),
+            SharedData::Shared(v, r) => out.push(&v[r.clone()]),
+            SharedData::Pieces(p) => p.iter().for_each(|d| d.slices(out)),
+        }
+    }
+
+    /// The bytes copied into one buffer.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut parts = Vec::new();
+        self.slices(&mut parts);
+        parts.concat()
     }
 }
 
@@ -250,7 +275,7 @@ impl Payload<'_> {
     fn len(&self) -> usize {
         match self {
             Payload::Lent(d) => d.len(),
-            Payload::Given(d) => d.as_slice().len(),
+            Payload::Given(d) => d.len(),
         }
     }
 }
@@ -291,7 +316,7 @@ impl OutFrame {
         };
         // In release builds too: a torn frame would break the connection.
         assert_eq!(
-            frame.head.len() + frame.data.as_slice().len(),
+            frame.head.len() + frame.data.len(),
             announced_len(&head),
             "encoded frame length differs from what its header announces"
         );
@@ -502,7 +527,7 @@ async fn write_loop(mut w: OwnedWriteHalf, mut frames: mpsc::Receiver<OutFrame>,
         let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * batch.len());
         for f in &batch {
             parts.push(&f.head);
-            parts.push(f.data.as_slice());
+            f.data.slices(&mut parts);
         }
         if let Err(e) = write_all_vectored(&mut w, &mut parts).await {
             // No more frames in; then fail every caller waiting, including

@@ -282,6 +282,11 @@ impl Pool {
                 (Arc::new(v), 0..n)
             }
             SharedData::Shared(v, r) => (v, r),
+            pieces @ SharedData::Pieces(_) => {
+                let v = pieces.to_vec();
+                let n = v.len();
+                (Arc::new(v), 0..n)
+            }
         };
         let share = || SharedData::Shared(buf.clone(), range.clone());
         match self.call_shared_once(server, req, share()).await {
@@ -309,7 +314,7 @@ impl Pool {
                 )));
             }
             return net
-                .call(server, self.role, req.clone(), data.as_slice().to_vec())
+                .call(server, self.role, req.clone(), data.to_vec())
                 .await;
         }
         self.connection(server).await?.call_shared(req, data).await

@@ -27,6 +27,7 @@
 
 use crate::chunk_cache::{CacheBytes, CacheStats, ChunkCache};
 use crate::memory::MemoryGauge;
+use crate::replication::SharedBytes;
 use crate::writeback::EarlyWriteback;
 use madfs_types::{stable_hash, ChunkIndex, InodeId};
 use std::collections::HashSet;
@@ -455,6 +456,32 @@ impl ChunkStore {
         data: &[u8],
         chunk_size: u64,
     ) -> io::Result<()> {
+        self.write_inner(ino, index, offset, data, None, chunk_size)
+    }
+
+    /// `write` of bytes the caller shares: the replication record keeps
+    /// them as they are instead of a copy.
+    pub fn write_shared(
+        &self,
+        ino: InodeId,
+        index: ChunkIndex,
+        offset: u64,
+        data: &SharedBytes,
+        chunk_size: u64,
+    ) -> io::Result<()> {
+        self.write_inner(ino, index, offset, data, Some(data), chunk_size)
+    }
+
+    /// `data`, also as `shared` when the caller shares it.
+    fn write_inner(
+        &self,
+        ino: InodeId,
+        index: ChunkIndex,
+        offset: u64,
+        data: &[u8],
+        shared: Option<&SharedBytes>,
+        chunk_size: u64,
+    ) -> io::Result<()> {
         self.check_poisoned()?;
         // With replicas, racing writes are recorded in the order the disk
         // applied them (write_order.rs).
@@ -557,6 +584,7 @@ impl ChunkStore {
                     .map_or(0, |d| d.subsec_nanos() as u128);
                 std::thread::sleep(max.mul_f64((nanos % 1000) as f64 / 1000.0));
             }
+            let data = shared.map_or_else(|| SharedBytes::new(data.to_vec()), Clone::clone);
             m.wrote(ino, index, offset, data, chunk_size);
         }
         Ok(())

@@ -100,8 +100,8 @@ impl ReplicaCopies {
                 format!("server {} keeps no copy of set {set}", self.me),
             ));
         }
-        let records = Record::decode_all(heads, &payloads)?;
-        drop(payloads);
+        // The records' payloads are ranges of this buffer, not copies.
+        let records = Record::decode_all(heads, &Arc::new(payloads))?;
         let slot = self.slot(set);
         // One apply at a time per copy: records go in stream order.
         let mut slot = slot.lock_owned().await;

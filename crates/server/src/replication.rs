@@ -53,12 +53,66 @@ pub(crate) const PAYLOAD_PER_CALL_MAX: usize = 8 << 20;
 /// when replicas stall.
 const PENDING_RECORDS_MAX: usize = 1 << 20;
 
+/// Bytes shared without a copy: a range of a buffer others may hold too.
+/// A chunk write's record keeps the write request's own data (a copy of
+/// every byte written was 6% of a server's CPU with replicas), the
+/// shipper sends it from there, and a replica's records are ranges of the
+/// data its ReplicaApply arrived with.
+#[derive(Clone)]
+pub struct SharedBytes {
+    buf: Arc<Vec<u8>>,
+    range: std::ops::Range<usize>,
+}
+
+impl SharedBytes {
+    pub fn new(buf: Vec<u8>) -> SharedBytes {
+        let range = 0..buf.len();
+        SharedBytes {
+            buf: Arc::new(buf),
+            range,
+        }
+    }
+
+    /// Bytes `range` of `buf`; None if `buf` is shorter.
+    fn slice(buf: &Arc<Vec<u8>>, range: std::ops::Range<usize>) -> Option<SharedBytes> {
+        buf.get(range.clone())?;
+        Some(SharedBytes {
+            buf: buf.clone(),
+            range,
+        })
+    }
+
+    /// The same bytes, for a frame to send from where they are.
+    fn to_send(&self) -> SharedData {
+        SharedData::Shared(self.buf.clone(), self.range.clone())
+    }
+}
+
+impl std::ops::Deref for SharedBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[self.range.clone()]
+    }
+}
+
+impl PartialEq for SharedBytes {
+    fn eq(&self, other: &SharedBytes) -> bool {
+        **self == **other
+    }
+}
+
+impl std::fmt::Debug for SharedBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
 /// One change to a server's store, as shipped to its replicas.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Record {
     /// A metadata write batch (`WriteBatch::encode`), synced or not.
     Kv {
-        batch: Vec<u8>,
+        batch: SharedBytes,
         sync: bool,
     },
     ChunkWrite {
@@ -66,7 +120,7 @@ pub(crate) enum Record {
         index: ChunkIndex,
         offset: u64,
         chunk_size: u64,
-        data: Vec<u8>,
+        data: SharedBytes,
     },
     Truncate {
         ino: InodeId,
@@ -96,10 +150,14 @@ mod kind {
 
 impl Record {
     fn payload(&self) -> &[u8] {
+        self.shared_payload().map_or(&[], |p| p)
+    }
+
+    fn shared_payload(&self) -> Option<&SharedBytes> {
         match self {
-            Record::Kv { batch, .. } => batch,
-            Record::ChunkWrite { data, .. } => data,
-            _ => &[],
+            Record::Kv { batch, .. } => Some(batch),
+            Record::ChunkWrite { data, .. } => Some(data),
+            _ => None,
         }
     }
 
@@ -146,8 +204,12 @@ impl Record {
         e.u32(self.payload().len() as u32);
     }
 
-    /// The records `encode_all` made of `heads` and `payloads`.
-    pub(crate) fn decode_all(heads: &[u8], payloads: &[u8]) -> Result<Vec<Record>, WireError> {
+    /// The records `encode_all` made of `heads` and `payloads`; their
+    /// payloads are ranges of `payloads`, not copies.
+    pub(crate) fn decode_all(
+        heads: &[u8],
+        payloads: &Arc<Vec<u8>>,
+    ) -> Result<Vec<Record>, WireError> {
         let bad = |what: &str| {
             err(
                 ErrorCode::InvalidArgument,
@@ -165,7 +227,7 @@ impl Record {
             let k = d.u8().map_err(p)?;
             let head = match k {
                 kind::KV => Record::Kv {
-                    batch: Vec::new(),
+                    batch: SharedBytes::new(Vec::new()),
                     sync: d.bool().map_err(p)?,
                 },
                 kind::CHUNK_WRITE => Record::ChunkWrite {
@@ -173,7 +235,7 @@ impl Record {
                     index: ChunkIndex(d.u32().map_err(p)?),
                     offset: d.u64().map_err(p)?,
                     chunk_size: d.u64().map_err(p)?,
-                    data: Vec::new(),
+                    data: SharedBytes::new(Vec::new()),
                 },
                 kind::TRUNCATE => Record::Truncate {
                     ino: d.ino().map_err(p)?,
@@ -190,13 +252,12 @@ impl Record {
                 _ => return Err(bad("unknown kind")),
             };
             let len = d.u32().map_err(p)? as usize;
-            let payload = payloads
-                .get(at..at.saturating_add(len))
+            let payload = SharedBytes::slice(payloads, at..at.saturating_add(len))
                 .ok_or_else(|| bad("payload past the data"))?;
             at += len;
             out.push(match head {
                 Record::Kv { sync, .. } => Record::Kv {
-                    batch: payload.to_vec(),
+                    batch: payload,
                     sync,
                 },
                 Record::ChunkWrite {
@@ -210,7 +271,7 @@ impl Record {
                     index,
                     offset,
                     chunk_size,
-                    data: payload.to_vec(),
+                    data: payload,
                 },
                 other if len == 0 => other,
                 _ => return Err(bad("payload on a record without one")),
@@ -223,20 +284,31 @@ impl Record {
     }
 }
 
-/// Heads and payloads of `records`, as one ReplicaApply carries them.
-pub(crate) fn encode_all<'a>(records: impl Iterator<Item = &'a Record>) -> (Vec<u8>, Vec<u8>) {
+/// Heads and payloads of `records`, as one ReplicaApply carries them: the
+/// payloads one after the other, sent from where each record keeps its
+/// own (not gathered into one buffer: that copied every byte replicated).
+pub(crate) fn encode_all<'a>(records: impl Iterator<Item = &'a Record>) -> (Vec<u8>, SharedData) {
     let mut heads = Encoder::new();
     let mut payloads = Vec::new();
     for r in records {
         r.encode_head(&mut heads);
-        payloads.extend_from_slice(r.payload());
+        if let Some(p) = r.shared_payload().filter(|p| !p.is_empty()) {
+            payloads.push(p.to_send());
+        }
     }
-    (heads.into_bytes(), payloads)
+    (heads.into_bytes(), SharedData::Pieces(payloads))
 }
 
 /// Where a chunk store reports its changes (the primary's `Replicator`).
 pub trait ChunkMirror: Send + Sync {
-    fn wrote(&self, ino: InodeId, index: ChunkIndex, offset: u64, data: &[u8], chunk_size: u64);
+    fn wrote(
+        &self,
+        ino: InodeId,
+        index: ChunkIndex,
+        offset: u64,
+        data: SharedBytes,
+        chunk_size: u64,
+    );
     fn truncated(&self, ino: InodeId, size: u64, chunk_size: u64);
     fn purged(&self, ino: InodeId);
 }
@@ -653,7 +725,7 @@ impl Replicator {
                 },
             };
             self.pool(server)
-                .call_shared_once(replica, &req, SharedData::Owned(payloads))
+                .call_shared_once(replica, &req, payloads)
                 .await
                 .map(|_| ())
                 .map_err(|e| e.to_string())
@@ -695,7 +767,7 @@ impl Replicator {
             keys += rows.len() as u64;
             let full = rows.len() == LOAD_KEYS_PER_CALL;
             send(vec![Record::Kv {
-                batch: b.encode(),
+                batch: SharedBytes::new(b.encode()),
                 sync: false,
             }])
             .await?;
@@ -733,7 +805,7 @@ impl Replicator {
                     index: *index,
                     offset,
                     chunk_size: server.chunk_size,
-                    data: piece,
+                    data: SharedBytes::new(piece),
                 }])
                 .await?;
                 offset += n;
@@ -802,10 +874,7 @@ impl Replicator {
                     heads,
                 },
             };
-            match peers
-                .call_shared_once(server, &req, SharedData::Owned(payloads))
-                .await
-            {
+            match peers.call_shared_once(server, &req, payloads).await {
                 Ok(resp) => match resp.reply {
                     Reply::ReplicaAck { applied } => {
                         failures = 0;
@@ -880,13 +949,20 @@ const SHIP_ATTEMPTS: u32 = 3;
 const SHIP_RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 impl ChunkMirror for Replicator {
-    fn wrote(&self, ino: InodeId, index: ChunkIndex, offset: u64, data: &[u8], chunk_size: u64) {
+    fn wrote(
+        &self,
+        ino: InodeId,
+        index: ChunkIndex,
+        offset: u64,
+        data: SharedBytes,
+        chunk_size: u64,
+    ) {
         self.record(Record::ChunkWrite {
             ino,
             index,
             offset,
             chunk_size,
-            data: data.to_vec(),
+            data,
         });
     }
 
@@ -923,7 +999,10 @@ impl KvStore for ReplicatedKv {
     fn write(&self, batch: WriteBatch, sync: bool) -> madfs_kv::Result<()> {
         let bytes = batch.encode();
         self.inner.write(batch, sync)?;
-        self.stream.record(Record::Kv { batch: bytes, sync });
+        self.stream.record(Record::Kv {
+            batch: SharedBytes::new(bytes),
+            sync,
+        });
         Ok(())
     }
 
@@ -965,7 +1044,7 @@ mod tests {
     fn records_round_trip_and_bad_ones_are_refused() {
         let records = vec![
             Record::Kv {
-                batch: vec![1, 2, 3],
+                batch: SharedBytes::new(vec![1, 2, 3]),
                 sync: true,
             },
             Record::ChunkWrite {
@@ -973,7 +1052,7 @@ mod tests {
                 index: ChunkIndex(2),
                 offset: 4096,
                 chunk_size: 1 << 20,
-                data: vec![7; 5000],
+                data: SharedBytes::new(vec![7; 5000]),
             },
             Record::Truncate {
                 ino: InodeId(9),
@@ -984,13 +1063,19 @@ mod tests {
             Record::Sync,
         ];
         let (heads, payloads) = encode_all(records.iter());
-        assert_eq!(Record::decode_all(&heads, &payloads).unwrap(), records);
-        assert!(Record::decode_all(&heads, &payloads[1..]).is_err());
-        assert!(Record::decode_all(&heads[..heads.len() - 1], &payloads).is_err());
+        // Sent as they are, not gathered: one piece per record with data.
+        assert!(matches!(&payloads, SharedData::Pieces(p) if p.len() == 2));
+        let payloads = payloads.to_vec();
+        assert_eq!(payloads.len(), 3 + 5000);
+        let decode =
+            |heads: &[u8], payloads: &[u8]| Record::decode_all(heads, &Arc::new(payloads.to_vec()));
+        assert_eq!(decode(&heads, &payloads).unwrap(), records);
+        assert!(decode(&heads, &payloads[1..]).is_err());
+        assert!(decode(&heads[..heads.len() - 1], &payloads).is_err());
         let mut extra = payloads.clone();
         extra.push(0);
-        assert!(Record::decode_all(&heads, &extra).is_err());
-        assert!(Record::decode_all(&[99, 0, 0, 0, 0], &[]).is_err());
+        assert!(decode(&heads, &extra).is_err());
+        assert!(decode(&[99, 0, 0, 0, 0], &[]).is_err());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use crate::errors::{err, io_err, kv_err, OpResult};
 use crate::keys;
 use crate::locks::LockKey;
+use crate::replication::SharedBytes;
 use crate::service::{blocking, Server};
 use madfs_kv::WriteBatch;
 use madfs_proto::message::Reply;
@@ -85,9 +86,11 @@ impl Server {
             end <= cs,
             "a write past its chunk would overlap the next one"
         );
+        // Shared with the replication record of the write, not copied.
+        let data = SharedBytes::new(data);
         if chunk.0 != 0 {
             let chunks = self.chunks.clone();
-            blocking(move || chunks.write(ino, chunk, offset as u64, &data, cs))
+            blocking(move || chunks.write_shared(ino, chunk, offset as u64, &data, cs))
                 .await
                 .map_err(io_err)?;
             return Ok(Reply::Empty);
@@ -116,7 +119,7 @@ impl Server {
                 let chunks = self.chunks.clone();
                 blocking(move || {
                     chunks.write(ino, ChunkIndex(0), 0, &inline, cs)?;
-                    chunks.write(ino, ChunkIndex(0), offset as u64, &data, cs)
+                    chunks.write_shared(ino, ChunkIndex(0), offset as u64, &data, cs)
                 })
                 .await
                 .map_err(io_err)?;
@@ -125,7 +128,7 @@ impl Server {
             }
         } else {
             let chunks = self.chunks.clone();
-            blocking(move || chunks.write(ino, ChunkIndex(0), offset as u64, &data, cs))
+            blocking(move || chunks.write_shared(ino, ChunkIndex(0), offset as u64, &data, cs))
                 .await
                 .map_err(io_err)?;
         }
