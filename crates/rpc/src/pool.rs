@@ -35,6 +35,21 @@ pub trait LocalNet: Send + Sync + 'static {
     /// Deliver `req` (sent with `role`) to `server` and return its answer,
     /// or the transport error a lost or refused message would give.
     fn call(&self, server: ServerId, role: Role, req: Request, data: Vec<u8>) -> LocalCall;
+
+    /// Deliver `req` for set `set` to server process `process` (the one
+    /// the pool's routes say serves it now): only pools made by
+    /// `Pool::in_process_failover` call this. By default, to `set` itself.
+    fn call_via(
+        &self,
+        process: ServerId,
+        set: ServerId,
+        role: Role,
+        req: Request,
+        data: Vec<u8>,
+    ) -> LocalCall {
+        let _ = process;
+        self.call(set, role, req, data)
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -115,6 +130,32 @@ impl Pool {
             timeouts: Timeouts::default(),
             slots: (0..servers).map(|_| Mutex::new(None)).collect(),
             local: Some(net),
+        }
+    }
+
+    /// `in_process`, for a cluster that keeps replicas: sets follow the
+    /// routes (`set_routes`), and a call whose server does not answer
+    /// waits for a failover as over TCP (the simulation with replicas).
+    pub fn in_process_failover(net: Arc<dyn LocalNet>, servers: usize, role: Role) -> Pool {
+        Pool {
+            failover: true,
+            ..Pool::in_process(net, servers, role)
+        }
+    }
+
+    /// Send through the in-process network: to `server` itself, or, in a
+    /// pool that fails over, to the process its routes name.
+    fn local_call(
+        &self,
+        net: &Arc<dyn LocalNet>,
+        server: ServerId,
+        req: &Request,
+        data: Vec<u8>,
+    ) -> LocalCall {
+        if self.failover {
+            net.call_via(self.route(server), server, self.role, req.clone(), data)
+        } else {
+            net.call(server, self.role, req.clone(), data)
         }
     }
 
@@ -258,9 +299,7 @@ impl Pool {
                     "no server {server} in the cluster"
                 )));
             }
-            return net
-                .call(server, self.role, req.clone(), data.to_vec())
-                .await;
+            return self.local_call(net, server, req, data.to_vec()).await;
         }
         self.connection(server).await?.call(req, data).await
     }
@@ -308,8 +347,8 @@ impl Pool {
                     "no server {server} in the cluster"
                 )));
             }
-            return net
-                .call(server, self.role, req.clone(), data.as_slice().to_vec())
+            return self
+                .local_call(net, server, req, data.as_slice().to_vec())
                 .await;
         }
         self.connection(server).await?.call_shared(req, data).await
