@@ -203,6 +203,12 @@ impl Router {
         {
             tracing::warn!("server {} no longer serves set {set}", self.home);
         }
+        if set != self.home {
+            // Served from this server's copy until now: the copy takes
+            // records again, so that a resync can rebuild it (it starts
+            // with a reset that wipes the stale copy).
+            self.home_server.copies.unpromote(set);
+        }
     }
 
     /// The server of `set`, if this process serves it.

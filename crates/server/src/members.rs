@@ -589,6 +589,19 @@ impl Members {
         {
             router.depose(self.me);
         }
+        // A set served here from a copy after a failover, and given to
+        // another server since, is no longer served here either: its copy
+        // is stale from now on (a client with old routes would read it).
+        for set in router.served() {
+            if set != self.me
+                && map
+                    .sets
+                    .get(set.0 as usize)
+                    .is_some_and(|s| s.primary != self.me)
+            {
+                router.depose(set);
+            }
+        }
         self.applied.fetch_max(map.epoch, Ordering::AcqRel);
         // Primaries: resync the servers catching up, stop shipping to those
         // taken out.

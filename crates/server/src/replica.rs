@@ -94,6 +94,16 @@ impl ReplicaCopies {
         copy_dir(&self.root, set)
     }
 
+    /// `set` is no longer served from its copy here (the map gave it to
+    /// another server): take records for it again. The copy stays closed
+    /// until a record comes; the resync that follows wipes it first.
+    pub(crate) fn unpromote(&self, set: ServerId) {
+        self.promoted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&set);
+    }
+
     /// Apply records `first_seq..` of `stream` to the copy of `set`.
     pub(crate) async fn apply(
         &self,
