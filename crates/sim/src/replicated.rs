@@ -210,6 +210,30 @@ impl Replicated {
         Ok(out)
     }
 
+    /// What each live process follows and serves (for failure reports).
+    pub fn describe(&self) -> String {
+        let mut out = Vec::new();
+        for (i, p) in self.procs.iter().enumerate() {
+            match p {
+                None => out.push(format!("server {i}: down")),
+                Some(p) => {
+                    let (epoch, serving) = p.routes();
+                    let sets: Vec<String> = p
+                        .sets()
+                        .iter()
+                        .map(|(m, s)| format!("{m:?}+{s:?}"))
+                        .collect();
+                    out.push(format!(
+                        "server {i}: map epoch {epoch}, primaries {serving:?}, members {}, serves {:?}",
+                        sets.join(" "),
+                        p.router.served()
+                    ))
+                }
+            }
+        }
+        out.join("\n")
+    }
+
     /// Every live process (but `cut`, cut off from the others) has
     /// applied the same routes.
     pub fn routes_agree(&self, cut: Option<ServerId>) -> bool {

@@ -189,6 +189,8 @@ pub fn run(cfg: &SimConfig) -> Result<Outcome, Failure> {
     });
     let cfg2 = cfg.clone();
     let result = rt.block_on(async move {
+        // openraft's election timeouts, drawn on this thread: from the seed.
+        madfs_membership::seed_thread_rng(cfg2.seed);
         let mut sim = Sim::new(&cfg2, step).map_err(|m| Failure {
             seed: cfg2.seed,
             steps: cfg2.steps,
@@ -850,7 +852,17 @@ impl Sim {
         }
         self.out.leaks += new_leaks.len();
         self.leaked = obs.leaked.keys().copied().collect();
-        let bytes = self.read_all(&obs).await.map_err(|m| self.fail(m))?;
+        let bytes = match self.read_all(&obs).await {
+            Ok(b) => b,
+            Err(m) => {
+                let state = self
+                    .cluster
+                    .replicated
+                    .as_ref()
+                    .map_or(String::new(), |r| format!("\n{}", r.describe()));
+                return Err(self.fail(format!("{m}{state}")));
+            }
+        };
         let old = self.model.clone();
         // The model this step should have led to, and which files' bytes
         // are uncertain.

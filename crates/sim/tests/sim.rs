@@ -15,6 +15,19 @@ fn env(name: &str) -> Option<u64> {
 }
 
 fn quiet() {
+    // MADFS_LOG=warn (or info, debug) shows the servers' logs of a replay,
+    // with the simulated time (`uptime`, paused clock) of each line.
+    if let Ok(level) = std::env::var("MADFS_LOG") {
+        if let Ok(level) = level.parse::<tracing_subscriber::filter::LevelFilter>() {
+            let _ = tracing_subscriber::fmt()
+                .with_max_level(level)
+                .with_writer(std::io::stderr)
+                .with_ansi(false)
+                .with_target(false)
+                .without_time()
+                .try_init();
+        }
+    }
     if std::env::var_os("MADFS_LOG").is_none() {
         // Servers log every retry of a lost message: keep it quiet.
         std::env::set_var("MADFS_LOG", "error");
