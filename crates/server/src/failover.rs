@@ -203,12 +203,11 @@ impl Router {
         {
             tracing::warn!("server {} no longer serves set {set}", self.home);
         }
-        if set != self.home {
-            // Served from this server's copy until now: the copy takes
-            // records again, so that a resync can rebuild it (it starts
-            // with a reset that wipes the stale copy).
-            self.home_server.copies.unpromote(set);
-        }
+        // If it was served from this server's copy (another's set, or its
+        // own after it moved away once), the copy takes records again, so
+        // that a resync can rebuild it (it starts with a reset that wipes
+        // the stale copy).
+        self.home_server.copies.unpromote(set);
     }
 
     /// The server of `set`, if this process serves it.
