@@ -45,9 +45,13 @@ impl Server {
             {
                 // Done here, not on every replica, and the membership group
                 // has not taken the laggard out (this server may be cut
-                // off): not acknowledged.
+                // off): not acknowledged. Not `Unavailable`, which callers
+                // (the pools) take for "refused before running" and send
+                // again: the operation ran, and most are not idempotent
+                // (an AdjustLinks sent twice freed a file another name
+                // still had).
                 return Err(err(
-                    ErrorCode::Unavailable,
+                    ErrorCode::TimedOut,
                     format!(
                         "server {}: not on every replica within {REPLICATION_WAIT_MAX:?}; \
                          not acknowledged",

@@ -11,6 +11,7 @@ use crate::metrics::Metrics;
 use crate::{RunOptions, Server, ServerError};
 use madfs_kv::KvStore;
 use madfs_proto::auth::ClusterKey;
+use madfs_proto::{ErrorCode, WireError};
 use madfs_rpc::{ClusterConfig, Pool};
 use madfs_types::ServerId;
 use std::path::{Path, PathBuf};
@@ -168,22 +169,28 @@ impl Server {
     /// thread (whose wait would let the simulation's paused clock run):
     /// sync the chunk files and the metadata log (a sync record for the
     /// replicas), then wait until every replica in the set has it.
-    pub async fn sync_inline(&self) -> Result<(), String> {
+    pub async fn sync_inline(&self) -> Result<(), WireError> {
+        let io = |e: String| WireError::new(ErrorCode::Io, e);
         let chunks = self.chunks.clone();
         crate::service::blocking(move || chunks.sync_dirty())
             .await
-            .map_err(|e| format!("syncing chunk files: {e}"))?;
+            .map_err(|e| io(format!("syncing chunk files: {e}")))?;
         self.kv
             .sync_wal()
-            .map_err(|e| format!("syncing metadata log: {e}"))?;
+            .map_err(|e| io(format!("syncing metadata log: {e}")))?;
         if let Some(r) = &self.replication {
             let last = r.last_seq();
             tokio::time::timeout(SYNC_REPLICATION_WAIT, r.wait_replicated(last))
                 .await
                 .map_err(|_| {
-                    format!(
-                        "server {}: not on every replica within {SYNC_REPLICATION_WAIT:?}",
-                        self.id
+                    // As dispatch.rs answers: done here, not acknowledged.
+                    WireError::new(
+                        ErrorCode::TimedOut,
+                        format!(
+                            "server {}: not on every replica within {SYNC_REPLICATION_WAIT:?}; \
+                             not acknowledged",
+                            self.id
+                        ),
                     )
                 })?;
         }
