@@ -290,11 +290,7 @@ impl SimNet {
                         ErrorCode::Unavailable,
                         format!("server {to} no longer serves set {set}"),
                     )),
-                    Some(s) => s
-                        .sync_inline()
-                        .await
-                        .map(|()| (Reply::Empty, Vec::new()))
-                        .map_err(|e| WireError::new(ErrorCode::Io, e)),
+                    Some(s) => s.sync_inline().await.map(|()| (Reply::Empty, Vec::new())),
                 }
             })
         } else if matches!(req.op, Op::Fsync) {

@@ -754,7 +754,14 @@ impl Sim {
         if let Some(id) = full {
             self.cluster.disks[id].set_full(false);
         }
-        let disturbed = crashed || full.is_some() || self.cluster.net.dropped() != dropped_before;
+        // A server down or cut off (with replicas) may fail an operation
+        // too: a set failing over, a replica the group has not yet taken
+        // out.
+        let disturbed = crashed
+            || full.is_some()
+            || self.cluster.net.dropped() != dropped_before
+            || self.down.is_some()
+            || self.isolated.is_some();
         // With replicas a crash is a process kill (nothing unsynced lost):
         // every acknowledged operation must survive it and the failover,
         // so the step is checked as one that met a fault, not as a crash.
