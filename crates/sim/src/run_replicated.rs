@@ -119,12 +119,21 @@ impl Sim {
     }
 
     /// Whether recovery is over: every set served by a live process that
-    /// the others agree on (Err: not yet, and why), and (Ok(true)) every
+    /// the others agree on and no rename left settling (Err: not yet, and
+    /// why), and (Ok(true)) every
     /// set in sync; only expected once every server is up and reachable.
     fn settled(&self) -> Result<bool, String> {
         let rep = self.cluster.replicated.as_ref().expect("replicas");
         let cut = self.isolated.map(|(id, _)| id);
-        rep.serving_disks(&self.cluster.disks)?;
+        let disks = rep.serving_disks(&self.cluster.disks)?;
+        // A cross-server rename that met a fault settles in the background
+        // (rename.rs), its retries backing off up to 10 s and each waiting
+        // out a failover: give it the time (the checker requires none left).
+        for (set, d) in disks.iter().enumerate() {
+            if !d.scan_live(madfs_server::keys::RENAME_INTENT).is_empty() {
+                return Err(format!("set {set} has a rename still settling"));
+            }
+        }
         if !rep.routes_agree(cut) {
             return Err("the live servers follow different maps".into());
         }
