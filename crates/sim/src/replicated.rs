@@ -173,6 +173,16 @@ impl Replicated {
             .max_by_key(|(e, _)| *e)
     }
 
+    /// The members of each set (in sync, catching up) by the newest map
+    /// a live process knows.
+    pub fn newest_sets(&self) -> Vec<(Vec<ServerId>, Vec<ServerId>)> {
+        self.procs
+            .iter()
+            .flatten()
+            .max_by_key(|p| p.routes().0)
+            .map_or(Vec::new(), |p| p.sets())
+    }
+
     /// Whether every set has all its replicas in sync (by the newest map a
     /// live process knows): a crash now leaves every set a live copy.
     pub fn healthy(&self, replicas: usize) -> bool {

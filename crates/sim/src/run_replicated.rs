@@ -140,6 +140,43 @@ impl Sim {
         Ok(rep.healthy(self.cluster.cfg.replicas as usize))
     }
 
+    /// A set whose primary is down with no other in-sync member (the
+    /// group took its replica out, wrongly, on a lossy network, just
+    /// before the kill) cannot fail over: its operations fail, as they
+    /// must. Restart its primary now, so the set comes back with every
+    /// acknowledged change (a kill keeps them) and the step can be checked.
+    async fn restart_stranded(&mut self) {
+        let Some((id, _)) = self.down else { return };
+        let rep = self.cluster.replicated.as_ref().expect("replicas");
+        let stranded: Vec<usize> = match (rep.routes(), rep.newest_sets()) {
+            (Some((_, serving)), sets) => serving
+                .iter()
+                .enumerate()
+                .filter(|(set, p)| {
+                    **p == id
+                        && sets
+                            .get(*set)
+                            .is_some_and(|(members, _)| members.iter().all(|m| !rep.is_up(*m)))
+                })
+                .map(|(set, _)| set)
+                .collect(),
+            (None, _) => Vec::new(),
+        };
+        if stranded.is_empty() {
+            return;
+        }
+        self.down = None;
+        self.out.restarts += 1;
+        self.note(format!(
+            "sets {stranded:?} have no live copy in sync: restart server {id} now"
+        ));
+        if let Err(m) = self.cluster.start_replicated(id).await {
+            // Reported by the check that follows (the set is not served).
+            self.note(m);
+        }
+        tokio::time::sleep(SETTLE_FIRST).await;
+    }
+
     /// Let recovery run on the simulated clock until it is over (see
     /// `settled`), at most `SETTLE_FIRST + SETTLE_MAX`.
     pub(super) async fn settle_replicated(&mut self) {
@@ -150,6 +187,7 @@ impl Sim {
             .and_then(|r| r.routes())
             .map(|(_, s)| s);
         tokio::time::sleep(SETTLE_FIRST).await;
+        self.restart_stranded().await;
         let all_up = self.down.is_none() && self.isolated.is_none();
         let mut waited = Duration::ZERO;
         while waited < SETTLE_MAX {
