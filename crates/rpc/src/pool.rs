@@ -422,7 +422,7 @@ impl Pool {
             if other == set || self.route(other) == skip {
                 continue;
             }
-            let answer = tokio::time::timeout(ROUTES_ASK_TIMEOUT, self.call_once(other, &ask, &[]));
+            let answer = tokio::time::timeout(ROUTES_ASK_TIMEOUT, self.call_process(other, &ask));
             if let Ok(Ok(Response {
                 reply:
                     madfs_proto::Reply::Routes {
@@ -439,6 +439,37 @@ impl Pool {
                 return;
             }
         }
+    }
+}
+
+impl Pool {
+    /// `req` to server process `server` itself, not to whoever the routes
+    /// say serves set `server`: every process answers for its own id (its
+    /// routes, its membership messages) whatever sets moved. Asking for the
+    /// routes through stale routes finds only servers that no longer serve
+    /// those sets, which refuse (found by crates/sim with replicas, seed
+    /// 105: a client whose every other route was stale never learned the
+    /// failover).
+    async fn call_process(&self, server: ServerId, req: &Request) -> Result<Response, RpcError> {
+        if let Some(net) = &self.local {
+            return net
+                .call_via(server, server, self.role, req.clone(), Vec::new())
+                .await;
+        }
+        let addr = self
+            .address(server)
+            .ok_or_else(|| RpcError::Config(format!("no server {server} in the cluster")))?;
+        Connection::connect(
+            server,
+            addr,
+            &self.key,
+            self.role,
+            self.timeouts.connect,
+            self.timeouts.call,
+        )
+        .await?
+        .call(req, &[])
+        .await
     }
 }
 
