@@ -30,6 +30,7 @@ mod lease;
 pub mod local;
 mod network;
 mod node;
+mod runtime;
 mod state;
 mod store;
 mod wire;
@@ -47,6 +48,7 @@ use madfs_types::ServerId;
 pub use detector::{Detector, PingFn};
 pub use lease::{LeaseHolder, Ping};
 pub use node::{fetch_map, Membership};
+pub use runtime::seed_thread_rng;
 pub use state::{Change, ClusterMap, Rejection, SetState};
 
 /// Carries membership messages between servers: the caller's RPC layer in

@@ -28,7 +28,7 @@ openraft::declare_raft_types!(
         Node = EmptyNode,
         Entry = openraft::Entry<TypeConfig>,
         SnapshotData = Vec<u8>,
-        AsyncRuntime = openraft::TokioRuntime,
+        AsyncRuntime = crate::runtime::Runtime,
 );
 
 /// Node id as openraft sees it: `(incarnation << 16) | server id`.

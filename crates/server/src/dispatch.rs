@@ -26,6 +26,22 @@ impl Server {
         });
     }
 
+    /// With replicas: whether every replica in the set has what this
+    /// server wrote so far, waiting for it at most `REPLICATION_WAIT_MAX`
+    /// (true without replicas). For a step that must be on the replicas
+    /// before another server acts on it.
+    pub(crate) async fn replicated_now(&self) -> bool {
+        match &self.replication {
+            None => true,
+            Some(r) => {
+                let last = r.last_seq();
+                tokio::time::timeout(REPLICATION_WAIT_MAX, r.wait_replicated(last))
+                    .await
+                    .is_ok()
+            }
+        }
+    }
+
     /// Run a request; with replicas, answer only once every replica in the
     /// set has what this server wrote up to the handler's end (its own
     /// changes and any before them).
@@ -45,9 +61,13 @@ impl Server {
             {
                 // Done here, not on every replica, and the membership group
                 // has not taken the laggard out (this server may be cut
-                // off): not acknowledged.
+                // off): not acknowledged. Not `Unavailable`, which callers
+                // (the pools) take for "refused before running" and send
+                // again: the operation ran, and most are not idempotent
+                // (an AdjustLinks sent twice freed a file another name
+                // still had).
                 return Err(err(
-                    ErrorCode::Unavailable,
+                    ErrorCode::TimedOut,
                     format!(
                         "server {}: not on every replica within {REPLICATION_WAIT_MAX:?}; \
                          not acknowledged",

@@ -52,6 +52,9 @@ pub struct Router {
     promoting: tokio::sync::Mutex<()>,
     /// The membership group, with replicas (members.rs).
     group: std::sync::OnceLock<Arc<crate::members::Members>>,
+    /// Stores and peer pools of promoted sets when not RocksDB and TCP
+    /// (crates/sim, `set_stores`).
+    stores: std::sync::OnceLock<Arc<dyn crate::injected::Stores>>,
 }
 
 impl Router {
@@ -88,7 +91,13 @@ impl Router {
             }),
             promoting: tokio::sync::Mutex::new(()),
             group: std::sync::OnceLock::new(),
+            stores: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Open promoted sets through `stores` (crates/sim), not RocksDB and TCP.
+    pub fn set_stores(&self, stores: Arc<dyn crate::injected::Stores>) {
+        let _ = self.stores.set(stores);
     }
 
     /// Take part in `group`: leases gate every request, and replicas leave
@@ -151,9 +160,12 @@ impl Router {
         opts.data_dir = Some(dir.clone());
         opts.replicas = Some(replicas);
         let (cfg, key) = (self.cfg.clone(), self.key.clone());
-        let server = tokio::task::spawn_blocking(move || Server::open(&cfg, set, key, &opts))
-            .await
-            .map_err(|e| ServerError::Storage(format!("opening set {set}: {e}")))??;
+        let server = match self.stores.get() {
+            Some(stores) => crate::injected::open_promoted(&cfg, set, &dir, &opts, stores)?,
+            None => tokio::task::spawn_blocking(move || Server::open(&cfg, set, key, &opts))
+                .await
+                .map_err(|e| ServerError::Storage(format!("opening set {set}: {e}")))??,
+        };
         let server = Arc::new(server);
         if let (Some(r), Some(g)) = (&server.replication, self.group.get()) {
             r.set_group(g.clone());
@@ -191,6 +203,11 @@ impl Router {
         {
             tracing::warn!("server {} no longer serves set {set}", self.home);
         }
+        // If it was served from this server's copy (another's set, or its
+        // own after it moved away once), the copy takes records again, so
+        // that a resync can rebuild it (it starts with a reset that wipes
+        // the stale copy).
+        self.home_server.copies.unpromote(set);
     }
 
     /// The server of `set`, if this process serves it.

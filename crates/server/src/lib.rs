@@ -11,6 +11,7 @@ mod errors;
 pub mod failover;
 mod find;
 mod find_copy;
+pub mod injected;
 pub mod inode;
 mod inode_index;
 pub mod keys;

@@ -164,11 +164,24 @@ impl Members {
         data_dir: &Path,
         replace: bool,
     ) -> Result<Arc<Members>, ServerError> {
+        let pool = Arc::new(Pool::new(cfg, key, Role::Peer, Timeouts::default()));
+        Self::start_with(cfg, me, pool, None, data_dir, replace).await
+    }
+
+    /// `start`, messages going through `pool` and, where `raft_store` is
+    /// given, the node's Raft state kept there instead of DATA/membership
+    /// (crates/sim: the in-process network, a simulated disk).
+    pub(crate) async fn start_with(
+        cfg: &ClusterConfig,
+        me: ServerId,
+        pool: Arc<Pool>,
+        raft_store: Option<Arc<dyn madfs_kv::KvStore>>,
+        data_dir: &Path,
+        replace: bool,
+    ) -> Result<Arc<Members>, ServerError> {
         let timing = Timing::default();
         let voters = voters(cfg);
-        let net = Arc::new(PeerNet {
-            pool: Arc::new(Pool::new(cfg, key, Role::Peer, Timeouts::default())),
-        });
+        let net = Arc::new(PeerNet { pool });
         let intended = cfg
             .servers
             .iter()
@@ -186,10 +199,15 @@ impl Members {
             // A replacement's Raft directory is empty: it joins as a new
             // incarnation of its server (crates/membership, join.rs), never
             // as the node it replaces, which may have voted already.
-            let node = if replace {
-                Membership::join(mc, net).await
-            } else {
-                Membership::start(mc, net).await
+            let node = match (replace, raft_store) {
+                (true, None) => Membership::join(mc, net).await,
+                (false, None) => Membership::start(mc, net).await,
+                (false, Some(kv)) => Membership::start_with_store(mc, kv, net).await,
+                (true, Some(_)) => {
+                    return Err(ServerError::Config(
+                        "a replacement over an injected Raft store is not supported".into(),
+                    ))
+                }
             };
             let node = node.map_err(|e| ServerError::Storage(format!("membership: {e}")))?;
             if !replace && node.incarnation() != 0 {
@@ -570,6 +588,19 @@ impl Members {
             .is_some_and(|s| s.primary != self.me)
         {
             router.depose(self.me);
+        }
+        // A set served here from a copy after a failover, and given to
+        // another server since, is no longer served here either: its copy
+        // is stale from now on (a client with old routes would read it).
+        for set in router.served() {
+            if set != self.me
+                && map
+                    .sets
+                    .get(set.0 as usize)
+                    .is_some_and(|s| s.primary != self.me)
+            {
+                router.depose(set);
+            }
         }
         self.applied.fetch_max(map.epoch, Ordering::AcqRel);
         // Primaries: resync the servers catching up, stop shipping to those

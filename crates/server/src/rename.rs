@@ -483,6 +483,15 @@ async fn rename_remote(
             // Step 5.
             let me = srv.clone();
             tokio::spawn(async move {
+                // B forgets the rename only once the source's removal is
+                // on this set's replicas: else a failover now serves the
+                // set from a copy that still has the intent and the source
+                // name, whose settling would then hear "not installed"
+                // and keep both names. (A deposed primary never gets
+                // there: B keeps the record.)
+                if !me.replicated_now().await {
+                    return;
+                }
                 let _ = me
                     .call_peer(
                         b_server,
@@ -687,6 +696,10 @@ async fn settle(srv: &Arc<Server>, tx: TxId, intent: Intent) {
                         drop(g);
                         if moved {
                             srv.touch_remote(&changes, time).await;
+                        }
+                        // As in step 5: not before the replicas have it.
+                        if !srv.replicated_now().await {
+                            return;
                         }
                         let _ = srv
                             .call_peer(

@@ -44,6 +44,9 @@ pub(crate) struct ReplicaCopies {
     /// Sets this server now serves from its copy (a failover): no more
     /// records are taken for them.
     promoted: Mutex<std::collections::HashSet<ServerId>>,
+    /// Where copies' metadata stores come from when not RocksDB
+    /// directories (crates/sim).
+    stores: Option<Arc<dyn crate::injected::Stores>>,
 }
 
 /// Where server `me` (data directory `root`) keeps its copy of `set`.
@@ -52,13 +55,19 @@ pub fn copy_dir(root: &std::path::Path, set: ServerId) -> PathBuf {
 }
 
 impl ReplicaCopies {
-    pub(crate) fn new(me: ServerId, root: PathBuf, sets: Vec<ServerId>) -> ReplicaCopies {
+    pub(crate) fn new(
+        me: ServerId,
+        root: PathBuf,
+        sets: Vec<ServerId>,
+        stores: Option<Arc<dyn crate::injected::Stores>>,
+    ) -> ReplicaCopies {
         ReplicaCopies {
             me,
             root,
             sets,
             copies: Mutex::new(HashMap::new()),
             promoted: Mutex::new(Default::default()),
+            stores,
         }
     }
 
@@ -83,6 +92,16 @@ impl ReplicaCopies {
         // Dropped here: RocksDB's lock on the directory goes with it.
         *slot = None;
         copy_dir(&self.root, set)
+    }
+
+    /// `set` is no longer served from its copy here (the map gave it to
+    /// another server): take records for it again. The copy stays closed
+    /// until a record comes; the resync that follows wipes it first.
+    pub(crate) fn unpromote(&self, set: ServerId) {
+        self.promoted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&set);
     }
 
     /// Apply records `first_seq..` of `stream` to the copy of `set`.
@@ -120,9 +139,9 @@ impl ReplicaCopies {
             ));
         }
         if slot.is_none() {
-            let dir = copy_dir(&self.root, set);
+            let (dir, stores) = (copy_dir(&self.root, set), self.stores.clone());
             *slot = Some(
-                crate::service::blocking(move || open_copy(dir))
+                crate::service::blocking(move || open_copy(dir, stores.as_deref()))
                     .await
                     .map_err(|e| {
                         err(ErrorCode::Io, format!("opening the copy of set {set}: {e}"))
@@ -205,14 +224,14 @@ impl ReplicaCopies {
             let applied = *applied;
             // Dropped first: RocksDB's lock goes with it.
             *slot = None;
-            let dir = copy_dir(&self.root, set);
+            let (dir, stores) = (copy_dir(&self.root, set), self.stores.clone());
             let copy = crate::service::blocking(move || {
                 match std::fs::remove_dir_all(&dir) {
                     Ok(()) => {}
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                     Err(e) => return Err(e),
                 }
-                let copy = open_copy(dir)?;
+                let copy = open_copy(dir, stores.as_deref())?;
                 let mut b = WriteBatch::new();
                 b.put(keys::META_REPLICA_POSITION, &position(stream, applied));
                 copy.kv
@@ -251,11 +270,23 @@ impl ReplicaCopies {
     }
 }
 
-fn open_copy(dir: PathBuf) -> std::io::Result<ReplicaCopy> {
+fn open_copy(
+    dir: PathBuf,
+    stores: Option<&dyn crate::injected::Stores>,
+) -> std::io::Result<ReplicaCopy> {
+    // The store is looked up before the directory is made: a copy wiped
+    // for a resync (its directory removed) must come back empty.
+    let kv: Arc<dyn KvStore> = match stores {
+        Some(s) => s.open_meta(&dir)?,
+        None => {
+            std::fs::create_dir_all(&dir)?;
+            Arc::new(
+                RocksStore::open(&dir.join("meta"))
+                    .map_err(|e| std::io::Error::other(e.to_string()))?,
+            )
+        }
+    };
     std::fs::create_dir_all(&dir)?;
-    let kv: Arc<dyn KvStore> = Arc::new(
-        RocksStore::open(&dir.join("meta")).map_err(|e| std::io::Error::other(e.to_string()))?,
-    );
     let chunks = Arc::new(ChunkStore::open(dir.join("chunks"))?);
     let (stream, applied) = match kv
         .get(keys::META_REPLICA_POSITION)

@@ -115,6 +115,20 @@ impl Server {
         opts: &RunOptions,
         peers: Pool,
     ) -> Result<Server, ServerError> {
+        Self::with_parts(cfg, id, kv, data_dir, opts, peers, None)
+    }
+
+    /// `with_store_and_peers`, the copies of other sets opened through
+    /// `stores` where given (crates/sim), else as RocksDB directories.
+    pub fn with_parts(
+        cfg: &ClusterConfig,
+        id: ServerId,
+        kv: Arc<dyn KvStore>,
+        data_dir: PathBuf,
+        opts: &RunOptions,
+        peers: Pool,
+        stores: Option<Arc<dyn crate::injected::Stores>>,
+    ) -> Result<Server, ServerError> {
         // With replicas, every change is also a record shipped to them:
         // metadata below the index (which only mirrors), chunks through
         // the store's mirror (set below).
@@ -140,6 +154,7 @@ impl Server {
                 // as another server's replica.
                 .filter(|&s| cfg.replicas > 1 && cfg.replica_set(s).contains(&id))
                 .collect(),
+            stores,
         );
         // Every write from here on goes through the index's wrapper.
         let indexed = Arc::new(IndexedKv::new(kv, opts.find_index_bytes));

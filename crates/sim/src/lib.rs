@@ -10,6 +10,7 @@
 pub mod disk;
 pub mod model;
 pub mod net;
+pub mod replicated;
 pub mod run;
 
 pub use run::{run, Failure, Outcome, RenameRaces, SimConfig};

@@ -13,6 +13,7 @@ use madfs_proto::{ErrorCode, Op, Reply, Request, WireError};
 use madfs_rpc::pool::{LocalCall, LocalNet};
 use madfs_rpc::serve::{CallContext, Handler};
 use madfs_rpc::{Response, RpcError};
+use madfs_server::failover::Router;
 use madfs_server::Server;
 use madfs_types::ServerId;
 use rand::{Rng, SeedableRng};
@@ -24,6 +25,9 @@ use tokio::task::AbortHandle;
 
 /// How long a caller waits for a message that was lost (virtual time).
 pub const LOST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a call across a partition takes to fail (the pools' connect
+/// timeout).
+pub const PARTITION_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a caller waits for an answer at all (the pools' default).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -34,8 +38,16 @@ pub enum Caller {
     Server(ServerId, u64),
 }
 
+/// What answers a server process's requests: its `Server` alone, or (with
+/// replicas) the router of every set it serves.
+#[derive(Clone)]
+pub enum Target {
+    Plain(Arc<Server>),
+    Routed(Arc<Router>),
+}
+
 struct Up {
-    server: Arc<Server>,
+    server: Target,
     kv: Arc<SimKv>,
     incarnation: u64,
     tasks: Vec<AbortHandle>,
@@ -58,6 +70,8 @@ struct Inner {
     dropped: u64,
     delivered: u64,
     stalls: u64,
+    /// A server cut off from the other servers (not from clients).
+    isolated: Option<ServerId>,
 }
 
 pub struct SimNet {
@@ -82,6 +96,7 @@ impl SimNet {
                 dropped: 0,
                 delivered: 0,
                 stalls: 0,
+                isolated: None,
             }),
         })
     }
@@ -92,6 +107,12 @@ impl SimNet {
 
     pub fn set_faults(&self, faults: Option<Faults>) {
         self.lock().faults = faults;
+    }
+
+    /// Cut `id` off from the other servers (None: heal). Its clients still
+    /// reach it: a primary cut off from the group must stop answering.
+    pub fn isolate(&self, id: Option<ServerId>) {
+        self.lock().isolated = id;
     }
 
     /// Messages lost so far.
@@ -127,8 +148,14 @@ impl SimNet {
 
     /// Server `id` (incarnation `incarnation`) is up and serving.
     pub fn install(&self, id: ServerId, incarnation: u64, server: Arc<Server>, kv: Arc<SimKv>) {
+        self.install_target(id, incarnation, Target::Plain(server), kv);
+    }
+
+    /// Server process `id` (incarnation `incarnation`) is up and serving
+    /// through `target`.
+    pub fn install_target(&self, id: ServerId, incarnation: u64, target: Target, kv: Arc<SimKv>) {
         self.lock().servers[id.0 as usize] = Some(Up {
-            server,
+            server: target,
             kv,
             incarnation,
             tasks: Vec::new(),
@@ -138,7 +165,7 @@ impl SimNet {
     /// Server `id` dies: it stops answering and every request it was
     /// running is killed where it stands. Returns the dead server, for the
     /// caller to drop (its own background tasks are fenced by the store).
-    pub fn kill(&self, id: ServerId) -> Option<Arc<Server>> {
+    pub fn kill(&self, id: ServerId) -> Option<Target> {
         let up = self.lock().servers[id.0 as usize].take()?;
         for t in &up.tasks {
             t.abort();
@@ -193,12 +220,27 @@ impl SimNet {
         self: Arc<Self>,
         caller: Caller,
         to: ServerId,
+        set: ServerId,
         role: Role,
         req: Request,
         data: Vec<u8>,
     ) -> Result<Response, RpcError> {
         if !self.caller_alive(caller) {
             return Err(RpcError::Io("the calling server crashed".into()));
+        }
+        let cut = {
+            let isolated = self.lock().isolated;
+            match (isolated, caller) {
+                (Some(i), Caller::Server(from, _)) => (from == i) != (to == i),
+                _ => false,
+            }
+        };
+        if cut {
+            // As TCP shows a partition: the connection attempt times out.
+            tokio::time::sleep(PARTITION_TIMEOUT).await;
+            return Err(RpcError::Timeout(format!(
+                "server {to} unreachable (partition)"
+            )));
         }
         let plan = self.plan();
         if !plan.request_delay.is_zero() {
@@ -230,12 +272,28 @@ impl SimNet {
                 Caller::Server(id, _) => 20_000 + id.0,
             },
         ));
-        let ctx = CallContext {
-            role,
-            peer,
-            set: to,
-        };
-        let task = if matches!(req.op, Op::Fsync) {
+        let ctx = CallContext { role, peer, set };
+        if let Target::Routed(r) = &server {
+            // As the rpc layer's Hello does for a set not served there.
+            if !madfs_rpc::serve::Handler::serves(r.as_ref(), set, to) {
+                return Err(RpcError::Moved(format!(
+                    "server {to} does not serve set {set}"
+                )));
+            }
+        }
+        let task = if let (Op::Fsync, Target::Routed(r)) = (&req.op, &server) {
+            // The server's own fsync, on this task (see Server::sync_inline).
+            let server = r.server_of(set);
+            tokio::spawn(async move {
+                match server {
+                    None => Err(WireError::new(
+                        ErrorCode::Unavailable,
+                        format!("server {to} no longer serves set {set}"),
+                    )),
+                    Some(s) => s.sync_inline().await.map(|()| (Reply::Empty, Vec::new())),
+                }
+            })
+        } else if matches!(req.op, Op::Fsync) {
             // The server's fsync coalescer waits on a thread of its own,
             // outside the simulated clock: sync the store here instead
             // (chunk files are not lost by a simulated crash anyway).
@@ -245,7 +303,12 @@ impl SimNet {
                     .map_err(|e| WireError::new(ErrorCode::Io, e.to_string()))
             })
         } else {
-            tokio::spawn(async move { server.handle(ctx, req, data).await })
+            tokio::spawn(async move {
+                match server {
+                    Target::Plain(s) => s.handle(ctx, req, data).await,
+                    Target::Routed(r) => r.handle(ctx, req, data).await,
+                }
+            })
         };
         {
             let mut s = self.lock();
@@ -305,7 +368,22 @@ impl LocalNet for Endpoint {
         Box::pin(
             self.net
                 .clone()
-                .deliver(self.caller, server, role, req, data),
+                .deliver(self.caller, server, server, role, req, data),
+        )
+    }
+
+    fn call_via(
+        &self,
+        process: ServerId,
+        set: ServerId,
+        role: Role,
+        req: Request,
+        data: Vec<u8>,
+    ) -> LocalCall {
+        Box::pin(
+            self.net
+                .clone()
+                .deliver(self.caller, process, set, role, req, data),
         )
     }
 }

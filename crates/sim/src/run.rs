@@ -5,6 +5,7 @@
 use crate::disk::SimDisk;
 use crate::model::{observe, Action, Entry, Model, Observed};
 use crate::net::{Caller, Faults, SimNet};
+use crate::replicated::Replicated;
 use madfs_client::{CacheConfig, Client, ClientError, ErrorCode, OpenOptions};
 use madfs_proto::auth::Role;
 use madfs_rpc::{ClusterConfig, Pool, ServerEntry};
@@ -18,6 +19,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
 use std::time::Duration;
+
+#[path = "run_replicated.rs"]
+mod run_replicated;
 
 /// Virtual time given to background recovery (rename settling, purges,
 /// touches) after each step before the stores are checked.
@@ -37,6 +41,9 @@ pub struct SimConfig {
     /// Which renames may run at the same time (known bugs lie there).
     /// Default from `MADFS_SIM_RENAME_RACES`.
     pub rename_races: RenameRaces,
+    /// Replicas of each set (cluster file `replicas`): 1, or 2 for the
+    /// cluster with the membership group and failovers (replicated.rs).
+    pub replicas: usize,
 }
 
 /// Renames the simulation runs at the same time as another rename.
@@ -68,6 +75,16 @@ impl SimConfig {
                 Ok("none") => RenameRaces::None,
                 _ => RenameRaces::Files,
             },
+            replicas: 1,
+        }
+    }
+
+    /// A run of the cluster that keeps two replicas of each set, with
+    /// failovers decided by the membership group.
+    pub fn replicated(seed: u64, steps: usize) -> SimConfig {
+        SimConfig {
+            replicas: 2,
+            ..SimConfig::new(seed, steps)
         }
     }
 }
@@ -94,6 +111,11 @@ pub struct Outcome {
     /// A digest of every step's action, result and observed state: two
     /// runs of one seed must give the same.
     pub trace: u64,
+    /// With replicas: sets that moved to another server, partitions, and
+    /// servers restarted after being down.
+    pub failovers: usize,
+    pub partitions: usize,
+    pub restarts: usize,
 }
 
 /// A broken invariant, with what is needed to replay it.
@@ -104,6 +126,8 @@ pub struct Failure {
     pub step: usize,
     pub message: String,
     pub log: Vec<String>,
+    /// Replicas of each set (the replay command names them).
+    pub replicas: usize,
 }
 
 impl fmt::Display for Failure {
@@ -117,6 +141,13 @@ impl fmt::Display for Failure {
         writeln!(f, "last steps:")?;
         for l in self.log.iter().rev().take(25).rev() {
             writeln!(f, "  {l}")?;
+        }
+        if self.replicas > 1 {
+            return write!(
+                f,
+                "replay: MADFS_SIM_REPLICAS={} MADFS_SIM_SEED={} MADFS_SIM_STEPS={} cargo test -p madfs-sim --test sim replicated -- --nocapture",
+                self.replicas, self.seed, self.steps
+            );
         }
         write!(
             f,
@@ -158,13 +189,19 @@ pub fn run(cfg: &SimConfig) -> Result<Outcome, Failure> {
     });
     let cfg2 = cfg.clone();
     let result = rt.block_on(async move {
+        // openraft's election timeouts, drawn on this thread: from the seed.
+        madfs_membership::seed_thread_rng(cfg2.seed);
         let mut sim = Sim::new(&cfg2, step).map_err(|m| Failure {
             seed: cfg2.seed,
             steps: cfg2.steps,
             step: 0,
             message: m,
             log: Vec::new(),
+            replicas: cfg2.replicas,
         })?;
+        if let Err(m) = sim.start_replicated().await {
+            return Err(sim.fail(m));
+        }
         let r = sim.run().await;
         sim.shutdown();
         r
@@ -180,10 +217,40 @@ struct Cluster {
     cfg: ClusterConfig,
     net: Arc<SimNet>,
     disks: Vec<Arc<SimDisk>>,
+    /// With replicas: the processes, their Raft stores and copies.
+    replicated: Option<Replicated>,
     _dir: tempfile::TempDir,
 }
 
+fn run_options() -> RunOptions {
+    RunOptions {
+        threads: Some(1),
+        find_index_bytes: 0,
+        direct_io: false,
+        cache_bytes: 0,
+        metrics: None,
+        listen_all: false,
+        data_dir: None,
+        replicas: None,
+        replace: false,
+        address: None,
+    }
+}
+
 impl Cluster {
+    /// Start process `id` of the cluster with replicas.
+    async fn start_replicated(&mut self, id: ServerId) -> Result<(), String> {
+        let rep = self.replicated.as_mut().expect("a cluster with replicas");
+        rep.start(
+            &self.cfg,
+            &self.net,
+            &self.disks[id.0 as usize],
+            id,
+            &run_options(),
+        )
+        .await
+    }
+
     fn start(&self, id: ServerId) -> Result<(), String> {
         let inc = self.net.next_incarnation(id);
         let kv = Arc::new(self.disks[id.0 as usize].open());
@@ -192,18 +259,7 @@ impl Cluster {
             self.disks.len(),
             Role::Peer,
         );
-        let opts = RunOptions {
-            threads: Some(1),
-            find_index_bytes: 0,
-            direct_io: false,
-            cache_bytes: 0,
-            metrics: None,
-            listen_all: false,
-            data_dir: None,
-            replicas: None,
-            replace: false,
-            address: None,
-        };
+        let opts = run_options();
         let data_dir = self.cfg.servers[id.0 as usize].data_dir.clone();
         let server =
             Server::with_store_and_peers(&self.cfg, id, kv.clone(), data_dir, &opts, peers)
@@ -244,6 +300,10 @@ struct Sim {
     /// Files that may hold chunk bytes past their size (a crash or a
     /// failed write since they were made).
     ghosts: BTreeSet<InodeId>,
+    /// With replicas: the server down and the step it restarts at, and the
+    /// server cut off from the others and the step the partition heals.
+    down: Option<(ServerId, usize)>,
+    isolated: Option<(ServerId, usize)>,
 }
 
 /// What an operation returned (Ok(true): its fsync was acknowledged).
@@ -279,7 +339,7 @@ impl Sim {
             cluster_id: "sim".into(),
             chunk_size: CHUNK_SIZE,
             key_file: dir.path().join("key"),
-            replicas: 1,
+            replicas: cfg.replicas as u8,
             servers,
         };
         let net = SimNet::new(cfg.seed, cfg.servers);
@@ -289,19 +349,24 @@ impl Sim {
             disks: (0..cfg.servers)
                 .map(|_| Arc::new(SimDisk::default()))
                 .collect(),
+            replicated: (cfg.replicas > 1).then(|| Replicated::new(cfg.servers)),
             _dir: dir,
         };
-        // Server 0 first: it makes the root.
-        for i in 0..cfg.servers {
-            cluster.start(ServerId(i as u16))?;
+        // Server 0 first: it makes the root. (With replicas, the processes
+        // start in `start_replicated`, on the runtime.)
+        if cluster.replicated.is_none() {
+            for i in 0..cfg.servers {
+                cluster.start(ServerId(i as u16))?;
+            }
         }
         let clients = (0..cfg.clients)
             .map(|i| {
-                let pool = Pool::in_process(
-                    net.endpoint(Caller::Client(i as u16)),
-                    cfg.servers,
-                    Role::Client,
-                );
+                let endpoint = net.endpoint(Caller::Client(i as u16));
+                let pool = if cfg.replicas > 1 {
+                    Pool::in_process_failover(endpoint, cfg.servers, Role::Client)
+                } else {
+                    Pool::in_process(endpoint, cfg.servers, Role::Client)
+                };
                 Client::from_pool(&cluster.cfg, pool)
                     .map(|c| c.with_cache(CacheConfig::off()))
                     .map_err(|e| e.to_string())
@@ -330,12 +395,17 @@ impl Sim {
             progress,
             rename_races: cfg.rename_races,
             ghosts: BTreeSet::new(),
+            down: None,
+            isolated: None,
         })
     }
 
     fn shutdown(&mut self) {
         for i in 0..self.cluster.disks.len() {
             drop(self.cluster.net.kill(ServerId(i as u16)));
+        }
+        if let Some(r) = &mut self.cluster.replicated {
+            r.procs.iter_mut().for_each(|p| drop(p.take()));
         }
     }
 
@@ -354,6 +424,7 @@ impl Sim {
             step: self.step,
             message,
             log: self.log.clone(),
+            replicas: self.cluster.cfg.replicas as usize,
         }
     }
 
@@ -517,6 +588,11 @@ impl Sim {
 
     /// Crash server `id` and bring it back over what its disk kept.
     fn crash(&mut self, id: ServerId) -> Result<(), Failure> {
+        if self.cluster.replicated.is_some() {
+            // It stays down a while: its set fails over (run_replicated.rs).
+            self.kill_replicated(id);
+            return Ok(());
+        }
         let disk = self.cluster.disks[id.0 as usize].clone();
         let pending = disk.pending();
         let keep = if pending == 0 || self.rng.random_bool(0.3) {
@@ -550,8 +626,12 @@ impl Sim {
 
     async fn one_step(&mut self) -> Result<(), Failure> {
         let servers = self.cluster.disks.len();
+        let replicated = self.cluster.replicated.is_some();
+        if replicated && self.replicated_event().await? {
+            return Ok(());
+        }
         // A crash between operations.
-        if self.rng.random_range(0..100) < 4 {
+        if !replicated && self.rng.random_range(0..100) < 4 {
             let id = ServerId(self.rng.random_range(0..servers as u16));
             self.crash(id)?;
             self.settle().await;
@@ -612,7 +692,7 @@ impl Sim {
             None
         };
         // A crash in the middle of the operations.
-        let crash_at = if self.rng.random_range(0..100) < 8 {
+        let mut crash_at = if self.rng.random_range(0..100) < 8 {
             Some((
                 ServerId(self.rng.random_range(0..servers as u16)),
                 Duration::from_micros(self.rng.random_range(0..4000)),
@@ -620,6 +700,11 @@ impl Sim {
         } else {
             None
         };
+        if replicated && !self.may_fault() {
+            // One server down or cut off at a time, and only while every
+            // set has a copy in sync elsewhere.
+            crash_at = None;
+        }
         if self.verbose {
             for a in &actions {
                 eprintln!(
@@ -669,7 +754,18 @@ impl Sim {
         if let Some(id) = full {
             self.cluster.disks[id].set_full(false);
         }
-        let disturbed = crashed || full.is_some() || self.cluster.net.dropped() != dropped_before;
+        // A server down or cut off (with replicas) may fail an operation
+        // too: a set failing over, a replica the group has not yet taken
+        // out.
+        let disturbed = crashed
+            || full.is_some()
+            || self.cluster.net.dropped() != dropped_before
+            || self.down.is_some()
+            || self.isolated.is_some();
+        // With replicas a crash is a process kill (nothing unsynced lost):
+        // every acknowledged operation must survive it and the failover,
+        // so the step is checked as one that met a fault, not as a crash.
+        let crashed = crashed && !replicated;
         for (action, result) in actions.iter().zip(&results) {
             let desc = format!(
                 "{}{}{}{} -> {}",
@@ -697,6 +793,9 @@ impl Sim {
     /// Let background recovery finish with the network healthy.
     async fn settle(&mut self) {
         self.cluster.net.set_faults(None);
+        if self.cluster.replicated.is_some() {
+            return self.settle_replicated().await;
+        }
         tokio::time::sleep(SETTLE).await;
     }
 
@@ -723,7 +822,13 @@ impl Sim {
         op: Option<(&[Action], &[OpResult], bool)>,
         crashed: bool,
     ) -> Result<(), Failure> {
-        let obs = observe(&self.cluster.disks);
+        let disks = match &self.cluster.replicated {
+            None => self.cluster.disks.clone(),
+            Some(r) => r
+                .serving_disks(&self.cluster.disks)
+                .map_err(|m| self.fail(format!("after recovery: {m}")))?,
+        };
+        let obs = observe(&disks);
         fnv(&mut self.out.trace, &format!("{:?}", obs.names));
         if !obs.broken.is_empty() {
             return Err(self.fail(format!(
@@ -754,7 +859,17 @@ impl Sim {
         }
         self.out.leaks += new_leaks.len();
         self.leaked = obs.leaked.keys().copied().collect();
-        let bytes = self.read_all(&obs).await.map_err(|m| self.fail(m))?;
+        let bytes = match self.read_all(&obs).await {
+            Ok(b) => b,
+            Err(m) => {
+                let state = self
+                    .cluster
+                    .replicated
+                    .as_ref()
+                    .map_or(String::new(), |r| format!("\n{}", r.describe()));
+                return Err(self.fail(format!("{m}{state}")));
+            }
+        };
         let old = self.model.clone();
         // The model this step should have led to, and which files' bytes
         // are uncertain.
@@ -970,6 +1085,18 @@ impl Sim {
                 self.dirty_trees.clear();
                 self.dirty_files.clear();
             }
+        }
+        if op.is_none() && self.cluster.replicated.is_some() {
+            // A crash, restart, partition or heal between operations, with
+            // replicas: nothing acknowledged may be lost, nothing may
+            // appear.
+            if !old.matches(&obs) {
+                return Err(self.fail(format!(
+                    "the servers no longer hold the state every acknowledged operation made:\n{}",
+                    diff(&[&old], &obs)
+                )));
+            }
+            expect = Some(old.clone());
         }
         // File bytes, where the model is sure of them.
         if let Some(m) = &expect {

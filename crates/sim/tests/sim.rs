@@ -3,6 +3,10 @@
 //! - `MADFS_SIM_SEEDS=n`: how many seeds (default 200), from
 //!   `MADFS_SIM_FIRST_SEED` (default 1);
 //! - `MADFS_SIM_STEPS=n`: steps per seed (default 60).
+//!
+//! The cluster with replicas (`replicated` tests) reads the same variables
+//! with `MADFS_SIM_REPLICAS=2` set (defaults then: 4 seeds of 30 steps);
+//! without it, those tests run their own few seeds.
 
 use madfs_sim::{run, SimConfig};
 
@@ -11,6 +15,23 @@ fn env(name: &str) -> Option<u64> {
 }
 
 fn quiet() {
+    // MADFS_LOG=warn (or info, debug) shows the servers' logs of a replay.
+    // Not "error", which the lines below set for every other test of this
+    // process (tests run in parallel): openraft logs each lost message so.
+    if let Ok(level) = std::env::var("MADFS_LOG").map(|l| l.to_lowercase()) {
+        if level == "error" {
+            return;
+        }
+        if let Ok(level) = level.parse::<tracing_subscriber::filter::LevelFilter>() {
+            let _ = tracing_subscriber::fmt()
+                .with_max_level(level)
+                .with_writer(std::io::stderr)
+                .with_ansi(false)
+                .with_target(false)
+                .without_time()
+                .try_init();
+        }
+    }
     if std::env::var_os("MADFS_LOG").is_none() {
         // Servers log every retry of a lost message: keep it quiet.
         std::env::set_var("MADFS_LOG", "error");
@@ -20,6 +41,9 @@ fn quiet() {
 #[test]
 fn simulated_cluster_keeps_its_invariants() {
     quiet();
+    if env("MADFS_SIM_REPLICAS").is_some_and(|r| r > 1) {
+        return; // a soak or replay of the replicated cluster only
+    }
     let steps = env("MADFS_SIM_STEPS").unwrap_or(60) as usize;
     let seeds: Vec<u64> = match env("MADFS_SIM_SEED") {
         Some(s) => vec![s],
@@ -68,5 +92,75 @@ fn a_seed_replays_identically() {
         let a = run(&SimConfig::new(seed, 40)).unwrap_or_else(|f| panic!("{f}"));
         let b = run(&SimConfig::new(seed, 40)).unwrap_or_else(|f| panic!("{f}"));
         assert_eq!(a.trace, b.trace, "seed {seed} ran differently twice");
+    }
+}
+
+/// The seeds (and steps) of the replicated cluster's run: a replay, a
+/// soak's range, or the default few.
+fn replicated_seeds() -> (Vec<u64>, usize) {
+    let soak = env("MADFS_SIM_REPLICAS").is_some_and(|r| r > 1);
+    let steps = env("MADFS_SIM_STEPS").filter(|_| soak).unwrap_or(30) as usize;
+    let seeds = match env("MADFS_SIM_SEED").filter(|_| soak) {
+        Some(s) => vec![s],
+        None => {
+            let first = env("MADFS_SIM_FIRST_SEED").filter(|_| soak).unwrap_or(1);
+            let n = env("MADFS_SIM_SEEDS").filter(|_| soak).unwrap_or(4);
+            (first..first + n).collect()
+        }
+    };
+    (seeds, steps)
+}
+
+#[test]
+fn replicated_cluster_loses_nothing_acknowledged() {
+    quiet();
+    let (seeds, steps) = replicated_seeds();
+    let replay = seeds.len() == 1;
+    let started = std::time::Instant::now();
+    let (mut ops, mut failed, mut crashes, mut failovers, mut partitions, mut restarts) =
+        (0, 0, 0, 0, 0, 0);
+    let mut dropped = 0;
+    for &seed in &seeds {
+        let mut cfg = SimConfig::replicated(seed, steps);
+        cfg.verbose = replay;
+        match run(&cfg) {
+            Ok(o) => {
+                ops += o.ops_ok;
+                failed += o.ops_failed;
+                crashes += o.crashes;
+                failovers += o.failovers;
+                partitions += o.partitions;
+                restarts += o.restarts;
+                dropped += o.dropped;
+            }
+            Err(f) => panic!("{f}"),
+        }
+    }
+    eprintln!(
+        "simulation: replicated, {} seeds x {steps} steps in {:.1?}: {ops} operations succeeded, \
+         {failed} failed, {crashes} servers killed, {restarts} restarted, {partitions} partitions, \
+         {failovers} sets failed over, {dropped} messages lost",
+        seeds.len(),
+        started.elapsed()
+    );
+    // The run must have exercised what it is for.
+    if seeds.len() >= 4 {
+        assert!(failovers > 0, "no set failed over in {} seeds", seeds.len());
+    }
+}
+
+#[test]
+fn a_replicated_seed_replays_identically() {
+    quiet();
+    if env("MADFS_SIM_REPLICAS").is_some() {
+        return;
+    }
+    for seed in 1..=2 {
+        let a = run(&SimConfig::replicated(seed, 15)).unwrap_or_else(|f| panic!("{f}"));
+        let b = run(&SimConfig::replicated(seed, 15)).unwrap_or_else(|f| panic!("{f}"));
+        assert_eq!(
+            a.trace, b.trace,
+            "replicated seed {seed} ran differently twice"
+        );
     }
 }
