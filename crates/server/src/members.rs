@@ -405,9 +405,12 @@ impl Members {
         let Some(s) = map.sets.get(set.0 as usize) else {
             return false;
         };
-        if s.primary != self.me {
+        if s.primary != self.me || self.replacing.load(Ordering::Acquire) {
             // A deposed server's leftover stream (its set moved away while
-            // it was cut off or down) decides nothing about the set.
+            // it was cut off or down) decides nothing about the set; nor
+            // does a replacement's, whose store is empty while the map
+            // still names the lost server primary: taking the replica out
+            // would leave the set with no copy of its data.
             return false;
         }
         if !s.members.contains(&replica) && !s.syncing.contains(&replica) {
