@@ -294,7 +294,12 @@ impl Handler for Router {
                 // that holds every acknowledged change (step_down.rs): the
                 // caller waits for that and goes there, instead of getting
                 // EIO, or reads of pages the kernel may have dropped.
+                // Status still answers (it says why the store failed).
+                let status = matches!(req.op, Op::StatFs);
                 let unusable = |m: &Metered| {
+                    if status {
+                        return None;
+                    }
                     self.group.get()?;
                     let why = m.server.chunks.failure()?;
                     Some(WireError::new(
@@ -306,12 +311,11 @@ impl Handler for Router {
                         ),
                     ))
                 };
-                let status = matches!(req.op, Op::StatFs);
-                if let Some(e) = unusable(&m).filter(|_| !status) {
+                if let Some(e) = unusable(&m) {
                     return Err(e);
                 }
                 match m.handle(ctx, req, data).await {
-                    Err(e) => Err(unusable(&m).filter(|_| !status).unwrap_or(e)),
+                    Err(e) => Err(unusable(&m).unwrap_or(e)),
                     ok => ok,
                 }
             }

@@ -48,23 +48,29 @@ const TAKE_OVER_POLL: Duration = Duration::from_millis(200);
 
 /// Step 1: the data directory must be empty or absent.
 pub fn check_empty(dir: &Path) -> Result<(), ServerError> {
-    match std::fs::read_dir(dir) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+    match holds_nothing(dir) {
         Err(e) => Err(ServerError::Storage(format!("{}: {e}", dir.display()))),
-        Ok(mut entries) => match entries.next() {
-            None => Ok(()),
-            Some(_) => Err(ServerError::Config(format!(
-                "--replace starts from an empty data directory, and {} holds files \
-                 (move them away, or restart the server there without --replace)",
-                dir.display()
-            ))),
-        },
+        Ok(true) => Ok(()),
+        Ok(false) => Err(ServerError::Config(format!(
+            "--replace starts from an empty data directory, and {} holds files \
+             (move them away, or restart the server there without --replace)",
+            dir.display()
+        ))),
     }
 }
 
-/// Whether `dir` is absent or holds nothing.
+/// Whether `dir` is absent or holds nothing; false where it cannot be
+/// read (opening the store then says why).
 pub fn is_empty(dir: &Path) -> bool {
-    std::fs::read_dir(dir).map_or(true, |mut d| d.next().is_none())
+    matches!(holds_nothing(dir), Ok(true))
+}
+
+fn holds_nothing(dir: &Path) -> std::io::Result<bool> {
+    match std::fs::read_dir(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+        Err(e) => Err(e),
+        Ok(mut entries) => Ok(entries.next().is_none()),
+    }
 }
 
 /// How long the probe of `copy_elsewhere` waits for one replica.
