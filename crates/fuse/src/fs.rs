@@ -19,8 +19,8 @@ use crate::convert::{self, file_attr};
 use crate::creds::GroupCache;
 use crate::dirattrs::DirAttrs;
 use crate::handles::{
-    is_head_piece, DirHandle, DirState, DirTable, FileTable, HeldWrite, OpenFile, QueuedWrite,
-    WriteMode, WriteRange, DIRS_MAX, FILES_MAX,
+    is_head_piece, AfterLastDrop, DirHandle, DirState, DirTable, FileTable, HeldWrite, OpenFile,
+    QueuedWrite, WriteMode, WriteRange, DIRS_MAX, FILES_MAX,
 };
 use crate::stats::{FuseOp, Stats};
 use fuser::{
@@ -149,11 +149,26 @@ impl MadFs {
         rt: tokio::runtime::Handle,
         own_connections: Option<(ClusterConfig, ClusterKey)>,
     ) -> MadFs {
+        // The last handle of a file unlinked while open queues its
+        // release as it drops; it is sent from the mount's runtime, which
+        // always runs, whichever thread dropped it (see `AfterDrop`).
+        let releaser = client.clone();
+        let on = rt.clone();
+        let after_last_drop: AfterLastDrop = Arc::new(move || {
+            if releaser.has_unlinked_to_release() {
+                let c = releaser.clone();
+                on.spawn(async move {
+                    if let Err(e) = c.release_unlinked().await {
+                        tracing::warn!("madfs fuse: freeing unlinked files: {e}");
+                    }
+                });
+            }
+        });
         MadFs {
             inner: Arc::new(Inner {
                 client,
                 own_connections,
-                files: FileTable::new(FILES_MAX),
+                files: FileTable::new(FILES_MAX, after_last_drop),
                 dirs: DirTable::new(DIRS_MAX),
                 dir_attrs: DirAttrs::new(DEFAULT_TTL),
                 groups: GroupCache::default(),
@@ -210,16 +225,6 @@ impl MadFs {
     /// While a reader thread runs a request the others keep reading; none
     /// waits here for anything but servers and writes in flight, never for
     /// another FUSE request, so they cannot deadlock.
-    /// Send the Release of files unlinked while open whose last handle is
-    /// gone, if any wait, from a task of the mount's runtime (the one that
-    /// always runs; Release asks no permission).
-    fn release_unlinked_soon(&self) {
-        if self.inner.client.has_unlinked_to_release() {
-            let inner = self.inner.clone();
-            self.rt.spawn(async move { inner.release_unlinked().await });
-        }
-    }
-
     fn here<F, Fut>(&self, req: &Request, op: F)
     where
         F: FnOnce(Arc<Inner>, Client) -> Fut + Send + 'static,
@@ -235,11 +240,6 @@ impl MadFs {
                         .client
                         .with_credentials(inner.groups.credentials(who.uid, who.gid, who.pid));
                     local.rt.block_on(op(inner.clone(), c));
-                    // The request may have dropped the last handle of a file
-                    // unlinked while open (a FLUSH racing the RELEASE on
-                    // another thread): the release the handle queued must
-                    // not wait for this thread's runtime to run again.
-                    self.release_unlinked_soon();
                     None
                 }
                 None => Some(op),
@@ -286,16 +286,6 @@ fn send_held(rt: &tokio::runtime::Handle, f: &Arc<OpenFile>, h: HeldWrite) {
 }
 
 impl Inner {
-    /// Send the Release of files unlinked while open whose last handle is
-    /// gone, if any wait (a handle's drop only queues it).
-    async fn release_unlinked(&self) {
-        if self.client.has_unlinked_to_release() {
-            if let Err(e) = self.client.release_unlinked().await {
-                tracing::warn!("madfs fuse: freeing unlinked files: {e}");
-            }
-        }
-    }
-
     fn client_for(&self, who: Caller) -> Client {
         self.client
             .with_credentials(self.groups.credentials(who.uid, who.gid, who.pid))
@@ -1408,10 +1398,8 @@ impl Filesystem for MadFs {
                 Some(e) => reply.error(convert::errno(&e)),
                 None => reply.ok(),
             }
-            // The last handle of a file unlinked while open frees it
-            // (dropped here, off any runtime: the file only queues that).
-            drop(f);
-            self.release_unlinked_soon();
+            // The last handle of a file unlinked while open frees it (from
+            // wherever its last reference drops: `AfterDrop`).
             return;
         }
         self.spawn(req, move |fs, _c| async move {
@@ -1421,12 +1409,6 @@ impl Filesystem for MadFs {
             }
             .await;
             reply_empty(reply, r);
-            // The last handle of a file unlinked while open frees it: the
-            // drop queues the release, sent now, not at some later request
-            // (found by a test that waited for the inode to go, under load,
-            // when the writes were still in flight at the RELEASE).
-            drop(f);
-            fs.release_unlinked().await;
         });
     }
 

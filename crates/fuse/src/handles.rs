@@ -82,6 +82,25 @@ pub fn is_head_piece(offset: u64, len: usize) -> bool {
     len > 0 && len < FOLIO_MAX && offset % PAGE != 0 && end % PAGE == 0
 }
 
+/// Run after the last reference to an open file is gone, wherever that
+/// happens: see `AfterDrop`.
+pub type AfterLastDrop = Arc<dyn Fn() + Send + Sync>;
+
+/// Calls its hook when dropped. The last field of `OpenFile`, so it runs
+/// after the `File` has dropped: the last handle of a file unlinked while
+/// open then only queues its release (outside a runtime nobody sends it),
+/// and any thread may hold that last reference: a FLUSH answered inline
+/// drops its copy after the kernel, told the flush is done, has already
+/// sent the RELEASE to another thread (the open_unlinked mount test lost
+/// the release that way, one run in two).
+struct AfterDrop(AfterLastDrop);
+
+impl Drop for AfterDrop {
+    fn drop(&mut self) {
+        (self.0)()
+    }
+}
+
 /// An open file, the inode it belongs to, and its writes in flight.
 pub struct OpenFile {
     pub file: File,
@@ -91,10 +110,12 @@ pub struct OpenFile {
     /// A head piece waiting for the rest of its write (see `HeldWrite`).
     held: Mutex<Option<HeldWrite>>,
     held_ids: AtomicU64,
+    /// Last: fields drop in declaration order, and it must follow `file`.
+    _after: AfterDrop,
 }
 
 impl OpenFile {
-    fn new(file: File, mode: WriteMode) -> OpenFile {
+    fn new(file: File, mode: WriteMode, after: AfterLastDrop) -> OpenFile {
         OpenFile {
             ino: file.ino().0,
             file,
@@ -102,6 +123,7 @@ impl OpenFile {
             wb: WriteBehind::new(),
             held: Mutex::new(None),
             held_ids: AtomicU64::new(0),
+            _after: AfterDrop(after),
         }
     }
 
@@ -179,6 +201,8 @@ pub struct FileTable {
     max: usize,
     inner: Mutex<FileIndex>,
     writes: Arc<InodeWrites>,
+    /// Given to every open file (`AfterDrop`).
+    after_last_drop: AfterLastDrop,
 }
 
 /// The byte ranges of the writes in flight to each inode, through any of
@@ -275,13 +299,16 @@ impl Drop for WriteRange {
 }
 
 impl FileTable {
-    pub fn new(max: usize) -> FileTable {
+    /// At most `max` handles open; `after_last_drop` runs when the last
+    /// reference to one of them is gone.
+    pub fn new(max: usize, after_last_drop: AfterLastDrop) -> FileTable {
         FileTable {
             // fh 0 is left unused: some callers treat it as "no handle".
             next: AtomicU64::new(1),
             max,
             inner: Mutex::new(FileIndex::default()),
             writes: Arc::new(InodeWrites::default()),
+            after_last_drop,
         }
     }
 
@@ -341,7 +368,7 @@ impl FileTable {
             return Err(Errno::ENFILE);
         }
         let fh = self.next.fetch_add(1, Ordering::Relaxed);
-        let f = OpenFile::new(file, mode);
+        let f = OpenFile::new(file, mode, self.after_last_drop.clone());
         t.by_ino.entry(f.ino).or_default().push(fh);
         t.by_fh.insert(fh, Arc::new(f));
         Ok(fh)
