@@ -110,10 +110,15 @@ fn read_pid(data: &Path, id: u16) -> Option<i32> {
         .ok()
 }
 
-fn free_port() -> Result<u16, String> {
+/// A port free now, and its listener: kept until every port of the
+/// cluster is picked, or the kernel may hand the same port out twice (it
+/// did: `address ... is used twice`).
+fn free_port(held: &mut Vec<std::net::TcpListener>) -> Result<u16, String> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")
         .map_err(|e| format!("finding a free port: {e}"))?;
-    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+    let port = l.local_addr().map_err(|e| e.to_string())?.port();
+    held.push(l);
+    Ok(port)
 }
 
 pub fn up(
@@ -138,6 +143,7 @@ pub fn up(
             ));
         }
         let mut entries = Vec::new();
+        let mut held = Vec::new();
         for id in 0..servers {
             // Servers on base, base+1, ...; their metrics after the last.
             let (port, metrics_port) = match base_port {
@@ -147,7 +153,7 @@ pub fn up(
                         .and_then(|m| m.checked_add(id))
                         .ok_or("--base-port too high")?,
                 ),
-                None => (free_port()?, free_port()?),
+                None => (free_port(&mut held)?, free_port(&mut held)?),
             };
             entries.push(ServerEntry {
                 id,
@@ -168,6 +174,7 @@ pub fn up(
             replicas,
             servers: entries,
         };
+        drop(held);
         cfg.validate().map_err(|e| e.to_string())?;
         write_key_file(&data.join(KEY_FILE), &generate_key())
             .map_err(|e| format!("writing the key: {e}"))?;

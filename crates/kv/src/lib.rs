@@ -122,6 +122,12 @@ impl WriteBatch {
         self.ops.push(Op::Delete(key.to_vec()));
     }
 
+    /// Add `other`'s operations after this batch's own: one batch that
+    /// applies as the two would one after the other, atomically.
+    pub fn append(&mut self, mut other: WriteBatch) {
+        self.ops.append(&mut other.ops);
+    }
+
     /// Number of operations in the batch.
     pub fn len(&self) -> usize {
         self.ops.len()

@@ -418,3 +418,21 @@ fn batches_round_trip_through_bytes() {
     }
     assert!(WriteBatch::decode(&[9, 0, 0, 0, 0]).is_none());
 }
+
+#[test]
+fn an_appended_batch_applies_as_the_two_in_order() {
+    let store = MemStore::new();
+    let mut first = WriteBatch::new();
+    first.put(b"a", b"1");
+    first.put(b"b", b"1");
+    let mut second = WriteBatch::new();
+    second.delete(b"a");
+    second.put(b"b", b"2");
+    second.put(b"c", b"2");
+    first.append(second);
+    assert_eq!(first.len(), 5);
+    store.write(first, false).unwrap();
+    assert_eq!(store.get(b"a").unwrap(), None);
+    assert_eq!(store.get(b"b").unwrap(), Some(b"2".to_vec()));
+    assert_eq!(store.get(b"c").unwrap(), Some(b"2".to_vec()));
+}

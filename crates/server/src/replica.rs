@@ -178,11 +178,23 @@ impl ReplicaCopies {
         let (kv, chunks) = (copy.kv.clone(), copy.chunks.clone());
         let (stream, start) = (copy.stream, first_seq + skip as u64);
         let todo: Vec<Record> = records.into_iter().skip(skip).collect();
-        let applied = crate::service::blocking(move || {
-            Ok(apply_records(kv.as_ref(), &chunks, stream, start, todo))
-        })
-        .await
-        .map_err(|e| err(ErrorCode::Io, e.to_string()))?;
+        // Metadata batches not synced are a memtable insert and a WAL
+        // append, which the primary made inline too: a hop to a blocking
+        // thread was most of a replicated create's added time (a
+        // ReplicaApply took 144 us on average, the whole create 69 us at
+        // R = 1). Chunk files and syncs go to a blocking thread.
+        let applied = if todo
+            .iter()
+            .all(|r| matches!(r, Record::Kv { sync: false, .. }))
+        {
+            apply_records(kv.as_ref(), &chunks, stream, start, todo)
+        } else {
+            crate::service::blocking(move || {
+                Ok(apply_records(kv.as_ref(), &chunks, stream, start, todo))
+            })
+            .await
+            .map_err(|e| err(ErrorCode::Io, e.to_string()))?
+        };
         match applied {
             Ok(last) => {
                 copy.applied = copy.applied.max(last);
@@ -314,7 +326,10 @@ fn position(stream: u64, seq: u64) -> [u8; 16] {
 }
 
 /// Apply `records` (numbered from `first`) in order: the last applied, or
-/// the last applied before the one that failed and why.
+/// the last applied before the one that failed and why. A run of
+/// metadata batches is written as one batch (one WAL append), synced if
+/// any of them was, with the position of its last record: atomic, so a
+/// crash leaves the copy before or after the whole run.
 fn apply_records(
     kv: &dyn KvStore,
     chunks: &ChunkStore,
@@ -323,12 +338,35 @@ fn apply_records(
     records: Vec<Record>,
 ) -> Result<u64, (u64, String)> {
     let mut last = first - 1;
-    for (i, r) in records.into_iter().enumerate() {
-        let seq = first + i as u64;
-        apply_one(kv, chunks, r, Some(position(stream, seq))).map_err(|e| (last, e))?;
-        last = seq;
+    let mut records = records.into_iter().peekable();
+    while let Some(r) = records.next() {
+        let r = match r {
+            Record::Kv { batch, sync } if matches!(records.peek(), Some(Record::Kv { .. })) => {
+                let mut run = decode_batch(&batch).map_err(|e| (last, e))?;
+                let mut sync_run = sync;
+                let mut n = 1u64;
+                while let Some(Record::Kv { batch, sync }) =
+                    records.next_if(|r| matches!(r, Record::Kv { .. }))
+                {
+                    run.append(decode_batch(&batch).map_err(|e| (last, e))?);
+                    sync_run |= sync;
+                    n += 1;
+                }
+                run.put(keys::META_REPLICA_POSITION, &position(stream, last + n));
+                kv.write(run, sync_run).map_err(|e| (last, e.to_string()))?;
+                last += n;
+                continue;
+            }
+            r => r,
+        };
+        apply_one(kv, chunks, r, Some(position(stream, last + 1))).map_err(|e| (last, e))?;
+        last += 1;
     }
     Ok(last)
+}
+
+fn decode_batch(batch: &[u8]) -> Result<WriteBatch, String> {
+    WriteBatch::decode(batch).ok_or_else(|| "a metadata batch that does not decode".to_string())
 }
 
 /// Apply one record as the primary applied it. With `at` (a numbered
@@ -348,10 +386,9 @@ fn apply_one(
         b
     };
     match record {
-        Record::Kv { batch, sync } => match WriteBatch::decode(&batch) {
-            None => Err("a metadata batch that does not decode".to_string()),
-            Some(b) => kv.write(with_position(b), sync).map_err(|e| e.to_string()),
-        },
+        Record::Kv { batch, sync } => kv
+            .write(with_position(decode_batch(&batch)?), sync)
+            .map_err(|e| e.to_string()),
         Record::ChunkWrite {
             ino,
             index,
@@ -379,5 +416,66 @@ fn apply_one(
                     .map_err(|e| e.to_string()),
                 None => kv.sync_wal().map_err(|e| e.to_string()),
             }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replication::SharedBytes;
+    use madfs_kv::MemStore;
+
+    fn kv(key: &[u8], value: &[u8], sync: bool) -> Record {
+        let mut b = WriteBatch::new();
+        b.put(key, value);
+        Record::Kv {
+            batch: SharedBytes::new(b.encode()),
+            sync,
+        }
+    }
+
+    fn at(kv: &dyn KvStore) -> (u64, u64) {
+        let v = kv.get(keys::META_REPLICA_POSITION).unwrap().unwrap();
+        (
+            u64::from_le_bytes(v[..8].try_into().unwrap()),
+            u64::from_le_bytes(v[8..].try_into().unwrap()),
+        )
+    }
+
+    #[test]
+    fn a_run_of_metadata_batches_lands_whole_with_its_last_position() {
+        let dir = tempfile::tempdir().unwrap();
+        let chunks = ChunkStore::open(dir.path().join("chunks")).unwrap();
+        let store = MemStore::new();
+        let records = vec![
+            kv(b"a", b"1", false),
+            kv(b"a", b"2", false),
+            kv(b"b", b"1", true),
+            Record::Purge {
+                ino: madfs_types::InodeId(7),
+            },
+            kv(b"c", b"1", false),
+        ];
+        assert_eq!(apply_records(&store, &chunks, 9, 11, records), Ok(15));
+        assert_eq!(store.get(b"a").unwrap(), Some(b"2".to_vec()));
+        assert_eq!(store.get(b"b").unwrap(), Some(b"1".to_vec()));
+        assert_eq!(store.get(b"c").unwrap(), Some(b"1".to_vec()));
+        assert_eq!(at(&store), (9, 15));
+
+        // A batch that does not decode inside a run: none of the run is
+        // applied, and the copy stays at the record before it.
+        let records = vec![
+            kv(b"d", b"1", false),
+            Record::Kv {
+                batch: SharedBytes::new(vec![9, 9]),
+                sync: false,
+            },
+            kv(b"e", b"1", false),
+        ];
+        let (last, why) = apply_records(&store, &chunks, 9, 16, records).unwrap_err();
+        assert_eq!(last, 15, "{why}");
+        assert!(why.contains("does not decode"), "{why}");
+        assert_eq!(store.get(b"d").unwrap(), None);
+        assert_eq!(at(&store), (9, 15));
     }
 }
