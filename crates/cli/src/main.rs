@@ -377,6 +377,24 @@ fn main() -> ExitCode {
     keep_large_buffers();
     init_logging();
     let cli = Cli::parse();
+    // Commands that print a listing end quietly when their reader does
+    // (`madfs status | head`), as other Unix tools do, instead of panicking
+    // on the broken pipe. Not the long-running ones (servers, the mount,
+    // workers), which must never die of a peer's closed pipe.
+    if matches!(
+        cli.command,
+        Command::Status
+            | Command::Metrics { .. }
+            | Command::Find { .. }
+            | Command::Du { .. }
+            | Command::Ls { .. }
+            | Command::Stat { .. }
+            | Command::Cat { .. }
+    ) {
+        // SAFETY: setting a signal's disposition to its default, before
+        // any thread is started.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let result = match cli.command {
         Command::Server {
             id,

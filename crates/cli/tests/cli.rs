@@ -109,6 +109,29 @@ fn up_status_file_commands_down() {
         "{status}"
     );
     assert!(status.lines().next().unwrap().contains("STATE"));
+    // Its reader gone first (`madfs status | head -0`): a quiet end by
+    // SIGPIPE, as other tools, not a panic.
+    let mut child = Command::new(MADFS)
+        .arg("status")
+        .env("MADFS_CLUSTER", &cluster)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGPIPE),
+            "{}: {stderr}",
+            out.status
+        );
+    }
 
     // `up` again while running: nothing new is started.
     let out = up(&data);

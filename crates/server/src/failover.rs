@@ -55,6 +55,8 @@ pub struct Router {
     /// Stores and peer pools of promoted sets when not RocksDB and TCP
     /// (crates/sim, `set_stores`).
     stores: std::sync::OnceLock<Arc<dyn crate::injected::Stores>>,
+    /// The process is stopping (`stop_serving_clients`).
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 impl Router {
@@ -92,7 +94,18 @@ impl Router {
             promoting: tokio::sync::Mutex::new(()),
             group: std::sync::OnceLock::new(),
             stores: std::sync::OnceLock::new(),
+            stopping: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// The process is stopping: clients' requests are answered
+    /// `Unavailable` from now on (with replicas, they wait for the set to
+    /// move and go there), while records for this process's copies and
+    /// membership messages are still served: the other servers may be
+    /// stopping too, and their last records must reach their copies here.
+    pub fn stop_serving_clients(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Open promoted sets through `stores` (crates/sim), not RocksDB and TCP.
@@ -239,10 +252,18 @@ impl Handler for Router {
     ) -> Result<(Reply, Vec<u8>), WireError> {
         if let Op::Membership { msg } = &req.op {
             let Some(g) = self.group.get() else {
-                return Err(WireError::new(
-                    ErrorCode::InvalidArgument,
-                    "this cluster keeps no replicas and has no membership group",
-                ));
+                // The listener is up before the group starts (the voters
+                // must reach each other to start).
+                return Err(match self.cfg.replicas > 1 {
+                    true => WireError::new(
+                        ErrorCode::Unavailable,
+                        format!("server {}'s membership node is starting", self.home),
+                    ),
+                    false => WireError::new(
+                        ErrorCode::InvalidArgument,
+                        "this cluster keeps no replicas and has no membership group",
+                    ),
+                });
             };
             return Ok((
                 Reply::Membership {
@@ -267,6 +288,12 @@ impl Handler for Router {
         // named (a resync reaches a server whose own set moved away).
         if let Op::ReplicaApply { .. } = req.op {
             return self.home_metered.handle(ctx, req, data).await;
+        }
+        if self.stopping.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(WireError::new(
+                ErrorCode::Unavailable,
+                format!("server {} is stopping", self.home),
+            ));
         }
         // Without a lease a partitioned primary may have been replaced:
         // it answers nothing (records for its copies excepted: those come

@@ -37,6 +37,13 @@ pub const META_FORMAT: &[u8] = b"METAformat";
 /// In a replica's copy of another server's set: the primary's stream id and
 /// the last record applied (replica.rs), written with each metadata record.
 pub const META_REPLICA_POSITION: &[u8] = b"METAreplica_position";
+/// In a replica's copy: a resync's load began and has not ended (its
+/// contents are partial until the load's closing sync); no numbered
+/// record is taken then (replica.rs).
+pub const META_REPLICA_LOADING: &[u8] = b"METAreplica_loading";
+/// In a primary's store after a clean stop: its stream id and last record
+/// (u64 LE each), continued at the next start (restart.rs).
+pub const META_STREAM_STOPPED: &[u8] = b"METAstream_stopped";
 /// Bumped when a record layout changes; a server refuses a newer format.
 pub const FORMAT_VERSION: u32 = 1;
 

@@ -26,6 +26,7 @@ mod rename;
 mod replace;
 mod replica;
 pub mod replication;
+mod restart;
 mod seals;
 mod service;
 mod space;
@@ -269,7 +270,12 @@ pub fn run(cfg: ClusterConfig, id: ServerId, opts: RunOptions) -> Result<(), Ser
             None
         };
         wait_for_shutdown().await;
-        serving.abort();
+        // The listener stays up until the end: the other servers may be
+        // stopping too (`madfs down`), and the last records of the sets
+        // whose copies live here, and this server's own to its copies
+        // elsewhere, must still get through (restart.rs).
+        router.stop_serving_clients();
+        let stop_began = std::time::Instant::now();
         if let Some(h) = metrics_http {
             h.abort();
         }
@@ -277,20 +283,62 @@ pub fn run(cfg: ClusterConfig, id: ServerId, opts: RunOptions) -> Result<(), Ser
         if !servers.iter().any(|s| Arc::ptr_eq(s, &server)) {
             servers.push(server.clone());
         }
-        for s in servers {
+        for s in &servers {
             s.shutdown().await;
         }
+        // The primaries whose copies live here stop now too (`madfs down`
+        // stops every server at once): their last records, the final sync
+        // among them, still come over the connections open to this
+        // process. Without them a copy is refused when its primary
+        // continues its stream at the next start, and is loaded again.
+        if cfg.replicas > 1 {
+            let deadline = stop_began + STOP_COPIES_WAIT_MAX;
+            let quiet = || {
+                let since_stop = stop_began.elapsed();
+                server
+                    .copies
+                    .quiet_for()
+                    .map_or(since_stop, |q| q.min(since_stop))
+            };
+            while quiet() < STOP_COPIES_QUIET && std::time::Instant::now() < deadline {
+                tokio::time::sleep(STOP_COPIES_QUIET / 4).await;
+            }
+        }
+        serving.abort();
         if let Some(g) = group {
             g.shutdown().await;
         }
-        tracing::info!("server {id} stopped");
-        Ok(())
+        // The sets served here at the end (not the home set if it moved
+        // away: its store is stale).
+        let served = router.served();
+        Ok(servers
+            .into_iter()
+            .filter(|s| served.contains(&s.id))
+            .collect::<Vec<_>>())
     });
-    // Drop every task (and with them the last references to the store)
-    // now, on this thread, not during process exit.
+    // Drop every task now, on this thread, not during process exit.
     rt.shutdown_timeout(std::time::Duration::from_secs(10));
-    result
+    // No task can add a record any more: mark the streams that may be
+    // continued (restart.rs), then drop the stores.
+    let servers = result?;
+    for s in &servers {
+        if restart::note_clean_stop(s) {
+            tracing::info!(
+                "set {}: its record stream continues at the next start",
+                s.id
+            );
+        }
+    }
+    drop(servers);
+    tracing::info!("server {id} stopped");
+    Ok(())
 }
+
+/// A stopping server waits until no record came for its copies for this
+/// long, counted from the stop (their primaries stopping too)...
+const STOP_COPIES_QUIET: std::time::Duration = std::time::Duration::from_millis(300);
+/// ...but no longer than this.
+const STOP_COPIES_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
 async fn wait_for_shutdown() {
     use tokio::signal::unix::{signal, SignalKind};

@@ -9,10 +9,13 @@
 //! metadata record (`META_REPLICA_POSITION`): a record shipped twice (a
 //! retry after a lost acknowledgement) is skipped, and a gap is refused.
 //!
-//! A copy follows one stream. A new stream (the primary restarted) is
-//! accepted only by a copy that has applied nothing yet; any other copy may
-//! lack records the old stream never shipped, so it is refused as stale and
-//! needs a resync (not yet built).
+//! A copy follows one stream. A new stream (the primary restarted after a
+//! crash) is accepted only by a copy that has applied nothing yet; any
+//! other copy may lack records the old stream never shipped, so it is
+//! refused as stale and resynced. A primary that stopped cleanly continues
+//! its stream instead (restart.rs), and a copy that has all of it goes on.
+//! A resync's load marks the copy partial (`META_REPLICA_LOADING`) until
+//! its closing sync: a copy cut off mid-load takes no numbered record.
 
 use crate::chunks::ChunkStore;
 use crate::errors::{err, OpResult};
@@ -32,6 +35,12 @@ pub(crate) struct ReplicaCopy {
     /// The primary's stream this copy follows (0: none yet).
     stream: u64,
     applied: u64,
+    /// The contents may lack records up to `applied`: a resync's load is
+    /// under way or was cut off, or the copy was reopened at a position no
+    /// sync wrote (a power cut may have lost chunk writes before it, which
+    /// a replay from there would not bring). No numbered record is applied
+    /// on top: it needs a resync.
+    partial: bool,
 }
 
 /// The copies this server keeps, opened at their first record.
@@ -47,6 +56,9 @@ pub(crate) struct ReplicaCopies {
     /// Where copies' metadata stores come from when not RocksDB
     /// directories (crates/sim).
     stores: Option<Arc<dyn crate::injected::Stores>>,
+    /// When the last ReplicaApply came (a stopping server waits for its
+    /// primaries' last records: `quiet_for`).
+    last_apply: Mutex<Option<std::time::Instant>>,
 }
 
 /// Where server `me` (data directory `root`) keeps its copy of `set`.
@@ -68,7 +80,14 @@ impl ReplicaCopies {
             copies: Mutex::new(HashMap::new()),
             promoted: Mutex::new(Default::default()),
             stores,
+            last_apply: Mutex::new(None),
         }
+    }
+
+    /// How long since the last ReplicaApply came (None: none came).
+    pub(crate) fn quiet_for(&self) -> Option<std::time::Duration> {
+        let last = *self.last_apply.lock().unwrap_or_else(|e| e.into_inner());
+        last.map(|t| t.elapsed())
     }
 
     /// The place of the copy of `set` (opened or not).
@@ -119,6 +138,8 @@ impl ReplicaCopies {
                 format!("server {} keeps no copy of set {set}", self.me),
             ));
         }
+        *self.last_apply.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(std::time::Instant::now());
         // The records' payloads are ranges of this buffer, not copies.
         let records = Record::decode_all(heads, &Arc::new(payloads))?;
         let slot = self.slot(set);
@@ -152,6 +173,17 @@ impl ReplicaCopies {
             return self.load(set, stream, records, &mut slot).await;
         }
         let copy = slot.as_mut().expect("opened above");
+        if copy.partial {
+            return Err(err(
+                ErrorCode::Stale,
+                format!(
+                    "server {}'s copy of set {set} may lack records (a resync's load did not \
+                     finish, or it was reopened after a stop without a final sync); it needs a \
+                     resync",
+                    self.me
+                ),
+            ));
+        }
         if copy.stream != stream {
             if copy.applied != 0 || first_seq != 1 {
                 return Err(err(
@@ -245,7 +277,11 @@ impl ReplicaCopies {
                 }
                 let copy = open_copy(dir, stores.as_deref())?;
                 let mut b = WriteBatch::new();
-                b.put(keys::META_REPLICA_POSITION, &position(stream, applied));
+                b.put(
+                    keys::META_REPLICA_POSITION,
+                    &Position::new(stream, applied, false).encode(),
+                );
+                b.put(keys::META_REPLICA_LOADING, &[]);
                 copy.kv
                     .write(b, true)
                     .map_err(|e| std::io::Error::other(e.to_string()))?;
@@ -256,6 +292,7 @@ impl ReplicaCopies {
             *slot = Some(ReplicaCopy {
                 stream,
                 applied,
+                partial: true,
                 ..copy
             });
             tracing::info!(
@@ -270,14 +307,29 @@ impl ReplicaCopies {
             return Err(failed("contents before the reset".into()));
         }
         let (kv, chunks) = (copy.kv.clone(), copy.chunks.clone());
+        // The load ends with a sync: the copy is whole and durable from
+        // then on, at the reset's position (the records after it, replayed
+        // on top, bring what the load took mid-change to its final value).
+        let ends = matches!(records.last(), Some(Record::Sync));
+        let at = Position::new(copy.stream, copy.applied, true);
         crate::service::blocking(move || {
             for r in records {
                 apply_one(kv.as_ref(), &chunks, r, None).map_err(std::io::Error::other)?;
+            }
+            if ends {
+                let mut b = WriteBatch::new();
+                b.delete(keys::META_REPLICA_LOADING);
+                b.put(keys::META_REPLICA_POSITION, &at.encode());
+                kv.write(b, true)
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
             }
             Ok(())
         })
         .await
         .map_err(|e| failed(e.to_string()))?;
+        if ends {
+            copy.partial = false;
+        }
         ack(copy.applied)
     }
 }
@@ -300,29 +352,67 @@ fn open_copy(
     };
     std::fs::create_dir_all(&dir)?;
     let chunks = Arc::new(ChunkStore::open(dir.join("chunks"))?);
-    let (stream, applied) = match kv
+    // No position: a copy that never took a record. One that does not
+    // decode (another format) is treated as partial.
+    let (at, unknown) = match kv
         .get(keys::META_REPLICA_POSITION)
         .map_err(|e| std::io::Error::other(e.to_string()))?
     {
-        Some(v) if v.len() == 16 => (
-            u64::from_le_bytes(v[..8].try_into().expect("8 bytes")),
-            u64::from_le_bytes(v[8..].try_into().expect("8 bytes")),
-        ),
-        _ => (0, 0),
+        None => (Position::new(0, 0, true), false),
+        Some(v) => match Position::decode(&v) {
+            Some(p) => (p, false),
+            None => (Position::new(0, 0, false), true),
+        },
     };
+    let loading = kv
+        .get(keys::META_REPLICA_LOADING)
+        .map_err(|e| std::io::Error::other(e.to_string()))?
+        .is_some();
     Ok(ReplicaCopy {
         kv,
         chunks,
-        stream,
-        applied,
+        stream: at.stream,
+        applied: at.seq,
+        partial: loading || unknown || (at.seq > 0 && !at.synced),
     })
 }
 
-fn position(stream: u64, seq: u64) -> [u8; 16] {
-    let mut v = [0u8; 16];
-    v[..8].copy_from_slice(&stream.to_le_bytes());
-    v[8..].copy_from_slice(&seq.to_le_bytes());
-    v
+/// Where a copy is in its primary's stream (`META_REPLICA_POSITION`):
+/// the stream, the last record applied, and whether that record was a
+/// sync (everything up to it durable here, chunk files included).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Position {
+    stream: u64,
+    seq: u64,
+    synced: bool,
+}
+
+impl Position {
+    fn new(stream: u64, seq: u64, synced: bool) -> Position {
+        Position {
+            stream,
+            seq,
+            synced,
+        }
+    }
+
+    fn encode(&self) -> [u8; 17] {
+        let mut v = [0u8; 17];
+        v[..8].copy_from_slice(&self.stream.to_le_bytes());
+        v[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        v[16] = u8::from(self.synced);
+        v
+    }
+
+    /// None for anything `encode` did not make (a copy of an older
+    /// format reads as at record 0, and is refused as stale).
+    fn decode(v: &[u8]) -> Option<Position> {
+        (v.len() == 17).then(|| Position {
+            stream: u64::from_le_bytes(v[..8].try_into().expect("8 bytes")),
+            seq: u64::from_le_bytes(v[8..16].try_into().expect("8 bytes")),
+            synced: v[16] == 1,
+        })
+    }
 }
 
 /// Apply `records` (numbered from `first`) in order: the last applied, or
@@ -352,14 +442,18 @@ fn apply_records(
                     sync_run |= sync;
                     n += 1;
                 }
-                run.put(keys::META_REPLICA_POSITION, &position(stream, last + n));
+                run.put(
+                    keys::META_REPLICA_POSITION,
+                    &Position::new(stream, last + n, false).encode(),
+                );
                 kv.write(run, sync_run).map_err(|e| (last, e.to_string()))?;
                 last += n;
                 continue;
             }
             r => r,
         };
-        apply_one(kv, chunks, r, Some(position(stream, last + 1))).map_err(|e| (last, e))?;
+        let at = Position::new(stream, last + 1, matches!(r, Record::Sync));
+        apply_one(kv, chunks, r, Some(at)).map_err(|e| (last, e))?;
         last += 1;
     }
     Ok(last)
@@ -377,11 +471,11 @@ fn apply_one(
     kv: &dyn KvStore,
     chunks: &ChunkStore,
     record: Record,
-    at: Option<[u8; 16]>,
+    at: Option<Position>,
 ) -> Result<(), String> {
     let with_position = |mut b: WriteBatch| {
         if let Some(p) = at {
-            b.put(keys::META_REPLICA_POSITION, &p);
+            b.put(keys::META_REPLICA_POSITION, &p.encode());
         }
         b
     };
@@ -436,10 +530,93 @@ mod tests {
 
     fn at(kv: &dyn KvStore) -> (u64, u64) {
         let v = kv.get(keys::META_REPLICA_POSITION).unwrap().unwrap();
-        (
-            u64::from_le_bytes(v[..8].try_into().unwrap()),
-            u64::from_le_bytes(v[8..].try_into().unwrap()),
-        )
+        let p = Position::decode(&v).unwrap();
+        (p.stream, p.seq)
+    }
+
+    /// Send `records` numbered from `first` of `stream` to the copy of
+    /// set 0; the position acknowledged, or the refusal's code.
+    async fn send(
+        copies: &ReplicaCopies,
+        stream: u64,
+        first: u64,
+        records: &[Record],
+    ) -> Result<u64, ErrorCode> {
+        let (heads, _) = crate::replication::encode_all(records.iter());
+        let mut payloads = Vec::new();
+        for r in records {
+            if let Record::Kv { batch, .. } = r {
+                payloads.extend_from_slice(batch);
+            }
+        }
+        match copies
+            .apply(ServerId(0), stream, first, &heads, payloads)
+            .await
+        {
+            Ok((madfs_proto::message::Reply::ReplicaAck { applied }, _)) => Ok(applied),
+            Ok((other, _)) => panic!("{other:?}"),
+            Err(e) => Err(e.code),
+        }
+    }
+
+    fn copies_in(root: &std::path::Path) -> ReplicaCopies {
+        ReplicaCopies::new(ServerId(1), root.to_path_buf(), vec![ServerId(0)], None)
+    }
+
+    /// What a stream continued after a clean stop (restart.rs) may count
+    /// on: a copy reopened takes the next record only where a sync wrote
+    /// its position; reopened elsewhere, or cut off in a load, it refuses
+    /// even the record right after its position.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reopened_copy_continues_only_from_a_synced_whole_position() {
+        let root = tempfile::tempdir().unwrap();
+        let copies = copies_in(root.path());
+        let x = 77;
+        assert_eq!(send(&copies, x, 1, &[kv(b"a", b"1", false)]).await, Ok(1));
+        assert_eq!(send(&copies, x, 2, &[Record::Sync]).await, Ok(2));
+        drop(copies);
+        // Synced at 2: record 3 goes on; a gap does not.
+        let copies = copies_in(root.path());
+        assert_eq!(
+            send(&copies, x, 5, &[Record::Sync]).await,
+            Err(ErrorCode::Stale)
+        );
+        assert_eq!(send(&copies, x, 3, &[kv(b"b", b"1", false)]).await, Ok(3));
+        drop(copies);
+        // Reopened at 3, which no sync wrote: the chunk writes before it
+        // may be lost, so not even record 4 is taken.
+        let copies = copies_in(root.path());
+        assert_eq!(
+            send(&copies, x, 4, &[Record::Sync]).await,
+            Err(ErrorCode::Stale)
+        );
+        // A resync's load: reset, contents, cut off before its sync.
+        let reset = [Record::Reset { applied: 9 }];
+        assert_eq!(send(&copies, x, 0, &reset).await, Ok(9));
+        assert_eq!(send(&copies, x, 0, &[kv(b"c", b"1", false)]).await, Ok(9));
+        assert_eq!(
+            send(&copies, x, 10, &[Record::Sync]).await,
+            Err(ErrorCode::Stale)
+        );
+        drop(copies);
+        let copies = copies_in(root.path());
+        assert_eq!(
+            send(&copies, x, 10, &[Record::Sync]).await,
+            Err(ErrorCode::Stale)
+        );
+        // A load that ends (its sync) is whole at the reset's position,
+        // also reopened.
+        assert_eq!(send(&copies, x, 0, &reset).await, Ok(9));
+        assert_eq!(send(&copies, x, 0, &[kv(b"c", b"1", false)]).await, Ok(9));
+        assert_eq!(send(&copies, x, 0, &[Record::Sync]).await, Ok(9));
+        drop(copies);
+        let copies = copies_in(root.path());
+        assert_eq!(send(&copies, x, 10, &[kv(b"d", b"1", false)]).await, Ok(10));
+        // Another stream with records is stale too.
+        assert_eq!(
+            send(&copies, x + 1, 11, &[Record::Sync]).await,
+            Err(ErrorCode::Stale)
+        );
     }
 
     #[test]

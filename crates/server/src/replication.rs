@@ -336,6 +336,9 @@ struct Stream {
     /// the front one has sequence number `next_seq - pending.len()`.
     pending: VecDeque<Arc<Record>>,
     replicas: Vec<Replica>,
+    /// Whether the last record is a sync (everything before it durable
+    /// here): a stop then may be continued (restart.rs).
+    last_is_sync: bool,
 }
 
 /// The primary's record stream and what each replica has of it.
@@ -356,17 +359,29 @@ pub struct Replicator {
 
 impl Replicator {
     pub fn new(set: ServerId, replicas: &[ServerId]) -> Replicator {
+        Replicator::continuing(set, replicas, random_stream_id(), 0)
+    }
+
+    /// The stream `stream_id` of an earlier run of this store, whose last
+    /// record was `last` (a clean stop: restart.rs).
+    pub(crate) fn continuing(
+        set: ServerId,
+        replicas: &[ServerId],
+        stream_id: u64,
+        last: u64,
+    ) -> Replicator {
         Replicator {
             set,
-            stream_id: random_stream_id(),
+            stream_id,
             state: Mutex::new(Stream {
-                next_seq: 1,
+                next_seq: last + 1,
+                last_is_sync: false,
                 pending: VecDeque::new(),
                 replicas: replicas
                     .iter()
                     .map(|&server| Replica {
                         server,
-                        acked: 0,
+                        acked: last,
                         out: None,
                         syncing: false,
                         generation: 0,
@@ -420,6 +435,7 @@ impl Replicator {
         );
         let seq = s.next_seq;
         s.next_seq += 1;
+        s.last_is_sync = matches!(r, Record::Sync);
         if s.replicas.iter().any(|r| r.out.is_none()) {
             s.pending.push_back(Arc::new(r));
         }
@@ -431,6 +447,13 @@ impl Replicator {
     /// The last record's sequence number (0: none yet).
     pub(crate) fn last_seq(&self) -> u64 {
         self.lock().next_seq - 1
+    }
+
+    /// The stream and its last record, if that record is a sync (all
+    /// before it durable here): what a clean stop leaves to continue.
+    pub(crate) fn continuable(&self) -> Option<(u64, u64)> {
+        let s = self.lock();
+        s.last_is_sync.then_some((self.stream_id, s.next_seq - 1))
     }
 
     /// The replicas and, for those out of the set, why.
@@ -659,7 +682,17 @@ impl Replicator {
             "set {}: resync of server {replica} starts (records from {from} kept for it)",
             self.set
         );
-        match self.load(server, replica, from, (i, generation)).await {
+        let has_all = self.has_all_before(server, replica, from).await;
+        let loaded = match has_all {
+            true => Ok((0, 0)),
+            false => self.load(server, replica, from, (i, generation)).await,
+        };
+        match loaded {
+            Ok(_) if has_all => tracing::info!(
+                "set {}: server {replica}'s copy has every record before {from}: no load, \
+                 the records since follow",
+                self.set
+            ),
             Ok((keys, chunks)) => tracing::info!(
                 "set {}: server {replica} has the copy ({keys} keys, {chunks} chunk files); \
                  now the records since",
@@ -700,6 +733,34 @@ impl Replicator {
             tracing::info!("set {}: server {replica} is in sync again", self.set);
         }
         counted
+    }
+
+    /// Whether `replica`'s copy already has this stream up to record
+    /// `from - 1` (this primary stopped cleanly and continued its stream,
+    /// restart.rs, and the replica missed nothing): an empty numbered
+    /// ReplicaApply of record `from` is acknowledged at `from - 1` only by
+    /// a whole copy on this stream with nothing missing. A copy of another
+    /// stream with records, one with a gap, or one cut off mid-load refuses
+    /// it; a new stream at its first record is never taken as proof (an
+    /// empty copy would accept it).
+    async fn has_all_before(&self, server: &crate::Server, replica: ServerId, from: u64) -> bool {
+        if from <= 1 {
+            return false;
+        }
+        let req = Request {
+            creds: Credentials::root(),
+            op: Op::ReplicaApply {
+                set: self.set,
+                stream: self.stream_id,
+                first_seq: from,
+                heads: Vec::new(),
+            },
+        };
+        let answer = self
+            .pool(server)
+            .call_shared_once(replica, &req, SharedData::Pieces(Vec::new()))
+            .await;
+        matches!(answer, Ok(r) if matches!(r.reply, Reply::ReplicaAck { applied } if applied == from - 1))
     }
 
     /// The load of a resync: wipe `replica`'s copy and send it every key

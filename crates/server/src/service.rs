@@ -64,6 +64,9 @@ pub struct Server {
     pub(crate) touches: crate::touch::Touches,
     /// With replicas: the stream of this server's changes (replication.rs).
     pub(crate) replication: Option<Arc<crate::replication::Replicator>>,
+    /// The store below replication: for what no replica must get (the
+    /// clean-stop marker, restart.rs).
+    pub(crate) unreplicated: Arc<dyn KvStore>,
     /// The copies of other servers' sets kept here (replica.rs).
     pub(crate) copies: crate::replica::ReplicaCopies,
 }
@@ -137,9 +140,22 @@ impl Server {
             None => cfg.replica_set(id)[1..].to_vec(),
         };
         // With replicas in the cluster, always a stream: a set left with
-        // one member ships to the servers that resync to it later.
-        let replication = (cfg.replicas > 1 || !replicas.is_empty())
-            .then(|| Arc::new(crate::replication::Replicator::new(id, &replicas)));
+        // one member ships to the servers that resync to it later. After a
+        // clean stop, the same stream, continued (restart.rs).
+        let stopped = crate::restart::take_stopped_stream(kv.as_ref())
+            .map_err(|e| ServerError::Storage(e.to_string()))?;
+        let replication = (cfg.replicas > 1 || !replicas.is_empty()).then(|| {
+            Arc::new(match stopped {
+                Some((stream, last)) => {
+                    tracing::info!(
+                        "set {id} continues its record stream after record {last} (a clean stop)"
+                    );
+                    crate::replication::Replicator::continuing(id, &replicas, stream, last)
+                }
+                None => crate::replication::Replicator::new(id, &replicas),
+            })
+        });
+        let unreplicated = kv.clone();
         let kv: Arc<dyn KvStore> = match &replication {
             Some(r) => Arc::new(crate::replication::ReplicatedKv::new(kv, r.clone())),
             None => kv,
@@ -233,6 +249,7 @@ impl Server {
             tx_counter,
             touches,
             replication,
+            unreplicated,
             copies,
         };
         if id == ServerId(0)

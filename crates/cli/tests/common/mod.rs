@@ -403,6 +403,33 @@ impl TestCluster {
         }
     }
 
+    /// SIGTERM every running server at once (as `madfs down` does) and wait
+    /// for each to exit; their exit statuses by server.
+    pub fn stop_all(&mut self) -> Vec<(usize, ExitStatus)> {
+        let running: Vec<usize> = (0..self.children.len())
+            .filter(|&i| self.children[i].is_some())
+            .collect();
+        for &i in &running {
+            let c = self.children[i].as_ref().expect("running");
+            // SAFETY: signalling a child we started and have not reaped.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        }
+        // Each waits on its own; `stop` signals again, which is harmless.
+        running.into_iter().map(|i| (i, self.stop(i))).collect()
+    }
+
+    /// Start every stopped server again, then wait until all answer.
+    pub fn start_all_again(&mut self) {
+        for i in 0..self.children.len() {
+            if self.children[i].is_none() {
+                self.start_again(i);
+            }
+        }
+        if let Err(msg) = self.wait_ready(None) {
+            panic!("starting the servers again: {msg}");
+        }
+    }
+
     /// Arguments for `madfs server` from the next (re)start on.
     pub fn set_server_args(&mut self, args: &[&str]) {
         self.opts.server_args = args.iter().map(|a| a.to_string()).collect();
