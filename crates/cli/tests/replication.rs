@@ -200,10 +200,92 @@ fn a_clean_restart_keeps_every_copy_and_continues_the_streams() {
             "the copy of set {s} was wiped and loaded again after a clean restart"
         );
     }
-    for i in 0..SERVERS {
-        assert!(tc.stop(i).success(), "server {i} exited badly");
+    for (i, status) in tc.stop_all() {
+        assert!(status.success(), "server {i} exited badly: {status}");
     }
     assert_every_copy_equal(tc.config());
+}
+
+/// A replica cut off for a while (SIGSTOP: no crash, its copy stays
+/// whole in memory) leaves its set, and when it answers again the records
+/// it missed are replayed from where it stopped: its copy is not wiped and
+/// loaded again (a file left in its directory survives), and it ends equal
+/// to its primary key for key and byte for byte. Before, the primary kept
+/// nothing for a replica out of the set, and every return was a whole load.
+/// Calls waiting on the hung server (it is also set 3's primary) follow
+/// the failover instead of waiting out the call timeout.
+#[test]
+fn a_replica_cut_off_for_a_while_gets_the_records_it_missed_not_a_load() {
+    let (mut tc, rt) = replicated_cluster();
+    let c = tc.client();
+    let mut files: Expected = Vec::new();
+    rt.block_on(write_round(&c, "/a", 0, 12, &mut files));
+    // Server 3 (not a voter) keeps the copy of set 2.
+    let copy = {
+        let cfg = tc.config();
+        assert_eq!(cfg.replica_set(madfs_types::ServerId(2))[1].0, 3);
+        cfg.servers[3].data_dir.join("replica-of-2")
+    };
+    assert!(copy.join("meta").is_dir());
+    let sentinel = copy.join("kept-while-cut-off");
+    std::fs::write(&sentinel, b"").unwrap();
+    let in_sync = || {
+        rt.block_on(c.replica_sets())
+            .map(|(_, n)| n)
+            .unwrap_or_default()
+    };
+
+    let pid = tc.pid(3) as i32;
+    // SAFETY: signalling a child we started and have not reaped.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let cut = std::time::Instant::now();
+    // Writes go on once the group took it out (sets 2 and 3 with one
+    // copy), and calls that were waiting on the hung server follow set 3
+    // to server 0 rather than wait out their timeout (120 s).
+    rt.block_on(write_round(&c, "/b", 100, 12, &mut files));
+    let waited = cut.elapsed();
+    eprintln!("writes went on {waited:?} after server 3 stopped answering");
+    assert!(
+        waited < std::time::Duration::from_secs(60),
+        "writes waited {waited:?}: for the call timeout, not the failover"
+    );
+    while in_sync().get(2) != Some(&1) {
+        assert!(
+            cut.elapsed() < std::time::Duration::from_secs(30),
+            "server 3 not taken out of set 2: {:?}",
+            in_sync()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    rt.block_on(write_round(&c, "/c", 200, 12, &mut files));
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let resumed = std::time::Instant::now();
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while in_sync() != vec![2u8; SERVERS] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "server 3 did not catch up: {:?}",
+            in_sync()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    eprintln!(
+        "server 3 was in sync again {:?} after it answered again",
+        resumed.elapsed()
+    );
+    rt.block_on(read_back(&c, &files));
+    drop(c);
+    assert!(
+        sentinel.exists(),
+        "server 3's copy of set 2 was wiped and loaded again"
+    );
+    // All at once (as `madfs down`): none is failed over meanwhile.
+    for (i, status) in tc.stop_all() {
+        assert!(status.success(), "server {i} exited badly: {status}");
+    }
+    assert_same_store(2, &tc.config().servers[2].data_dir, &copy);
 }
 
 /// With the servers stopped, every set's store equals its replica's copy.

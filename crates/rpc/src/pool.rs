@@ -74,6 +74,12 @@ impl Default for Timeouts {
 pub const FAILOVER_WAIT: Duration = Duration::from_secs(30);
 /// Pause between two rounds of asking for the routes while waiting.
 const ROUTES_POLL: Duration = Duration::from_millis(200);
+/// A call unanswered this long starts watching for its set to move
+/// (`watching_moves`): past a lease and a detector round (1 s and 2 s by
+/// default), so only calls to a server already given up are affected.
+const MOVE_CHECK_AFTER: Duration = Duration::from_secs(3);
+/// How often such a call asks for the routes.
+const MOVE_CHECK_EVERY: Duration = Duration::from_secs(1);
 
 pub struct Pool {
     /// Where each server listens: the cluster file's address, or where the
@@ -88,7 +94,12 @@ pub struct Pool {
     key: ClusterKey,
     role: Role,
     timeouts: Timeouts,
-    slots: Vec<Mutex<Option<Connection>>>,
+    /// Per set: its connection and the address it goes to. A connection
+    /// is used only while that is still where the set's route leads, so a
+    /// route changed by a caller that was cancelled before it cleared the
+    /// slot (`set_routes` waits for the slot's lock) never keeps sending
+    /// calls down a connection to a server that no longer serves the set.
+    slots: Vec<Mutex<Option<(SocketAddr, Connection)>>>,
     /// Set by `in_process`: calls go there instead of over TCP.
     local: Option<Arc<dyn LocalNet>>,
 }
@@ -170,7 +181,7 @@ impl Pool {
         self.slots
             .iter()
             .filter(|slot| match slot.try_lock() {
-                Ok(c) => c.as_ref().is_some_and(|c| !c.is_closed()),
+                Ok(c) => c.as_ref().is_some_and(|(_, c)| !c.is_closed()),
                 Err(_) => true,
             })
             .count()
@@ -247,15 +258,15 @@ impl Pool {
             .get(server.0 as usize)
             .ok_or_else(|| RpcError::Config(format!("no server {server} in the cluster")))?;
         let mut guard = slot.lock().await;
-        if let Some(c) = guard.as_ref() {
-            if !c.is_closed() {
-                return Ok(c.clone());
-            }
-        }
         let to = self.route(server);
         let addr = self
             .address(to)
             .expect("routes name servers of the cluster");
+        if let Some((at, c)) = guard.as_ref() {
+            if *at == addr && !c.is_closed() {
+                return Ok(c.clone());
+            }
+        }
         let c = Connection::connect(
             server,
             addr,
@@ -265,7 +276,7 @@ impl Pool {
             self.timeouts.call,
         )
         .await?;
-        *guard = Some(c.clone());
+        *guard = Some((addr, c.clone()));
         Ok(c)
     }
 
@@ -275,7 +286,7 @@ impl Pool {
         req: &Request,
         data: &[u8],
     ) -> Result<Response, RpcError> {
-        match self.call_once(server, req, data).await {
+        match self.call_watching_moves(server, req, data).await {
             Err(e) if self.failover && unreachable(&e) => {
                 self.after_failover(server, e, || self.call_once(server, req, data))
                     .await
@@ -328,7 +339,7 @@ impl Pool {
             }
         };
         let share = || SharedData::Shared(buf.clone(), range.clone());
-        match self.call_shared_once(server, req, share()).await {
+        match self.call_shared_watching_moves(server, req, share()).await {
             Err(e) if unreachable(&e) => {
                 self.after_failover(server, e, || self.call_shared_once(server, req, share()))
                     .await
@@ -371,6 +382,68 @@ fn unreachable(e: &RpcError) -> bool {
 }
 
 impl Pool {
+    /// `call_once`, given up (`watching_moves`) if the set moves while
+    /// the call waits for its answer.
+    async fn call_watching_moves(
+        &self,
+        set: ServerId,
+        req: &Request,
+        data: &[u8],
+    ) -> Result<Response, RpcError> {
+        if self.local.is_some() || !self.failover {
+            return self.call_once(set, req, data).await;
+        }
+        let c = self.connection(set).await?;
+        self.watching_moves(set, c.call(req, data)).await
+    }
+
+    /// `call_shared_once`, given up (`watching_moves`) if the set moves
+    /// while the call waits for its answer.
+    async fn call_shared_watching_moves(
+        &self,
+        set: ServerId,
+        req: &Request,
+        data: SharedData,
+    ) -> Result<Response, RpcError> {
+        if self.local.is_some() || !self.failover {
+            return self.call_shared_once(set, req, data).await;
+        }
+        let c = self.connection(set).await?;
+        self.watching_moves(set, c.call_shared(req, data)).await
+    }
+
+    /// A call (to set `set`, on a connection made), given up as `Moved` if
+    /// the set moves to another server while it waits: a server that hangs
+    /// (stopped, cut off without a reset, its disk stuck) would hold the
+    /// call for the whole call timeout, long after the group failed its
+    /// sets over. Once a call has waited `MOVE_CHECK_AFTER`, the routes are
+    /// asked again every `MOVE_CHECK_EVERY`. (The hung server cannot
+    /// acknowledge it any more: it lost its lease, and its replicas left
+    /// it.) Connecting is bounded by its own timeout, and not watched.
+    async fn watching_moves<F>(&self, set: ServerId, call: F) -> Result<Response, RpcError>
+    where
+        F: std::future::Future<Output = Result<Response, RpcError>>,
+    {
+        let was = self.route(set);
+        let moved = async {
+            tokio::time::sleep(MOVE_CHECK_AFTER).await;
+            loop {
+                self.refresh_routes(set).await;
+                let now = self.route(set);
+                if now != was {
+                    return now;
+                }
+                tokio::time::sleep(MOVE_CHECK_EVERY).await;
+            }
+        };
+        tokio::select! {
+            r = call => r,
+            now = moved => Err(RpcError::Moved(format!(
+                "set {set} moved from server {was}, which did not answer, to server {now}"
+            ))),
+        }
+    }
+
     /// After `set`'s server failed a call with `err`: for at most
     /// `FAILOVER_WAIT`, learn the routes again and make the call again
     /// with `again`, where the set is served now (the same server, if it

@@ -43,6 +43,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
 
+/// Records kept for replicas out of the set (to replay when they come
+/// back with their copies whole), at most this many...
+const KEPT_RECORDS_MAX: usize = 1 << 18;
+/// ...of at most this many payload bytes...
+const KEPT_BYTES_MAX: usize = 256 << 20;
+/// ...for at most this long after it left.
+const KEPT_FOR: Duration = Duration::from_secs(120);
+
 /// Records one ReplicaApply carries at most.
 pub(crate) const RECORDS_PER_CALL_MAX: usize = 4096;
 /// Payload bytes one ReplicaApply carries at most (a single larger record,
@@ -327,6 +335,10 @@ struct Replica {
     generation: u64,
     /// How far its resync has come, while one runs.
     rebuild: Option<Rebuild>,
+    /// Out of the set, but the records after `acked` are still kept for
+    /// it until then (it may come back with its copy whole: cut off, not
+    /// crashed), within `KEPT_RECORDS_MAX` and `KEPT_BYTES_MAX`.
+    kept_until: Option<std::time::Instant>,
 }
 
 struct Stream {
@@ -339,6 +351,8 @@ struct Stream {
     /// Whether the last record is a sync (everything before it durable
     /// here): a stop then may be continued (restart.rs).
     last_is_sync: bool,
+    /// Payload bytes of `pending`.
+    pending_bytes: usize,
 }
 
 /// The primary's record stream and what each replica has of it.
@@ -355,6 +369,14 @@ pub struct Replicator {
     /// Asked before a failed replica leaves the set (members.rs): the
     /// membership group must take it out first. None: leave at once.
     group: std::sync::OnceLock<Arc<crate::members::Members>>,
+}
+
+impl Replica {
+    /// Whether the stream keeps records for it: in the set (in sync or
+    /// catching up), or out with its records kept.
+    fn wants_records(&self) -> bool {
+        self.out.is_none() || self.kept_until.is_some()
+    }
 }
 
 impl Replicator {
@@ -376,6 +398,7 @@ impl Replicator {
             state: Mutex::new(Stream {
                 next_seq: last + 1,
                 last_is_sync: false,
+                pending_bytes: 0,
                 pending: VecDeque::new(),
                 replicas: replicas
                     .iter()
@@ -386,6 +409,7 @@ impl Replicator {
                         syncing: false,
                         generation: 0,
                         rebuild: None,
+                        kept_until: None,
                     })
                     .collect(),
             }),
@@ -436,8 +460,10 @@ impl Replicator {
         let seq = s.next_seq;
         s.next_seq += 1;
         s.last_is_sync = matches!(r, Record::Sync);
-        if s.replicas.iter().any(|r| r.out.is_none()) {
+        if s.replicas.iter().any(Replica::wants_records) {
+            s.pending_bytes += r.payload().len();
             s.pending.push_back(Arc::new(r));
+            self.bound_kept(&mut s);
         }
         drop(s);
         self.changed.notify_waiters();
@@ -532,28 +558,59 @@ impl Replicator {
         let lowest = s
             .replicas
             .iter()
-            .filter(|r| r.out.is_none())
+            .filter(|r| r.wants_records())
             .map(|r| r.acked)
             .min()
             .unwrap_or(s.next_seq - 1);
         let first_pending = s.next_seq - s.pending.len() as u64;
-        let drop = lowest.saturating_sub(first_pending - 1) as usize;
-        s.pending.drain(..drop.min(s.pending.len()));
+        let drop = (lowest.saturating_sub(first_pending - 1) as usize).min(s.pending.len());
+        let freed: usize = s.pending.drain(..drop).map(|r| r.payload().len()).sum();
+        s.pending_bytes -= freed;
     }
 
-    /// Replica `i` failed: out of the set until a resync.
-    fn leave(&self, i: usize, why: String) {
+    /// Stop keeping records for replicas out of the set once they cost
+    /// more than the limits, or were kept long enough.
+    fn bound_kept(&self, s: &mut Stream) {
+        let over = s.pending.len() > KEPT_RECORDS_MAX || s.pending_bytes > KEPT_BYTES_MAX;
+        let now = std::time::Instant::now();
+        let mut dropped = false;
+        for r in s.replicas.iter_mut().filter(|r| r.out.is_some()) {
+            if r.kept_until.is_some_and(|until| over || now >= until) {
+                r.kept_until = None;
+                dropped = true;
+                tracing::info!(
+                    "set {}: records are no longer kept for replica {} (out of the set); \
+                     it will be loaded whole",
+                    self.set,
+                    r.server
+                );
+            }
+        }
+        if dropped {
+            self.trim(s);
+        }
+    }
+
+    /// Replica `i` failed: out of the set until a resync. With `keep`
+    /// (it did not answer, or the group took it out: it may come back
+    /// with its copy whole), the records after its last acknowledgement
+    /// are kept for a while, to replay instead of a whole load.
+    fn leave(&self, i: usize, why: String, keep: bool) {
         let mut s = self.lock();
         let s = &mut *s;
-        if s.replicas[i].out.is_some() {
+        let r = &mut s.replicas[i];
+        if r.out.is_some() {
             return;
         }
         tracing::error!(
             "replica {} of set {} leaves the set, not acknowledging anymore: {why}",
-            s.replicas[i].server,
+            r.server,
             self.set
         );
-        s.replicas[i].out = Some(why);
+        // A replica in the middle of a load has a partial copy: it takes
+        // nothing but a new load.
+        r.kept_until = (keep && !r.syncing).then(|| std::time::Instant::now() + KEPT_FOR);
+        r.out = Some(why);
         self.trim(s);
         self.acked.notify_waiters();
     }
@@ -562,7 +619,11 @@ impl Replicator {
     pub(crate) fn drop_replica(&self, server: ServerId) {
         let i = self.lock().replicas.iter().position(|r| r.server == server);
         if let Some(i) = i {
-            self.leave(i, "taken out of the set by the membership group".into());
+            self.leave(
+                i,
+                "taken out of the set by the membership group".into(),
+                true,
+            );
         }
     }
 
@@ -574,12 +635,14 @@ impl Replicator {
             .any(|r| r.server == server && r.out.is_none())
     }
 
-    /// `server` starts catching up: keep every record from now on for it.
-    /// Its index, generation and the first record it will get; None if
-    /// records already go to it.
+    /// `server` starts catching up: keep every record from now on for it
+    /// (or from its last acknowledgement, where they were kept since it
+    /// left). Its index, generation and the first record it will get;
+    /// None if records already go to it.
     fn add_syncing(&self, server: ServerId) -> Option<(usize, u64, u64)> {
         let mut s = self.lock();
         let from = s.next_seq;
+        let first_pending = s.next_seq - s.pending.len() as u64;
         let i = match s.replicas.iter().position(|r| r.server == server) {
             Some(i) if s.replicas[i].out.is_none() => return None,
             Some(i) => i,
@@ -591,11 +654,14 @@ impl Replicator {
                     syncing: true,
                     generation: 0,
                     rebuild: None,
+                    kept_until: None,
                 });
                 s.replicas.len() - 1
             }
         };
         let r = &mut s.replicas[i];
+        let kept = r.kept_until.take().is_some() && r.acked + 1 >= first_pending;
+        let from = if kept { r.acked + 1 } else { from };
         r.out = None;
         r.syncing = true;
         r.generation += 1;
@@ -760,7 +826,11 @@ impl Replicator {
             .pool(server)
             .call_shared_once(replica, &req, SharedData::Pieces(Vec::new()))
             .await;
-        matches!(answer, Ok(r) if matches!(r.reply, Reply::ReplicaAck { applied } if applied == from - 1))
+        // At `from - 1` or past it (acknowledgements lost on the way: the
+        // replay skips what it has), never past this stream's end.
+        let last = self.last_seq();
+        matches!(answer, Ok(r) if matches!(r.reply,
+            Reply::ReplicaAck { applied } if applied + 1 >= from && applied <= last))
     }
 
     /// The load of a resync: wipe `replica`'s copy and send it every key
@@ -944,7 +1014,7 @@ impl Replicator {
                     other => {
                         let why = format!("answered ReplicaApply with {other:?}");
                         if self.may_leave(i, &why).await {
-                            self.leave(i, why);
+                            self.leave(i, why, false);
                             return;
                         }
                         tokio::time::sleep(SHIP_RETRY_PAUSE * SHIP_ATTEMPTS).await;
@@ -956,7 +1026,7 @@ impl Replicator {
                 Err(madfs_rpc::RpcError::Remote(w)) => {
                     let why = format!("refused the records: {}", w.message);
                     if self.may_leave(i, &why).await {
-                        self.leave(i, why);
+                        self.leave(i, why, false);
                         return;
                     }
                     tokio::time::sleep(SHIP_RETRY_PAUSE * SHIP_ATTEMPTS).await;
@@ -966,7 +1036,7 @@ impl Replicator {
                     if failures >= SHIP_ATTEMPTS {
                         let why = format!("unreachable: {e}");
                         if self.may_leave(i, &why).await {
-                            self.leave(i, why);
+                            self.leave(i, why, true);
                             return;
                         }
                     }
@@ -1154,10 +1224,61 @@ mod tests {
         assert_eq!(r.lock().pending.len(), 2);
         let (first, batch) = r.next_batch(0).unwrap();
         assert_eq!((first, batch.len()), (4, 2));
-        r.leave(1, "test".into());
+        r.leave(1, "test".into(), false);
         r.acknowledge(0, 0, 5);
         assert!(r.lock().pending.is_empty());
         assert!(r.next_batch(0).is_none());
         assert!(r.next_batch(1).is_none());
+    }
+
+    /// A replica that left unreachable keeps its records (bounded) for a
+    /// replay from its last acknowledgement; one that refused, or that
+    /// stayed away past the bound, is loaded whole.
+    #[test]
+    fn records_are_kept_for_a_replica_out_for_a_while_within_bounds() {
+        let r = Replicator::new(ServerId(0), &[ServerId(1), ServerId(2)]);
+        for _ in 0..6 {
+            r.record(Record::Sync);
+        }
+        r.acknowledge(0, 0, 6);
+        r.acknowledge(1, 0, 2);
+        r.leave(1, "cut off".into(), true);
+        for _ in 0..4 {
+            r.record(Record::Sync);
+        }
+        r.acknowledge(0, 0, 10);
+        assert_eq!(
+            r.lock().pending.len(),
+            8,
+            "records 3..=10 kept for replica 2"
+        );
+        assert!(r.next_batch(1).is_none(), "nothing shipped while out");
+        // Back: the records after its last acknowledgement come first.
+        let (i, generation, from) = r.add_syncing(ServerId(2)).unwrap();
+        assert_eq!((i, generation, from), (1, 1, 3));
+        let (first, batch) = r.next_batch(1).unwrap();
+        assert_eq!((first, batch.len()), (3, 8));
+        r.acknowledge(1, generation, 10);
+        assert!(r.lock().pending.is_empty());
+
+        // Refused: nothing kept, a load from the next record.
+        r.leave(1, "refused".into(), false);
+        r.record(Record::Sync);
+        r.acknowledge(0, 0, 11);
+        assert!(r.lock().pending.is_empty());
+        assert_eq!(r.add_syncing(ServerId(2)).unwrap().2, 12);
+
+        // Past the bound on records kept: dropped, and loaded whole.
+        let generation = r.lock().replicas[1].generation;
+        r.acknowledge(1, generation, 11);
+        r.mark_in_sync(ServerId(2));
+        r.leave(1, "cut off".into(), true);
+        for _ in 0..=KEPT_RECORDS_MAX {
+            r.record(Record::Sync);
+        }
+        let last = r.last_seq();
+        r.acknowledge(0, 0, last);
+        assert!(r.lock().pending.is_empty(), "no longer kept");
+        assert_eq!(r.add_syncing(ServerId(2)).unwrap().2, last + 1);
     }
 }
