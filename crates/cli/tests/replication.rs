@@ -171,27 +171,13 @@ fn a_clean_restart_keeps_every_copy_and_continues_the_streams() {
         })
         .collect();
 
-    for (i, status) in tc.stop_all() {
-        assert!(status.success(), "server {i} exited badly: {status}");
-    }
+    stop_all_cleanly(&mut tc);
     tc.start_all_again();
     let c = tc.client();
-    let in_sync = || {
-        rt.block_on(c.replica_sets())
-            .map(|(_, n)| n)
-            .unwrap_or_default()
-    };
+    let in_sync = || copies_in_sync(&rt, &c);
     rt.block_on(read_back(&c, &files));
     rt.block_on(write_round(&c, "/b", 100, 12, &mut files));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while in_sync() != vec![2u8; SERVERS] {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "copies not in sync after the restart: {:?}",
-            in_sync()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    wait_all_in_sync(&in_sync, 30, "after the restart");
     rt.block_on(read_back(&c, &files));
     drop(c);
     for (s, sentinel) in sentinels.iter().enumerate() {
@@ -200,9 +186,7 @@ fn a_clean_restart_keeps_every_copy_and_continues_the_streams() {
             "the copy of set {s} was wiped and loaded again after a clean restart"
         );
     }
-    for (i, status) in tc.stop_all() {
-        assert!(status.success(), "server {i} exited badly: {status}");
-    }
+    stop_all_cleanly(&mut tc);
     assert_every_copy_equal(tc.config());
 }
 
@@ -229,11 +213,7 @@ fn a_replica_cut_off_for_a_while_gets_the_records_it_missed_not_a_load() {
     assert!(copy.join("meta").is_dir());
     let sentinel = copy.join("kept-while-cut-off");
     std::fs::write(&sentinel, b"").unwrap();
-    let in_sync = || {
-        rt.block_on(c.replica_sets())
-            .map(|(_, n)| n)
-            .unwrap_or_default()
-    };
+    let in_sync = || copies_in_sync(&rt, &c);
 
     let pid = tc.pid(3) as i32;
     // SAFETY: signalling a child we started and have not reaped.
@@ -261,16 +241,7 @@ fn a_replica_cut_off_for_a_while_gets_the_records_it_missed_not_a_load() {
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGCONT) };
     let resumed = std::time::Instant::now();
-
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while in_sync() != vec![2u8; SERVERS] {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "server 3 did not catch up: {:?}",
-            in_sync()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    wait_all_in_sync(&in_sync, 60, "after server 3 answered again");
     eprintln!(
         "server 3 was in sync again {:?} after it answered again",
         resumed.elapsed()
@@ -282,10 +253,36 @@ fn a_replica_cut_off_for_a_while_gets_the_records_it_missed_not_a_load() {
         "server 3's copy of set 2 was wiped and loaded again"
     );
     // All at once (as `madfs down`): none is failed over meanwhile.
+    stop_all_cleanly(&mut tc);
+    assert_same_store(2, &tc.config().servers[2].data_dir, &copy);
+}
+
+/// How many copies of each set are in sync, as the servers say (none
+/// where no server answers).
+fn copies_in_sync(rt: &tokio::runtime::Runtime, c: &madfs_client::Client) -> Vec<u8> {
+    rt.block_on(c.replica_sets())
+        .map(|(_, n)| n)
+        .unwrap_or_default()
+}
+
+/// Wait (at most `secs`) until `in_sync` says every set has its 2 copies.
+fn wait_all_in_sync(in_sync: &dyn Fn() -> Vec<u8>, secs: u64, when: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while in_sync() != vec![2u8; SERVERS] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "copies not in sync {when}: {:?}",
+            in_sync()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// Stop every server at once (as `madfs down`); each must exit cleanly.
+fn stop_all_cleanly(tc: &mut TestCluster) {
     for (i, status) in tc.stop_all() {
         assert!(status.success(), "server {i} exited badly: {status}");
     }
-    assert_same_store(2, &tc.config().servers[2].data_dir, &copy);
 }
 
 /// With the servers stopped, every set's store equals its replica's copy.
@@ -495,11 +492,7 @@ fn a_restarted_server_resyncs_and_takes_over_again() {
         ))
     };
     let check = |files: &Expected| rt.block_on(read_back(&c, files));
-    let in_sync = || {
-        rt.block_on(c.replica_sets())
-            .map(|(_, n)| n)
-            .unwrap_or_default()
-    };
+    let in_sync = || copies_in_sync(&rt, &c);
     write(&mut files, 0);
 
     // Server 3 dies; set 3 moves to server 0, and sets 2 and 3 are left
@@ -514,15 +507,7 @@ fn a_restarted_server_resyncs_and_takes_over_again() {
     tc.restart(3);
     write(&mut files, 2);
     let t = std::time::Instant::now();
-    let deadline = t + std::time::Duration::from_secs(60);
-    while in_sync() != vec![2u8; SERVERS] {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "server 3 did not catch up: {:?}",
-            in_sync()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    wait_all_in_sync(&in_sync, 60, "after server 3's restart");
     eprintln!(
         "server 3 was in sync again {:?} after its restart",
         t.elapsed()
@@ -589,11 +574,7 @@ fn wait_rebuilt(
     files: &mut Expected,
     mut round: u64,
 ) -> String {
-    let in_sync = || {
-        rt.block_on(c.replica_sets())
-            .map(|(_, n)| n)
-            .unwrap_or_default()
-    };
+    let in_sync = || copies_in_sync(rt, c);
     let mut seen = String::new();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
     let last_round = round + 2;
