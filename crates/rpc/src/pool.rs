@@ -486,8 +486,13 @@ impl Pool {
         }
     }
 
-    /// Ask the servers (but the one `set` is routed to) for the routes,
-    /// until one answers; take them.
+    /// Ask the server processes (but the one `set` is routed to, which
+    /// just failed) for the routes, until one knows newer ones than this
+    /// pool, or routes `set` elsewhere; take every answer on the way. One
+    /// that knows no more is passed over: a server cut off from the others
+    /// keeps answering with its stale map, and a client that asked it
+    /// first, every time, never learned the failover (crates/sim with
+    /// replicas, seeds 20 and 126 of the soak).
     async fn refresh_routes(&self, set: ServerId) {
         let skip = self.route(set);
         let ask = Request {
@@ -495,9 +500,10 @@ impl Pool {
             op: madfs_proto::message::Op::GetRoutes,
         };
         for other in (0..self.addrs.len() as u16).map(ServerId) {
-            if other == set || self.route(other) == skip {
+            if other == skip {
                 continue;
             }
+            let known = self.epoch.load(Ordering::Relaxed);
             let answer = tokio::time::timeout(ROUTES_ASK_TIMEOUT, self.call_process(other, &ask));
             if let Ok(Ok(Response {
                 reply:
@@ -512,7 +518,9 @@ impl Pool {
             {
                 self.set_addresses(&addresses).await;
                 self.set_routes(epoch, &serving).await;
-                return;
+                if epoch > known || serving.get(set.0 as usize).is_some_and(|&s| s != skip) {
+                    return;
+                }
             }
         }
     }
