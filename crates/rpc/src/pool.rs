@@ -267,7 +267,15 @@ impl Pool {
                 return Ok(c.clone());
             }
         }
-        let c = Connection::connect(
+        let c = self.connect(server, addr).await?;
+        *guard = Some((addr, c.clone()));
+        Ok(c)
+    }
+
+    /// A new connection to `server` at `addr`, with this pool's key, role
+    /// and timeouts.
+    async fn connect(&self, server: ServerId, addr: SocketAddr) -> Result<Connection, RpcError> {
+        Connection::connect(
             server,
             addr,
             &self.key,
@@ -275,9 +283,7 @@ impl Pool {
             self.timeouts.connect,
             self.timeouts.call,
         )
-        .await?;
-        *guard = Some((addr, c.clone()));
-        Ok(c)
+        .await
     }
 
     pub async fn call(
@@ -543,17 +549,7 @@ impl Pool {
         let addr = self
             .address(server)
             .ok_or_else(|| RpcError::Config(format!("no server {server} in the cluster")))?;
-        Connection::connect(
-            server,
-            addr,
-            &self.key,
-            self.role,
-            self.timeouts.connect,
-            self.timeouts.call,
-        )
-        .await?
-        .call(req, &[])
-        .await
+        self.connect(server, addr).await?.call(req, &[]).await
     }
 }
 

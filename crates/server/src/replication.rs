@@ -748,25 +748,23 @@ impl Replicator {
             "set {}: resync of server {replica} starts (records from {from} kept for it)",
             self.set
         );
-        let has_all = self.has_all_before(server, replica, from).await;
-        let loaded = match has_all {
-            true => Ok((0, 0)),
-            false => self.load(server, replica, from, (i, generation)).await,
-        };
-        match loaded {
-            Ok(_) if has_all => tracing::info!(
+        if self.has_all_before(server, replica, from).await {
+            tracing::info!(
                 "set {}: server {replica}'s copy has every record before {from}: no load, \
                  the records since follow",
                 self.set
-            ),
-            Ok((keys, chunks)) => tracing::info!(
-                "set {}: server {replica} has the copy ({keys} keys, {chunks} chunk files); \
+            );
+        } else {
+            match self.load(server, replica, from, (i, generation)).await {
+                Ok((keys, chunks)) => tracing::info!(
+                    "set {}: server {replica} has the copy ({keys} keys, {chunks} chunk files); \
                  now the records since",
-                self.set
-            ),
-            Err(e) => {
-                tracing::error!("set {}: resync of server {replica} failed: {e}", self.set);
-                return false;
+                    self.set
+                ),
+                Err(e) => {
+                    tracing::error!("set {}: resync of server {replica} failed: {e}", self.set);
+                    return false;
+                }
             }
         }
         self.progress(i, generation, |p| p.phase = RebuildPhase::CatchingUp);
@@ -802,13 +800,14 @@ impl Replicator {
     }
 
     /// Whether `replica`'s copy already has this stream up to record
-    /// `from - 1` (this primary stopped cleanly and continued its stream,
-    /// restart.rs, and the replica missed nothing): an empty numbered
-    /// ReplicaApply of record `from` is acknowledged at `from - 1` only by
-    /// a whole copy on this stream with nothing missing. A copy of another
-    /// stream with records, one with a gap, or one cut off mid-load refuses
-    /// it; a new stream at its first record is never taken as proof (an
-    /// empty copy would accept it).
+    /// `from - 1`, so the records from `from` on bring it up to date (it
+    /// was cut off while records were kept for it, or this primary stopped
+    /// cleanly and continued its stream, restart.rs): an empty numbered
+    /// ReplicaApply of record `from` is acknowledged at `from - 1` or
+    /// later only by a whole copy on this stream with nothing missing. A
+    /// copy of another stream with records, one with a gap, or one cut off
+    /// mid-load refuses it; a new stream at its first record is never
+    /// taken as proof (an empty copy would accept it).
     async fn has_all_before(&self, server: &crate::Server, replica: ServerId, from: u64) -> bool {
         if from <= 1 {
             return false;

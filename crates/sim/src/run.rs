@@ -228,12 +228,7 @@ fn run_options() -> RunOptions {
         find_index_bytes: 0,
         direct_io: false,
         cache_bytes: 0,
-        metrics: None,
-        listen_all: false,
-        data_dir: None,
-        replicas: None,
-        replace: false,
-        address: None,
+        ..RunOptions::default()
     }
 }
 
