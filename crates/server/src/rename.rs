@@ -32,6 +32,9 @@
 //!    ask B with RenameResolve. "Installed" -> do step 4. "Not installed" ->
 //!    B first records tx as aborted (so a late-arriving install of tx is
 //!    refused) and A drops the intent. B unreachable -> retry later.
+//!    Until settled, the source name stays held (`Locks::unsettle`): it
+//!    may already be the second link of an inode whose new name B has, so
+//!    no other request may remove or replace it as a link of its own.
 //!
 //! So after recovery exactly one of the two names exists. While B is
 //! unreachable, step 3 fails with EIO and the outcome is settled by step 6.
@@ -346,7 +349,7 @@ async fn rename_local(
         let mut parents = DirChanges::one(sp, 0);
         parents.add(dp, 0);
         keys.extend(parents.local_keys(srv.id));
-        let guard = srv.locks.lock(&keys).await;
+        let guard = srv.locks.lock(&keys).await?;
         if srv.load_dentry(sp, sn)? != Some((kind, ino)) {
             return Err(err(ErrorCode::TryAgain, "the source changed during rename"));
         }
@@ -438,6 +441,9 @@ async fn rename_remote(
     };
     match srv.call_peer(b_server, install).await {
         Err(e) if is_uncertain(&e) => {
+            // Until settled, the source name may also be the new name's
+            // link: no other request may take it for one of its own.
+            srv.locks.unsettle(sp, sn);
             drop(guard);
             let me = srv.clone();
             tokio::spawn(async move { settle(&me, tx, intent).await });
@@ -555,7 +561,7 @@ pub(crate) async fn install(
         keys.extend(DirChanges::one(dp, 0).local_keys(srv.id));
         let guard = tokio::time::timeout(LOCK_WAIT, srv.locks.lock(&keys))
             .await
-            .map_err(|_| err(ErrorCode::TryAgain, "destination busy"))?;
+            .map_err(|_| err(ErrorCode::TryAgain, "destination busy"))??;
         if srv.load_dentry(dp, dn)?.map(|(_, i)| i) != target {
             return Err(err(ErrorCode::TryAgain, "the target changed during rename"));
         }
@@ -661,7 +667,9 @@ pub(crate) fn resolve(
     Ok(installed)
 }
 
-/// Step 6 on A for one intent: retry until B answers.
+/// Step 6 on A for one intent: retry until B answers. The source name is
+/// held (`Locks::unsettle`) from when the outcome became unknown (or from
+/// the store's open, `hold_unsettled`) until this settles it.
 async fn settle(srv: &Arc<Server>, tx: TxId, intent: Intent) {
     let b_server = dentry_server(intent.dst_parent, &intent.dst_name, srv.servers);
     let mut wait = Duration::from_millis(200);
@@ -676,7 +684,12 @@ async fn settle(srv: &Arc<Server>, tx: TxId, intent: Intent) {
                 let changes = DirChanges::one(intent.src_parent, -dir_links(intent.kind));
                 let mut lock_keys = vec![LockKey::Dentry(intent.src_parent, &intent.src_name)];
                 lock_keys.extend(changes.local_keys(srv.id));
-                let g = srv.locks.lock(&lock_keys).await;
+                let g = srv.locks.lock_settling(&lock_keys).await;
+                // Settled meanwhile by the same intent's other settle (the
+                // start's recovery also finds intents left since the open).
+                if let Ok(None) = srv.kv.get(&keys::rename_intent(tx)) {
+                    return;
+                }
                 let mut b = WriteBatch::new();
                 let time = Timestamp::now();
                 let mut moved = false;
@@ -693,6 +706,7 @@ async fn settle(srv: &Arc<Server>, tx: TxId, intent: Intent) {
                 b.delete(&keys::rename_intent(tx));
                 match srv.kv.write(b, true) {
                     Ok(()) => {
+                        srv.locks.settle(intent.src_parent, &intent.src_name);
                         drop(g);
                         if moved {
                             srv.touch_remote(&changes, time).await;
@@ -724,31 +738,55 @@ async fn settle(srv: &Arc<Server>, tx: TxId, intent: Intent) {
     }
 }
 
-/// Finish every rename a crash interrupted.
-pub(crate) async fn recover(srv: &Arc<Server>) {
-    let intents = match srv
+/// The intents in this server's store (renames a crash or a failover
+/// interrupted), `None` for one that does not decode.
+fn stored_intents(srv: &Server) -> Result<Vec<(TxId, Option<Intent>)>, WireError> {
+    let stored = srv
         .kv
         .scan(keys::RENAME_INTENT, keys::RENAME_INTENT, 100_000)
-    {
+        .map_err(kv_err)?;
+    Ok(stored
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let tx = k
+                .get(4..12)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_be_bytes)?;
+            Some((TxId(tx), Intent::decode(&v)))
+        })
+        .collect())
+}
+
+/// At the store's open, before any request: hold the source name of every
+/// stored intent until `recover` settles it.
+pub(crate) fn hold_unsettled(srv: &Server) -> Result<usize, WireError> {
+    let intents = stored_intents(srv)?;
+    for (_, intent) in &intents {
+        if let Some(i) = intent {
+            srv.locks.unsettle(i.src_parent, &i.src_name);
+        }
+    }
+    Ok(intents.len())
+}
+
+/// Finish every rename a crash interrupted, all at once (one destination
+/// that does not answer holds up only its own renames).
+pub(crate) async fn recover(srv: &Arc<Server>) {
+    let intents = match stored_intents(srv) {
         Ok(v) => v,
         Err(e) => {
             tracing::warn!("scanning rename intents: {e}");
             return;
         }
     };
-    for (k, v) in intents {
-        let Some(tx) = k
-            .get(4..12)
-            .and_then(|b| b.try_into().ok())
-            .map(u64::from_be_bytes)
-        else {
-            continue;
-        };
-        match Intent::decode(&v) {
-            Some(intent) => settle(srv, TxId(tx), intent).await,
-            None => tracing::warn!("corrupt rename intent {tx}"),
+    let mut settling = Vec::new();
+    for (tx, intent) in intents {
+        match intent {
+            Some(intent) => settling.push(settle(srv, tx, intent)),
+            None => tracing::warn!("corrupt rename intent {tx:?}"),
         }
     }
+    futures::future::join_all(settling).await;
 }
 
 /// RENAME_EXCHANGE: swap two names held by this server atomically.
@@ -769,7 +807,7 @@ async fn exchange(
     parents.add(dp, 0);
     let mut lock_keys = vec![LockKey::Dentry(sp, sn), LockKey::Dentry(dp, dn)];
     lock_keys.extend(parents.local_keys(srv.id));
-    let g = srv.locks.lock(&lock_keys).await;
+    let g = srv.locks.lock(&lock_keys).await?;
     let (sk, si) = srv
         .load_dentry(sp, sn)?
         .ok_or_else(|| err(ErrorCode::NotFound, ""))?;

@@ -252,6 +252,11 @@ impl Server {
             unreplicated,
             copies,
         };
+        let unsettled =
+            crate::rename::hold_unsettled(&server).map_err(|e| ServerError::Storage(e.message))?;
+        if unsettled > 0 {
+            tracing::info!("server {id}: {unsettled} renames to settle, their source names held");
+        }
         if id == ServerId(0)
             && server
                 .load_inode(InodeId::ROOT)

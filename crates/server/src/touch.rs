@@ -281,11 +281,14 @@ impl Server {
     ) -> Vec<TouchToken> {
         let local: Vec<_> = changes.local_keys(self.id);
         if !local.is_empty() {
-            let _g = self.locks.lock(&local).await;
-            let mut b = WriteBatch::new();
-            let written = self
-                .touch_local(&mut b, changes, time)
-                .and_then(|()| self.kv.write(b, false).map_err(kv_err));
+            let written = match self.locks.lock(&local).await {
+                Ok(_g) => {
+                    let mut b = WriteBatch::new();
+                    self.touch_local(&mut b, changes, time)
+                        .and_then(|()| self.kv.write(b, false).map_err(kv_err))
+                }
+                Err(e) => Err(e),
+            };
             if let Err(e) = written {
                 tracing::warn!("touching a directory: {e}");
             }
@@ -431,7 +434,7 @@ impl Server {
         nlink_delta: i32,
     ) -> Result<Reply, WireError> {
         {
-            let _g = self.locks.lock(&[LockKey::Inode(dir)]).await;
+            let _g = self.locks.lock(&[LockKey::Inode(dir)]).await?;
             let mut inode = self.must_inode(dir)?;
             if inode.attr.kind != FileKind::Dir {
                 return Err(err(ErrorCode::NotDir, format!("inode {dir}")));

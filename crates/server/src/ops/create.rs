@@ -107,7 +107,7 @@ impl Server {
         let changes = DirChanges::one(parent, i64::from(kind == FileKind::Dir));
         let mut lock_keys = vec![LockKey::Dentry(parent, name)];
         lock_keys.extend(changes.local_keys(self.id));
-        let g = self.locks.lock(&lock_keys).await;
+        let g = self.locks.lock(&lock_keys).await?;
         if let Some((ekind, eino)) = self.load_dentry(parent, name)? {
             perm::check(&dir, c, perm::EXEC)?;
             if exclusive || kind != FileKind::File {

@@ -96,7 +96,7 @@ impl Server {
             return Ok(Reply::Empty);
         }
         // Chunk 0 lives with the inode: data and size change in one step.
-        let _g = self.locks.lock(&[LockKey::Inode(ino)]).await;
+        let _g = self.locks.lock(&[LockKey::Inode(ino)]).await?;
         let mut inode = self.must_inode(ino)?;
         if inode.attr.kind != FileKind::File {
             return Err(err(ErrorCode::IsDir, "not a regular file"));
@@ -155,7 +155,7 @@ impl Server {
         if size > limits::FILE_SIZE_MAX_BYTES {
             return Err(err(ErrorCode::FileTooBig, ""));
         }
-        let _g = self.locks.lock(&[LockKey::Inode(ino)]).await;
+        let _g = self.locks.lock(&[LockKey::Inode(ino)]).await?;
         let mut inode = self.must_inode(ino)?;
         let before = inode.attr.size;
         inode.attr.size = inode.attr.size.max(size);

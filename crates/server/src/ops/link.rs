@@ -19,7 +19,7 @@ impl Server {
         delta: i32,
         hold: bool,
     ) -> Result<Reply, WireError> {
-        let _g = self.locks.lock(&[LockKey::Inode(ino)]).await;
+        let _g = self.locks.lock(&[LockKey::Inode(ino)]).await?;
         let mut inode = self.must_inode(ino)?;
         let mut b = WriteBatch::new();
         if delta == 0 {
@@ -94,7 +94,7 @@ impl Server {
         let changes = DirChanges::one(parent, 0);
         let mut lock_keys = vec![LockKey::Dentry(parent, name), LockKey::Inode(ino)];
         lock_keys.extend(changes.local_keys(self.id));
-        let g = self.locks.lock(&lock_keys).await;
+        let g = self.locks.lock(&lock_keys).await?;
         if self.load_dentry(parent, name)?.is_some() {
             return Err(err(ErrorCode::Exists, ""));
         }

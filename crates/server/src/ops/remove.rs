@@ -86,7 +86,7 @@ impl Server {
                 format!("inode {ino} is not held by server {}", self.id),
             ));
         }
-        let _g = self.locks.lock(&[LockKey::Inode(ino)]).await;
+        let _g = self.locks.lock(&[LockKey::Inode(ino)]).await?;
         if self.kv.get(&keys::held(ino)).map_err(kv_err)?.is_none() {
             return Ok(Reply::Empty);
         }
@@ -212,7 +212,7 @@ impl Server {
         let changes = DirChanges::one(parent, -i64::from(kind == FileKind::Dir));
         let mut lock_keys = vec![LockKey::Dentry(parent, name), LockKey::Inode(ino)];
         lock_keys.extend(changes.local_keys(self.id));
-        let guard = self.locks.lock(&lock_keys).await;
+        let guard = self.locks.lock(&lock_keys).await?;
         let now = self.load_dentry(parent, name)?;
         if now != Some((kind, ino)) {
             drop(guard);

@@ -18,7 +18,7 @@ impl Server {
         ino: InodeId,
         ch: SetAttrs,
     ) -> Result<Attr, WireError> {
-        let _g = self.locks.lock(&[LockKey::Inode(ino)]).await;
+        let _g = self.locks.lock(&[LockKey::Inode(ino)]).await?;
         let mut inode = self.must_inode(ino)?;
         let a = &mut inode.attr;
         let owner = owner_of(a);
