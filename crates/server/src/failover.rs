@@ -207,13 +207,15 @@ impl Router {
                 }
             }
         }
-        if self
+        let removed = self
             .sets
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&set)
-            .is_some()
-        {
+            .remove(&set);
+        if let Some(m) = removed {
+            if let Some(r) = &m.server.replication {
+                r.retire();
+            }
             tracing::warn!("server {} no longer serves set {set}", self.home);
         }
         // If it was served from this server's copy (another's set, or its
@@ -240,6 +242,35 @@ impl Router {
             .values()
             .map(|m| m.server.clone())
             .collect()
+    }
+
+    /// Why an operation on `set` that ran to its end on `m` may not be
+    /// acknowledged: the set moved away from `m` meanwhile (`depose`). The
+    /// new primary's copy has every record its replicas acknowledged, but
+    /// `m`'s later answers are not the set's any more: an unknown outcome
+    /// (`TimedOut`), never "done". (Found by the simulation, seed 470: a
+    /// set moved away and back to one process, from its copy; the first
+    /// server, still running, took the new primary's replica out of the
+    /// set and answered a mkdir alone. `Replicator::retire` closes that;
+    /// this keeps any answer of a deposed server from counting.)
+    fn moved_while_running(&self, set: ServerId, m: &Arc<Metered>) -> Option<WireError> {
+        self.group.get()?;
+        let still = self
+            .sets
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&set)
+            .is_some_and(|now| Arc::ptr_eq(now, m));
+        (!still).then(|| {
+            WireError::new(
+                ErrorCode::TimedOut,
+                format!(
+                    "set {set} moved away from server {} while the operation ran; it may or \
+                     may not have been done",
+                    self.home
+                ),
+            )
+        })
     }
 }
 
@@ -341,9 +372,13 @@ impl Handler for Router {
                 if let Some(e) = unusable(&m) {
                     return Err(e);
                 }
+                let set = ctx.set;
                 match m.handle(ctx, req, data).await {
                     Err(e) => Err(unusable(&m).unwrap_or(e)),
-                    ok => ok,
+                    Ok(done) => match self.moved_while_running(set, &m) {
+                        Some(e) => Err(e),
+                        None => Ok(done),
+                    },
                 }
             }
             None => Err(WireError::new(

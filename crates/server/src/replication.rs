@@ -369,6 +369,9 @@ pub struct Replicator {
     /// Asked before a failed replica leaves the set (members.rs): the
     /// membership group must take it out first. None: leave at once.
     group: std::sync::OnceLock<Arc<crate::members::Members>>,
+    /// The set moved away from this store (`retire`): nothing is shipped
+    /// from it any more, and no replica leaves on its word.
+    retired: std::sync::atomic::AtomicBool,
 }
 
 impl Replica {
@@ -417,6 +420,7 @@ impl Replicator {
             acked: Notify::new(),
             direct: std::sync::OnceLock::new(),
             group: std::sync::OnceLock::new(),
+            retired: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -426,7 +430,24 @@ impl Replicator {
     }
 
     /// Whether replica `i` may leave the set now (after `why`).
+    /// The set moved away from this store: stop shipping, and never ask
+    /// the group to take a replica out (the set's new primary ships to the
+    /// same replicas; a deposed primary's request would take one out of
+    /// the new primary's set).
+    pub(crate) fn retire(&self) {
+        self.retired
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.changed.notify_waiters();
+    }
+
+    fn is_retired(&self) -> bool {
+        self.retired.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     async fn may_leave(&self, i: usize, why: &str) -> bool {
+        if self.is_retired() {
+            return false;
+        }
         let server = self.lock().replicas[i].server;
         match self.group.get() {
             None => true,
@@ -983,10 +1004,10 @@ impl Replicator {
         };
         let mut failures = 0u32;
         loop {
-            if self.lock().replicas[i].generation != generation {
+            let changed = self.changed.notified();
+            if self.lock().replicas[i].generation != generation || self.is_retired() {
                 return;
             }
-            let changed = self.changed.notified();
             let Some((first_seq, batch)) = self.next_batch(i) else {
                 if self.lock().replicas[i].out.is_some() {
                     return;

@@ -153,7 +153,7 @@ impl Replicated {
             tokio::spawn(async move { p.stop_group().await });
         }
         let mut lost = home.crash(keep);
-        lost += self.raft[id.0 as usize].crash(usize::MAX);
+        lost += self.raft[id.0 as usize].crash(keep);
         for d in self.disks.copies_of(id) {
             lost += d.crash(keep);
         }

@@ -44,6 +44,10 @@ pub struct SimConfig {
     /// Replicas of each set (cluster file `replicas`): 1, or 2 for the
     /// cluster with the membership group and failovers (replicated.rs).
     pub replicas: usize,
+    /// With replicas: half the kills are power cuts (the server's disks
+    /// lose a random part of what was not synced). Off replays the
+    /// trajectories of seeds from before power cuts existed.
+    pub power_cuts: bool,
 }
 
 /// Renames the simulation runs at the same time as another rename.
@@ -76,6 +80,7 @@ impl SimConfig {
                 _ => RenameRaces::Files,
             },
             replicas: 1,
+            power_cuts: true,
         }
     }
 
@@ -116,6 +121,8 @@ pub struct Outcome {
     pub failovers: usize,
     pub partitions: usize,
     pub restarts: usize,
+    /// With replicas: kills that were power cuts (unsynced writes lost).
+    pub power_cuts: usize,
 }
 
 /// A broken invariant, with what is needed to replay it.
@@ -292,6 +299,7 @@ struct Sim {
     /// The step, for the watchdog.
     progress: Arc<AtomicUsize>,
     rename_races: RenameRaces,
+    power_cuts: bool,
     /// Files that may hold chunk bytes past their size (a crash or a
     /// failed write since they were made).
     ghosts: BTreeSet<InodeId>,
@@ -389,6 +397,7 @@ impl Sim {
             step: 0,
             progress,
             rename_races: cfg.rename_races,
+            power_cuts: cfg.power_cuts,
             ghosts: BTreeSet::new(),
             down: None,
             isolated: None,
@@ -585,7 +594,8 @@ impl Sim {
     fn crash(&mut self, id: ServerId) -> Result<(), Failure> {
         if self.cluster.replicated.is_some() {
             // It stays down a while: its set fails over (run_replicated.rs).
-            self.kill_replicated(id);
+            let power_cut = self.power_cuts && self.rng.random_bool(0.5);
+            self.kill_replicated(id, power_cut);
             return Ok(());
         }
         let disk = self.cluster.disks[id.0 as usize].clone();

@@ -45,17 +45,33 @@ impl Sim {
             && rep.healthy(self.cluster.cfg.replicas as usize)
     }
 
-    /// Kill process `id` (a process kill: its disks keep everything), to
-    /// restart it a few steps later.
-    pub(super) fn kill_replicated(&mut self, id: ServerId) {
+    /// Kill process `id`, to restart it a few steps later: a process kill
+    /// (its disks keep everything), or with `power_cut` the loss of its
+    /// host's power (its disks keep what was synced and a random prefix of
+    /// the rest). Either way every acknowledged operation is on its set's
+    /// other copies, and the checks after the step ask for all of them.
+    pub(super) fn kill_replicated(&mut self, id: ServerId, power_cut: bool) {
         drop(self.cluster.net.kill(id));
         let home = self.cluster.disks[id.0 as usize].clone();
+        let keep = if power_cut {
+            self.rng.random_range(0..=2)
+        } else {
+            usize::MAX
+        };
         let rep = self.cluster.replicated.as_mut().expect("replicas");
-        rep.kill(id, &home, usize::MAX);
+        let lost = rep.kill(id, &home, keep);
         self.out.crashes += 1;
+        self.out.lost_batches += lost;
         let back = self.step + self.rng.random_range(1..=3);
         self.down = Some((id, back));
-        self.note(format!("kill server {id} (down until step {back})"));
+        if power_cut {
+            self.out.power_cuts += 1;
+            self.note(format!(
+                "power cut of server {id}: {lost} unsynced batches lost (down until step {back})"
+            ));
+        } else {
+            self.note(format!("kill server {id} (down until step {back})"));
+        }
     }
 
     /// A fault or a recovery between operations; whether it took the step.
@@ -88,7 +104,8 @@ impl Sim {
         }
         let id = ServerId(self.rng.random_range(0..self.cluster.disks.len() as u16));
         if roll < 4 {
-            self.kill_replicated(id);
+            let power_cut = self.power_cuts && self.rng.random_bool(0.5);
+            self.kill_replicated(id, power_cut);
         } else {
             let heal = self.step + self.rng.random_range(1..=3);
             self.isolated = Some((id, heal));
