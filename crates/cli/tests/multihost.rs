@@ -822,47 +822,53 @@ fn replicas_survive_a_partition_and_a_dead_host() {
         }
     };
 
-    // h2 (servers 4 and 5) is cut off.
+    // h2 (servers 4 and 5) is cut off. Right then, a client on h2 writes
+    // to h2's own server, and the client outside writes to h2's two sets.
     let (h2, _) = &hosts[2];
-    net.link(h2, false);
     let refused = format!("/{}", name_on(4, servers, "x"));
-    std::fs::write(&local, b"never acknowledged").unwrap();
-    let t = Instant::now();
-    let out = net.madfs_env(
-        h2,
-        &["put", local.to_str().unwrap(), &refused],
-        &[("MADFS_FAILOVER_WAIT_MS", "3000")],
-    );
-    assert!(
-        !out.status.success(),
-        "a write on the cut-off host was acknowledged: {}",
-        text(&out)
-    );
-    eprintln!(
-        "on the cut-off host, put failed after {:?}: {}",
-        t.elapsed(),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    // The others take writes to h2's sets once failed over.
-    let t = Instant::now();
-    put(
-        &net,
-        &mut files,
-        &client,
-        &format!("/{}", name_on(4, servers, "y")),
-        500,
-    );
-    put(
-        &net,
-        &mut files,
-        &client,
-        &format!("/{}", name_on(5, servers, "y")),
-        2 << 20,
-    );
-    eprintln!(
-        "writes to the cut-off host's sets went through after {:?}",
-        t.elapsed()
-    );
+    let outside: Vec<(String, Vec<u8>)> = [(4u16, 500usize), (5, 2 << 20)]
+        .iter()
+        .map(|&(set, len)| {
+            let path = format!("/{}", name_on(set, servers, "y"));
+            (path, pattern(u64::from(set) + 101, len))
+        })
+        .collect();
+    let refused_local = net.root().join("refused");
+    std::fs::write(&refused_local, b"never acknowledged").unwrap();
+    net.link(h2, false);
+    let cut = Instant::now();
+    std::thread::scope(|scope| {
+        let inside = scope.spawn(|| {
+            let out = net.madfs_env(
+                h2,
+                &["put", refused_local.to_str().unwrap(), &refused],
+                &[("MADFS_FAILOVER_WAIT_MS", "3000")],
+            );
+            assert!(
+                !out.status.success(),
+                "a write on the cut-off host was acknowledged: {}",
+                text(&out)
+            );
+            eprintln!(
+                "on the cut-off host, put failed {:?} after the cut: {}",
+                cut.elapsed(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        });
+        // The others take writes to h2's sets once failed over.
+        for (i, (path, bytes)) in outside.iter().enumerate() {
+            let from = net.root().join(format!("outside{i}"));
+            std::fs::write(&from, bytes).unwrap();
+            must(net.madfs_in(&client, &["put", from.to_str().unwrap(), path]));
+            eprintln!(
+                "a write to the cut-off host's set {} went through {:?} after the cut",
+                4 + i,
+                cut.elapsed()
+            );
+        }
+        inside.join().unwrap();
+    });
+    files.extend(outside);
     check(&net, &client, &files);
 
     // Healed: h2's client follows the cluster; the refused write is nowhere.

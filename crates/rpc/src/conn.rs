@@ -35,6 +35,16 @@ pub const QUEUE_BYTES_MAX: usize = 32 << 20;
 const WRITE_BATCH_FRAMES: usize = 64;
 /// Parts given to one vectored write, below every system's IOV_MAX.
 const IOV_MAX_PARTS: usize = 512;
+/// Data sent on a connection and not acknowledged by the peer's kernel for
+/// this long breaks the connection (TCP_USER_TIMEOUT). A peer's kernel
+/// acknowledges what arrives however busy the process is, so only a
+/// network cut or a dead host trips it. Without it a connection that lived
+/// through a partition stayed open, its data waiting for TCP's doubling
+/// retransmission timer: after a 10 s cut healed, the membership group's
+/// messages on it went unanswered for 12 s more, and no failover could be
+/// decided meanwhile. Broken instead, it is replaced by a new connection,
+/// which gets through as soon as the network does.
+pub const UNACKNOWLEDGED_MAX: Duration = Duration::from_secs(4);
 /// Read buffer of a connection's reader (larger reads bypass it).
 pub(crate) const READ_BUFFER_BYTES: usize = 64 * 1024;
 
@@ -108,6 +118,27 @@ pub async fn read_data<R: AsyncRead + Unpin>(
         }
     }
     Ok(data)
+}
+
+/// Set up a connected socket, either side: no Nagle delay (requests and
+/// replies are whole frames), and `UNACKNOWLEDGED_MAX`. Failures are
+/// ignored: both are tuning, and a socket without them still works.
+pub(crate) fn tune_socket(stream: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let _ = stream.set_nodelay(true);
+    let ms = libc::c_uint::try_from(UNACKNOWLEDGED_MAX.as_millis()).unwrap_or(libc::c_uint::MAX);
+    // SAFETY: the descriptor is the open socket `stream` owns for the
+    // whole call; the option value is a c_uint on the stack, and its size
+    // is passed with it.
+    let _ = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            (&ms as *const libc::c_uint).cast(),
+            std::mem::size_of::<libc::c_uint>() as libc::socklen_t,
+        )
+    };
 }
 
 /// Write a frame: header and body in one buffer, bulk data straight from the
@@ -395,7 +426,7 @@ impl Connection {
             let stream = TcpStream::connect(addr)
                 .await
                 .map_err(|e| RpcError::Io(format!("server {server} at {addr}: {e}")))?;
-            let _ = stream.set_nodelay(true);
+            tune_socket(&stream);
             let (mut r, mut w) = stream.into_split();
             handshake(&mut r, &mut w, key, role, server).await?;
             Ok::<_, RpcError>((r, w))

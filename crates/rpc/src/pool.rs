@@ -78,8 +78,19 @@ const ROUTES_POLL: Duration = Duration::from_millis(200);
 /// (`watching_moves`): past a lease and a detector round (1 s and 2 s by
 /// default), so only calls to a server already given up are affected.
 const MOVE_CHECK_AFTER: Duration = Duration::from_secs(3);
+/// A connection not made this long starts watching too: a connect to a
+/// live server takes a round trip, and one whose SYN was lost waits 1 s
+/// for its first retransmission, so this is a server out of reach (its
+/// host cut off or gone). Without it, a client new to a failed-over set
+/// waited the whole connect timeout (5 s) before it asked for the routes.
+const CONNECT_MOVE_CHECK_AFTER: Duration = Duration::from_secs(1);
 /// How often such a call asks for the routes.
 const MOVE_CHECK_EVERY: Duration = Duration::from_secs(1);
+/// Asking for the routes: another server is asked when none answered for
+/// this long, the earlier asks still running...
+const ROUTES_ASK_HEDGE: Duration = Duration::from_millis(250);
+/// ...with at most this many asks in flight.
+const ROUTES_ASKS_IN_FLIGHT_MAX: usize = 3;
 
 pub struct Pool {
     /// Where each server listens: the cluster file's address, or where the
@@ -226,7 +237,7 @@ impl Pool {
             tracing::info!("server {server} moved from {was} to {addr}");
             for set in 0..self.route.len() {
                 if self.route[set].load(Ordering::Relaxed) == server.0 {
-                    *self.slots[set].lock().await = None;
+                    self.drop_connection(set);
                 }
             }
         }
@@ -245,8 +256,20 @@ impl Pool {
             }
             let was = self.route[set].swap(to.0, Ordering::Relaxed);
             if was != to.0 {
-                *self.slots[set].lock().await = None;
+                self.drop_connection(set);
             }
+        }
+    }
+
+    /// Close set `set`'s connection, unless a caller is connecting it now:
+    /// never waited for, as a connect to a server out of reach holds the
+    /// slot for the whole connect timeout, and the caller watching that
+    /// connect for a move learns the move here (`watching_moves`). The
+    /// connection made meanwhile is tagged with the address it went to, so
+    /// `connection` never uses it once the route leads elsewhere.
+    fn drop_connection(&self, set: usize) {
+        if let Ok(mut slot) = self.slots[set].try_lock() {
+            *slot = None;
         }
     }
 
@@ -292,9 +315,10 @@ impl Pool {
         req: &Request,
         data: &[u8],
     ) -> Result<Response, RpcError> {
+        let tried_on = self.route(server);
         match self.call_watching_moves(server, req, data).await {
             Err(e) if self.failover && unreachable(&e) => {
-                self.after_failover(server, e, || self.call_once(server, req, data))
+                self.after_failover(server, tried_on, e, || self.call_once(server, req, data))
                     .await
             }
             other => other,
@@ -345,10 +369,13 @@ impl Pool {
             }
         };
         let share = || SharedData::Shared(buf.clone(), range.clone());
+        let tried_on = self.route(server);
         match self.call_shared_watching_moves(server, req, share()).await {
             Err(e) if unreachable(&e) => {
-                self.after_failover(server, e, || self.call_shared_once(server, req, share()))
-                    .await
+                self.after_failover(server, tried_on, e, || {
+                    self.call_shared_once(server, req, share())
+                })
+                .await
             }
             other => other,
         }
@@ -399,8 +426,11 @@ impl Pool {
         if self.local.is_some() || !self.failover {
             return self.call_once(set, req, data).await;
         }
-        let c = self.connection(set).await?;
-        self.watching_moves(set, c.call(req, data)).await
+        let c = self
+            .watching_moves(set, CONNECT_MOVE_CHECK_AFTER, self.connection(set))
+            .await?;
+        self.watching_moves(set, MOVE_CHECK_AFTER, c.call(req, data))
+            .await
     }
 
     /// `call_shared_once`, given up (`watching_moves`) if the set moves
@@ -414,27 +444,36 @@ impl Pool {
         if self.local.is_some() || !self.failover {
             return self.call_shared_once(set, req, data).await;
         }
-        let c = self.connection(set).await?;
-        self.watching_moves(set, c.call_shared(req, data)).await
+        let c = self
+            .watching_moves(set, CONNECT_MOVE_CHECK_AFTER, self.connection(set))
+            .await?;
+        self.watching_moves(set, MOVE_CHECK_AFTER, c.call_shared(req, data))
+            .await
     }
 
-    /// A call (to set `set`, on a connection made), given up as `Moved` if
-    /// the set moves to another server while it waits: a server that hangs
+    /// A connect or a call for set `set`, given up as `Moved` if the set
+    /// moves to another server while it waits: a server that hangs
     /// (stopped, cut off without a reset, its disk stuck) would hold the
     /// call for the whole call timeout, long after the group failed its
-    /// sets over. Once a call has waited `MOVE_CHECK_AFTER`, the routes are
-    /// asked again every `MOVE_CHECK_EVERY`. (The hung server cannot
-    /// acknowledge it any more: it lost its lease, and its replicas left
-    /// it.) Connecting is bounded by its own timeout, and not watched.
-    async fn watching_moves<F>(&self, set: ServerId, call: F) -> Result<Response, RpcError>
+    /// sets over. Once it has waited `check_after`, the routes are asked
+    /// again every `MOVE_CHECK_EVERY`. (The hung server cannot
+    /// acknowledge a call any more: it lost its lease, and its replicas
+    /// left it.)
+    async fn watching_moves<F, T>(
+        &self,
+        set: ServerId,
+        check_after: Duration,
+        call: F,
+    ) -> Result<T, RpcError>
     where
-        F: std::future::Future<Output = Result<Response, RpcError>>,
+        F: std::future::Future<Output = Result<T, RpcError>>,
     {
         let was = self.route(set);
         let moved = async {
-            tokio::time::sleep(MOVE_CHECK_AFTER).await;
+            tokio::time::sleep(check_after).await;
             loop {
-                self.refresh_routes(set).await;
+                self.refresh_routes(set, tokio::time::Instant::now() + ROUTES_ASK_TIMEOUT)
+                    .await;
                 let now = self.route(set);
                 if now != was {
                     return now;
@@ -450,14 +489,18 @@ impl Pool {
         }
     }
 
-    /// After `set`'s server failed a call with `err`: for at most
-    /// `FAILOVER_WAIT`, learn the routes again and make the call again
-    /// with `again`, where the set is served now (the same server, if it
-    /// refused for want of a lease or came back; another after a
-    /// failover), until it gets through or fails otherwise.
+    /// After a call for `set`, sent to server `tried_on`, failed with
+    /// `err`: for at most `FAILOVER_WAIT`, make the call again with
+    /// `again` where the set is served now: at once if the routes already
+    /// lead elsewhere (a call given up as `Moved`, or routes another call
+    /// learned meanwhile), else after asking for the routes again (the
+    /// same server, if it refused for want of a lease or came back;
+    /// another after a failover), until it gets through or fails
+    /// otherwise.
     async fn after_failover<F, Fut>(
         &self,
         set: ServerId,
+        mut tried_on: ServerId,
         mut err: RpcError,
         again: F,
     ) -> Result<Response, RpcError>
@@ -466,25 +509,35 @@ impl Pool {
         Fut: std::future::Future<Output = Result<Response, RpcError>>,
     {
         let deadline = tokio::time::Instant::now() + failover_wait();
+        // The routes are asked at once after the first failure (the set
+        // may have moved long ago: a client new to it), then every
+        // `ROUTES_POLL`.
+        let mut pause = Duration::ZERO;
         loop {
-            if tokio::time::Instant::now() + ROUTES_POLL >= deadline {
+            if tokio::time::Instant::now() + pause >= deadline {
                 return Err(err);
             }
-            tokio::time::sleep(ROUTES_POLL).await;
-            let was = self.route(set);
-            self.refresh_routes(set).await;
-            let moved = self.route(set) != was;
-            if moved {
+            if self.route(set) == tried_on {
+                tokio::time::sleep(pause).await;
+                pause = ROUTES_POLL;
+                self.refresh_routes(
+                    set,
+                    deadline.min(tokio::time::Instant::now() + ROUTES_ASK_TIMEOUT),
+                )
+                .await;
+                // A call that timed out is not sent to the same server
+                // again: it may be running there still.
+                if self.route(set) == tried_on && matches!(err, RpcError::Timeout(_)) {
+                    continue;
+                }
+            }
+            if self.route(set) != tried_on {
                 tracing::info!(
-                    "set {set} moved from server {was} to server {}",
+                    "set {set} moved from server {tried_on} to server {}",
                     self.route(set)
                 );
             }
-            // A call that timed out is not sent to the same server again:
-            // it may be running there still.
-            if !moved && matches!(err, RpcError::Timeout(_)) {
-                continue;
-            }
+            tried_on = self.route(set);
             match again().await {
                 Err(e) if unreachable(&e) => err = e,
                 other => return other,
@@ -494,24 +547,44 @@ impl Pool {
 
     /// Ask the server processes (but the one `set` is routed to, which
     /// just failed) for the routes, until one knows newer ones than this
-    /// pool, or routes `set` elsewhere; take every answer on the way. One
-    /// that knows no more is passed over: a server cut off from the others
-    /// keeps answering with its stale map, and a client that asked it
-    /// first, every time, never learned the failover (crates/sim with
-    /// replicas, seeds 20 and 126 of the soak).
-    async fn refresh_routes(&self, set: ServerId) {
+    /// pool, or routes `set` elsewhere, or `deadline` passes; take every
+    /// answer on the way. One that knows no more is passed over: a server
+    /// cut off from the others keeps answering with its stale map, and a
+    /// client that asked it first, every time, never learned the failover
+    /// (crates/sim with replicas, seeds 20 and 126 of the soak). Servers
+    /// are asked one after the other, the next as soon as one answers
+    /// with nothing new or `ROUTES_ASK_HEDGE` passes without an answer
+    /// (at most `ROUTES_ASKS_IN_FLIGHT_MAX` at once): a server out of
+    /// reach (its host cut off: each connect waits its timeout) costs a
+    /// quarter of a second, not the whole ask. Usually the first answers,
+    /// and one request is all a failover costs a client.
+    async fn refresh_routes(&self, set: ServerId, deadline: tokio::time::Instant) {
+        use futures::stream::StreamExt;
         let skip = self.route(set);
+        let known = self.epoch.load(Ordering::Relaxed);
         let ask = Request {
             creds: madfs_types::Credentials::root(),
             op: madfs_proto::message::Op::GetRoutes,
         };
-        for other in (0..self.addrs.len() as u16).map(ServerId) {
-            if other == skip {
-                continue;
+        let mut others = (0..self.addrs.len() as u16)
+            .map(ServerId)
+            .filter(|&s| s != skip);
+        let mut asking = futures::stream::FuturesUnordered::new();
+        loop {
+            if asking.len() < ROUTES_ASKS_IN_FLIGHT_MAX {
+                if let Some(other) = others.next() {
+                    asking.push(self.call_process(other, &ask));
+                }
             }
-            let known = self.epoch.load(Ordering::Relaxed);
-            let answer = tokio::time::timeout(ROUTES_ASK_TIMEOUT, self.call_process(other, &ask));
-            if let Ok(Ok(Response {
+            if asking.is_empty() {
+                return;
+            }
+            let answer = tokio::select! {
+                Some(answer) = asking.next() => answer,
+                () = tokio::time::sleep(ROUTES_ASK_HEDGE) => continue,
+                () = tokio::time::sleep_until(deadline) => return,
+            };
+            if let Ok(Response {
                 reply:
                     madfs_proto::Reply::Routes {
                         epoch,
@@ -520,7 +593,7 @@ impl Pool {
                         ..
                     },
                 ..
-            })) = answer.await
+            }) = answer
             {
                 self.set_addresses(&addresses).await;
                 self.set_routes(epoch, &serving).await;

@@ -161,7 +161,7 @@ pub async fn serve_with_budget<H: Handler>(
                 continue;
             }
         };
-        let _ = stream.set_nodelay(true);
+        crate::conn::tune_socket(&stream);
         let (key, handler, budget) = (key.clone(), handler.clone(), budget.clone());
         let open = OpenConnection::new();
         tokio::spawn(async move {

@@ -55,10 +55,14 @@ impl Server {
         let result = self.dispatch_op(ctx, req, data).await;
         if let (Some(r), true, Ok(_)) = (&self.replication, replicated, &result) {
             let last = r.last_seq();
-            if tokio::time::timeout(REPLICATION_WAIT_MAX, r.wait_replicated(last))
+            let waited = Instant::now();
+            let in_time = tokio::time::timeout(REPLICATION_WAIT_MAX, r.wait_replicated(last))
                 .await
-                .is_err()
-            {
+                .is_ok();
+            crate::replication::stats()
+                .wait
+                .observe(waited.elapsed().as_secs_f64());
+            if !in_time {
                 // Done here, not on every replica, and the membership group
                 // has not taken the laggard out (this server may be cut
                 // off): not acknowledged. Not `Unavailable`, which callers
@@ -305,7 +309,7 @@ impl Server {
 }
 
 /// Longest a request waits for its records to reach every replica before
-/// it is answered as not done (Unavailable).
+/// it is answered as not acknowledged (TimedOut).
 const REPLICATION_WAIT_MAX: Duration = Duration::from_secs(10);
 
 /// Times an operation that found its entries changed under it (TryAgain)

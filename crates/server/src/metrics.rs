@@ -181,6 +181,30 @@ impl Metrics {
             Unit::Seconds,
             sync.duration.clone(),
         );
+        let replication = crate::replication::stats();
+        registry.register_with_unit(
+            "replication_wait",
+            "With replicas: how long answered requests waited, after their handler, for every replica in the set to apply their changes",
+            Unit::Seconds,
+            replication.wait.clone(),
+        );
+        registry.register_with_unit(
+            "replica_shipment",
+            "With replicas: round trip of one shipment of records (ReplicaApply) from this primary to a replica",
+            Unit::Seconds,
+            replication.shipment.clone(),
+        );
+        registry.register(
+            "replica_records_shipped",
+            "With replicas: records (metadata batches, chunk writes, truncates, purges, syncs) shipped to replicas and acknowledged",
+            replication.records.clone(),
+        );
+        registry.register_with_unit(
+            "replica_shipped",
+            "With replicas: payload bytes shipped to replicas and acknowledged",
+            Unit::Bytes,
+            replication.bytes.clone(),
+        );
         let connections = Gauge::default();
         registry.register(
             "connections",

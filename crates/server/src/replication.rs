@@ -61,6 +61,35 @@ pub(crate) const PAYLOAD_PER_CALL_MAX: usize = 8 << 20;
 /// when replicas stall.
 const PENDING_RECORDS_MAX: usize = 1 << 20;
 
+/// What replication costs, for the server's metrics (metrics.rs): one set
+/// for the whole process, whatever sets it serves (a failover may add some).
+#[derive(Clone, Debug)]
+pub struct ReplicationStats {
+    /// How long answered requests waited for their replicas after their
+    /// handler returned.
+    pub wait: prometheus_client::metrics::histogram::Histogram,
+    /// Round trip of one `ReplicaApply` from a primary to a replica.
+    pub shipment: prometheus_client::metrics::histogram::Histogram,
+    /// Records and payload bytes shipped to replicas.
+    pub records: prometheus_client::metrics::counter::Counter,
+    pub bytes: prometheus_client::metrics::counter::Counter,
+}
+
+/// The process's replication figures.
+pub fn stats() -> &'static ReplicationStats {
+    static STATS: std::sync::OnceLock<ReplicationStats> = std::sync::OnceLock::new();
+    STATS.get_or_init(|| ReplicationStats {
+        wait: prometheus_client::metrics::histogram::Histogram::new(
+            crate::metrics::latency_buckets(),
+        ),
+        shipment: prometheus_client::metrics::histogram::Histogram::new(
+            crate::metrics::latency_buckets(),
+        ),
+        records: Default::default(),
+        bytes: Default::default(),
+    })
+}
+
 /// Bytes shared without a copy: a range of a buffer others may hold too.
 /// A chunk write's record keeps the write request's own data (a copy of
 /// every byte written was 6% of a server's CPU with replicas), the
@@ -1016,6 +1045,7 @@ impl Replicator {
                 continue;
             };
             let (heads, payloads) = encode_all(batch.iter().map(|r| r.as_ref()));
+            let shipped_bytes = payloads.len();
             let req = Request {
                 creds: Credentials::root(),
                 op: Op::ReplicaApply {
@@ -1025,9 +1055,14 @@ impl Replicator {
                     heads,
                 },
             };
+            let sent = std::time::Instant::now();
             match peers.call_shared_once(server, &req, payloads).await {
                 Ok(resp) => match resp.reply {
                     Reply::ReplicaAck { applied } => {
+                        let st = stats();
+                        st.shipment.observe(sent.elapsed().as_secs_f64());
+                        st.records.inc_by(batch.len() as u64);
+                        st.bytes.inc_by(shipped_bytes as u64);
                         failures = 0;
                         self.acknowledge(i, generation, applied);
                     }
