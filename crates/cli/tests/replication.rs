@@ -494,6 +494,11 @@ fn a_restarted_server_resyncs_and_takes_over_again() {
     let check = |files: &Expected| rt.block_on(read_back(&c, files));
     let in_sync = || copies_in_sync(&rt, &c);
     write(&mut files, 0);
+    // Server 3 keeps the copy of set 2.
+    let copy = tc.config().servers[3].data_dir.join("replica-of-2");
+    assert!(copy.join("meta").is_dir());
+    let sentinel = copy.join("kept-across-the-kill");
+    std::fs::write(&sentinel, b"").unwrap();
 
     // Server 3 dies; set 3 moves to server 0, and sets 2 and 3 are left
     // with one copy each.
@@ -503,7 +508,10 @@ fn a_restarted_server_resyncs_and_takes_over_again() {
     let n = in_sync();
     assert_eq!((n[2], n[3]), (1, 1), "{n:?}");
 
-    // It comes back and catches up on both, while writes go on.
+    // It comes back and catches up on both, while writes go on: its own
+    // store is not served again, so set 3 is loaded into it whole; its
+    // copy of set 2 lost nothing the kernel had (a process died, not the
+    // machine), so only the records it missed are replayed.
     tc.restart(3);
     write(&mut files, 2);
     let t = std::time::Instant::now();
@@ -512,6 +520,13 @@ fn a_restarted_server_resyncs_and_takes_over_again() {
         "server 3 was in sync again {:?} after its restart",
         t.elapsed()
     );
+    assert!(
+        sentinel.exists(),
+        "server 3's copy of set 2 was wiped and loaded again after a kill -9"
+    );
+    stop_all_cleanly(&mut tc);
+    assert_same_store(2, &tc.config().servers[2].data_dir, &copy);
+    tc.start_all_again();
     write(&mut files, 3);
 
     // Server 0, which served set 3 meanwhile, dies: set 3 goes back to

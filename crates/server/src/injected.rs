@@ -28,6 +28,12 @@ pub trait Stores: Send + Sync + 'static {
     /// A pool to the other server processes, for a server this process
     /// starts (a promoted set) or for its membership messages.
     fn peers(&self) -> Pool;
+    /// The boot the process runs in: a copy whose position was written in
+    /// the same boot lost nothing (replica.rs `Position::whole`). By
+    /// default the kernel's.
+    fn boot(&self) -> Option<crate::replica::BootId> {
+        crate::replica::kernel_boot_id()
+    }
 }
 
 /// One server process that keeps replicas, as `run()` assembles it.

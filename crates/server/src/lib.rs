@@ -24,7 +24,7 @@ mod peers;
 pub mod perm;
 mod rename;
 mod replace;
-mod replica;
+pub mod replica;
 pub mod replication;
 mod restart;
 mod seals;

@@ -59,6 +59,8 @@ pub(crate) struct ReplicaCopies {
     /// When the last ReplicaApply came (a stopping server waits for its
     /// primaries' last records: `quiet_for`).
     last_apply: Mutex<Option<std::time::Instant>>,
+    /// The kernel boot positions are written in (`Position::whole`).
+    boot: Option<BootId>,
 }
 
 /// Where server `me` (data directory `root`) keeps its copy of `set`.
@@ -79,6 +81,10 @@ impl ReplicaCopies {
             sets,
             copies: Mutex::new(HashMap::new()),
             promoted: Mutex::new(Default::default()),
+            boot: match &stores {
+                Some(s) => s.boot(),
+                None => kernel_boot_id(),
+            },
             stores,
             last_apply: Mutex::new(None),
         }
@@ -160,9 +166,9 @@ impl ReplicaCopies {
             ));
         }
         if slot.is_none() {
-            let (dir, stores) = (copy_dir(&self.root, set), self.stores.clone());
+            let (dir, stores, boot) = (copy_dir(&self.root, set), self.stores.clone(), self.boot);
             *slot = Some(
-                crate::service::blocking(move || open_copy(dir, stores.as_deref()))
+                crate::service::blocking(move || open_copy(dir, stores.as_deref(), boot))
                     .await
                     .map_err(|e| {
                         err(ErrorCode::Io, format!("opening the copy of set {set}: {e}"))
@@ -208,7 +214,7 @@ impl ReplicaCopies {
         }
         let skip = (copy.applied + 1 - first_seq) as usize;
         let (kv, chunks) = (copy.kv.clone(), copy.chunks.clone());
-        let (stream, start) = (copy.stream, first_seq + skip as u64);
+        let (stream, start, boot) = (copy.stream, first_seq + skip as u64, self.boot);
         let todo: Vec<Record> = records.into_iter().skip(skip).collect();
         // Metadata batches not synced are a memtable insert and a WAL
         // append, which the primary made inline too: a hop to a blocking
@@ -219,10 +225,16 @@ impl ReplicaCopies {
             .iter()
             .all(|r| matches!(r, Record::Kv { sync: false, .. }))
         {
-            apply_records(kv.as_ref(), &chunks, stream, start, todo)
+            apply_records(kv.as_ref(), &chunks, (stream, boot), start, todo)
         } else {
             crate::service::blocking(move || {
-                Ok(apply_records(kv.as_ref(), &chunks, stream, start, todo))
+                Ok(apply_records(
+                    kv.as_ref(),
+                    &chunks,
+                    (stream, boot),
+                    start,
+                    todo,
+                ))
             })
             .await
             .map_err(|e| err(ErrorCode::Io, e.to_string()))?
@@ -268,18 +280,18 @@ impl ReplicaCopies {
             let applied = *applied;
             // Dropped first: RocksDB's lock goes with it.
             *slot = None;
-            let (dir, stores) = (copy_dir(&self.root, set), self.stores.clone());
+            let (dir, stores, boot) = (copy_dir(&self.root, set), self.stores.clone(), self.boot);
             let copy = crate::service::blocking(move || {
                 match std::fs::remove_dir_all(&dir) {
                     Ok(()) => {}
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                     Err(e) => return Err(e),
                 }
-                let copy = open_copy(dir, stores.as_deref())?;
+                let copy = open_copy(dir, stores.as_deref(), boot)?;
                 let mut b = WriteBatch::new();
                 b.put(
                     keys::META_REPLICA_POSITION,
-                    &Position::new(stream, applied, false).encode(),
+                    &Position::new(stream, applied, false, None).encode(),
                 );
                 b.put(keys::META_REPLICA_LOADING, &[]);
                 copy.kv
@@ -311,7 +323,7 @@ impl ReplicaCopies {
         // then on, at the reset's position (the records after it, replayed
         // on top, bring what the load took mid-change to its final value).
         let ends = matches!(records.last(), Some(Record::Sync));
-        let at = Position::new(copy.stream, copy.applied, true);
+        let at = Position::new(copy.stream, copy.applied, true, None);
         crate::service::blocking(move || {
             for r in records {
                 apply_one(kv.as_ref(), &chunks, r, None).map_err(std::io::Error::other)?;
@@ -337,6 +349,7 @@ impl ReplicaCopies {
 fn open_copy(
     dir: PathBuf,
     stores: Option<&dyn crate::injected::Stores>,
+    boot: Option<BootId>,
 ) -> std::io::Result<ReplicaCopy> {
     // The store is looked up before the directory is made: a copy wiped
     // for a resync (its directory removed) must come back empty.
@@ -358,10 +371,10 @@ fn open_copy(
         .get(keys::META_REPLICA_POSITION)
         .map_err(|e| std::io::Error::other(e.to_string()))?
     {
-        None => (Position::new(0, 0, true), false),
+        None => (Position::new(0, 0, true, None), false),
         Some(v) => match Position::decode(&v) {
             Some(p) => (p, false),
-            None => (Position::new(0, 0, false), true),
+            None => (Position::new(0, 0, false, None), true),
         },
     };
     let loading = kv
@@ -373,7 +386,7 @@ fn open_copy(
         chunks,
         stream: at.stream,
         applied: at.seq,
-        partial: loading || unknown || (at.seq > 0 && !at.synced),
+        partial: loading || unknown || !at.whole(boot),
     })
 }
 
@@ -385,50 +398,100 @@ struct Position {
     stream: u64,
     seq: u64,
     synced: bool,
+    /// The kernel boot the position was written in (None: written by an
+    /// older version, or where the boot is unknown).
+    boot: Option<BootId>,
+}
+
+/// The kernel's id of the running boot (`/proc/sys/kernel/random/boot_id`,
+/// a random UUID per boot; crates/sim gives each simulated power cut its
+/// own).
+pub type BootId = [u8; 16];
+
+/// This boot's id; None where the kernel does not say.
+pub fn kernel_boot_id() -> Option<BootId> {
+    static BOOT: std::sync::OnceLock<Option<BootId>> = std::sync::OnceLock::new();
+    *BOOT.get_or_init(|| {
+        let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+        let hex: Vec<u8> = text.trim().bytes().filter(|b| *b != b'-').collect();
+        if hex.len() != 32 {
+            return None;
+        }
+        let mut id = [0u8; 16];
+        for (i, pair) in hex.chunks(2).enumerate() {
+            id[i] = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+        }
+        Some(id)
+    })
 }
 
 impl Position {
-    fn new(stream: u64, seq: u64, synced: bool) -> Position {
+    fn new(stream: u64, seq: u64, synced: bool, boot: Option<BootId>) -> Position {
         Position {
             stream,
             seq,
             synced,
+            boot,
         }
     }
 
-    fn encode(&self) -> [u8; 17] {
-        let mut v = [0u8; 17];
-        v[..8].copy_from_slice(&self.stream.to_le_bytes());
-        v[8..16].copy_from_slice(&self.seq.to_le_bytes());
-        v[16] = u8::from(self.synced);
+    /// 17 bytes (stream, seq, synced), then the boot's 16 where known.
+    fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(33);
+        v.extend_from_slice(&self.stream.to_le_bytes());
+        v.extend_from_slice(&self.seq.to_le_bytes());
+        v.push(u8::from(self.synced));
+        if let Some(b) = &self.boot {
+            v.extend_from_slice(b);
+        }
         v
     }
 
     /// None for anything `encode` did not make (a copy of an older
     /// format reads as at record 0, and is refused as stale).
     fn decode(v: &[u8]) -> Option<Position> {
-        (v.len() == 17).then(|| Position {
+        if v.len() != 17 && v.len() != 33 {
+            return None;
+        }
+        Some(Position {
             stream: u64::from_le_bytes(v[..8].try_into().expect("8 bytes")),
             seq: u64::from_le_bytes(v[8..16].try_into().expect("8 bytes")),
             synced: v[16] == 1,
+            boot: v.get(17..).and_then(|b| b.try_into().ok()),
         })
+    }
+
+    /// Whether the copy surely holds every record up to this one: its
+    /// record was a sync (all before it durable), or it was written in
+    /// this boot of the kernel. A process that dies loses nothing the
+    /// kernel took (the WAL and chunk files are written to it as each
+    /// record is applied); a power cut or a kernel crash may lose chunk
+    /// writes before the position, which a replay from there would not
+    /// bring back, and a new boot is the mark of those.
+    fn whole(&self, boot: Option<BootId>) -> bool {
+        self.seq == 0 || self.synced || (boot.is_some() && self.boot == boot)
     }
 }
 
-/// Apply `records` (numbered from `first`) in order: the last applied, or
-/// the last applied before the one that failed and why. A run of
-/// metadata batches is written as one batch (one WAL append), synced if
-/// any of them was, with the position of its last record: atomic, so a
-/// crash leaves the copy before or after the whole run.
+/// Apply `records` (numbered from `first`) of stream `stream`, in order:
+/// the last applied, or the last applied before the one that failed and
+/// why. A run of metadata batches is written as one batch (one WAL
+/// append), synced if any of them was, with the position of its last
+/// record: atomic, so a crash leaves the copy before or after the whole
+/// run. Chunk records write no position of their own; a call that ends
+/// with them writes it once after them, so a copy restarted after a
+/// process crash (positions carry `boot`) knows it has every record the
+/// call brought, and its primary replays only what came after.
 fn apply_records(
     kv: &dyn KvStore,
     chunks: &ChunkStore,
-    stream: u64,
+    (stream, boot): (u64, Option<BootId>),
     first: u64,
     records: Vec<Record>,
 ) -> Result<u64, (u64, String)> {
     let mut last = first - 1;
     let mut records = records.into_iter().peekable();
+    let mut position_written = true;
     while let Some(r) = records.next() {
         let r = match r {
             Record::Kv { batch, sync } if matches!(records.peek(), Some(Record::Kv { .. })) => {
@@ -444,17 +507,27 @@ fn apply_records(
                 }
                 run.put(
                     keys::META_REPLICA_POSITION,
-                    &Position::new(stream, last + n, false).encode(),
+                    &Position::new(stream, last + n, false, boot).encode(),
                 );
                 kv.write(run, sync_run).map_err(|e| (last, e.to_string()))?;
                 last += n;
+                position_written = true;
                 continue;
             }
             r => r,
         };
-        let at = Position::new(stream, last + 1, matches!(r, Record::Sync));
+        position_written = matches!(r, Record::Kv { .. } | Record::Sync);
+        let at = Position::new(stream, last + 1, matches!(r, Record::Sync), boot);
         apply_one(kv, chunks, r, Some(at)).map_err(|e| (last, e))?;
         last += 1;
+    }
+    if !position_written {
+        let mut b = WriteBatch::new();
+        b.put(
+            keys::META_REPLICA_POSITION,
+            &Position::new(stream, last, false, boot).encode(),
+        );
+        kv.write(b, false).map_err(|e| (last, e.to_string()))?;
     }
     Ok(last)
 }
@@ -563,31 +636,46 @@ mod tests {
         ReplicaCopies::new(ServerId(1), root.to_path_buf(), vec![ServerId(0)], None)
     }
 
-    /// What a stream continued after a clean stop (restart.rs) may count
-    /// on: a copy reopened takes the next record only where a sync wrote
-    /// its position; reopened elsewhere, or cut off in a load, it refuses
-    /// even the record right after its position.
+    /// `copies_in`, in kernel boot `boot`.
+    fn copies_booted(root: &std::path::Path, boot: u8) -> ReplicaCopies {
+        let mut copies = copies_in(root);
+        copies.boot = Some([boot; 16]);
+        copies
+    }
+
+    /// What a stream continued after a clean stop (restart.rs) or a
+    /// process crash may count on: a copy reopened takes the next record
+    /// only where a sync wrote its position, or in the boot that wrote it;
+    /// reopened after a reboot at a position no sync wrote, or cut off in
+    /// a load, it refuses even the record right after its position.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_reopened_copy_continues_only_from_a_synced_whole_position() {
+    async fn a_reopened_copy_continues_only_from_a_whole_position() {
         let root = tempfile::tempdir().unwrap();
-        let copies = copies_in(root.path());
+        let copies = copies_booted(root.path(), 1);
         let x = 77;
         assert_eq!(send(&copies, x, 1, &[kv(b"a", b"1", false)]).await, Ok(1));
         assert_eq!(send(&copies, x, 2, &[Record::Sync]).await, Ok(2));
         drop(copies);
-        // Synced at 2: record 3 goes on; a gap does not.
-        let copies = copies_in(root.path());
+        // Synced at 2, reopened after a reboot: record 3 goes on; a gap
+        // does not.
+        let copies = copies_booted(root.path(), 2);
         assert_eq!(
             send(&copies, x, 5, &[Record::Sync]).await,
             Err(ErrorCode::Stale)
         );
         assert_eq!(send(&copies, x, 3, &[kv(b"b", b"1", false)]).await, Ok(3));
         drop(copies);
-        // Reopened at 3, which no sync wrote: the chunk writes before it
-        // may be lost, so not even record 4 is taken.
-        let copies = copies_in(root.path());
+        // Reopened at 3, which no sync wrote, in the boot that wrote it
+        // (its process died; the kernel kept all it was given): record 4
+        // goes on.
+        let copies = copies_booted(root.path(), 2);
+        assert_eq!(send(&copies, x, 4, &[kv(b"c", b"1", false)]).await, Ok(4));
+        drop(copies);
+        // Reopened at 4, which no sync wrote, after a reboot: the chunk
+        // writes before it may be lost, so not even record 5 is taken.
+        let copies = copies_booted(root.path(), 3);
         assert_eq!(
-            send(&copies, x, 4, &[Record::Sync]).await,
+            send(&copies, x, 5, &[Record::Sync]).await,
             Err(ErrorCode::Stale)
         );
         // A resync's load: reset, contents, cut off before its sync.
@@ -633,7 +721,10 @@ mod tests {
             },
             kv(b"c", b"1", false),
         ];
-        assert_eq!(apply_records(&store, &chunks, 9, 11, records), Ok(15));
+        assert_eq!(
+            apply_records(&store, &chunks, (9, None), 11, records),
+            Ok(15)
+        );
         assert_eq!(store.get(b"a").unwrap(), Some(b"2".to_vec()));
         assert_eq!(store.get(b"b").unwrap(), Some(b"1".to_vec()));
         assert_eq!(store.get(b"c").unwrap(), Some(b"1".to_vec()));
@@ -649,10 +740,53 @@ mod tests {
             },
             kv(b"e", b"1", false),
         ];
-        let (last, why) = apply_records(&store, &chunks, 9, 16, records).unwrap_err();
+        let (last, why) = apply_records(&store, &chunks, (9, None), 16, records).unwrap_err();
         assert_eq!(last, 15, "{why}");
         assert!(why.contains("does not decode"), "{why}");
         assert_eq!(store.get(b"d").unwrap(), None);
         assert_eq!(at(&store), (9, 15));
+    }
+
+    /// A call that ends with chunk records still leaves its last position
+    /// (in this boot): a copy restarted after its process died knows it
+    /// has them, and is replayed from there instead of loaded whole.
+    #[test]
+    fn a_call_ending_with_chunk_writes_leaves_its_position() {
+        let dir = tempfile::tempdir().unwrap();
+        let chunks = ChunkStore::open(dir.path().join("chunks")).unwrap();
+        let store = MemStore::new();
+        let boot = Some([7u8; 16]);
+        let write = Record::ChunkWrite {
+            ino: madfs_types::InodeId(7),
+            index: madfs_types::ChunkIndex(1),
+            offset: 0,
+            chunk_size: 1 << 20,
+            data: SharedBytes::new(vec![5; 100]),
+        };
+        let records = vec![kv(b"a", b"1", false), write.clone(), write];
+        assert_eq!(
+            apply_records(&store, &chunks, (9, boot), 11, records),
+            Ok(13)
+        );
+        assert_eq!(at(&store), (9, 13));
+        let p =
+            Position::decode(&store.get(keys::META_REPLICA_POSITION).unwrap().unwrap()).unwrap();
+        assert!(p.whole(boot), "written in this boot");
+        assert!(!p.whole(Some([8u8; 16])), "after a power cut");
+        assert!(!p.whole(None), "where the boot is unknown");
+    }
+
+    /// Positions of the format before boots (17 bytes) still read, and
+    /// are whole only at a sync.
+    #[test]
+    fn positions_without_a_boot_still_read() {
+        let old = Position::new(3, 40, false, None).encode();
+        assert_eq!(old.len(), 17);
+        let p = Position::decode(&old).unwrap();
+        assert_eq!((p.stream, p.seq, p.boot), (3, 40, None));
+        assert!(!p.whole(kernel_boot_id()));
+        let synced = Position::decode(&Position::new(3, 40, true, None).encode()).unwrap();
+        assert!(synced.whole(None));
+        assert!(Position::decode(&[0u8; 20]).is_none());
     }
 }

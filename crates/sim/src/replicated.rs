@@ -55,6 +55,15 @@ struct ProcessStores {
     incarnation: u64,
     servers: usize,
     disks: Arc<Disks>,
+    boot: madfs_server::replica::BootId,
+}
+
+/// The boot id of server `id`'s host after `cuts` power cuts.
+fn boot_id(id: ServerId, cuts: u64) -> madfs_server::replica::BootId {
+    let mut b = [0u8; 16];
+    b[..2].copy_from_slice(&id.0.to_le_bytes());
+    b[8..].copy_from_slice(&cuts.to_le_bytes());
+    b
 }
 
 /// The set a copy directory (DATA/replica-of-S) keeps.
@@ -85,6 +94,10 @@ impl Stores for ProcessStores {
         Ok(Arc::new(disk.open()))
     }
 
+    fn boot(&self) -> Option<madfs_server::replica::BootId> {
+        Some(self.boot)
+    }
+
     fn peers(&self) -> Pool {
         Pool::in_process_failover(
             self.net.endpoint(Caller::Server(self.me, self.incarnation)),
@@ -100,6 +113,9 @@ pub struct Replicated {
     /// Each server's Raft store (all three servers are voters).
     pub raft: Vec<Arc<SimDisk>>,
     pub procs: Vec<Option<ReplicatedProcess>>,
+    /// Each server's power cuts: its host's boot (`Stores::boot`), so a
+    /// copy written before a power cut is not taken for whole after it.
+    boots: Vec<u64>,
 }
 
 impl Replicated {
@@ -108,6 +124,7 @@ impl Replicated {
             disks: Arc::new(Disks::default()),
             raft: (0..servers).map(|_| Arc::new(SimDisk::default())).collect(),
             procs: (0..servers).map(|_| None).collect(),
+            boots: vec![0; servers],
         }
     }
 
@@ -130,6 +147,7 @@ impl Replicated {
             incarnation: inc,
             servers: cfg.servers.len(),
             disks: self.disks.clone(),
+            boot: boot_id(id, self.boots[id.0 as usize]),
         });
         let mut p =
             ReplicatedProcess::open(cfg, id, kv.clone(), data_dir.clone(), opts, stores.clone())
@@ -151,6 +169,9 @@ impl Replicated {
         if let Some(p) = self.procs[id.0 as usize].take() {
             // Its Raft node and detector would otherwise tick on.
             tokio::spawn(async move { p.stop_group().await });
+        }
+        if keep != usize::MAX {
+            self.boots[id.0 as usize] += 1;
         }
         let mut lost = home.crash(keep);
         lost += self.raft[id.0 as usize].crash(keep);
