@@ -178,12 +178,22 @@ fn install_changes(dp: InodeId, kind: FileKind, done: &Installed) -> DirChanges 
 
 /// Work after a committed install: free, unlink remotely, announce.
 /// Returns whether the replaced inode is held for the client (`Hold`).
-async fn after_install(srv: &Arc<Server>, done: &Installed, hold: &Hold) -> bool {
+/// Other servers act on a replaced target only once the install is on
+/// this set's copies (else a failover brings the replaced name back
+/// without its link): until then the outcome is unknown (TimedOut).
+async fn after_install(
+    srv: &Arc<Server>,
+    done: &Installed,
+    hold: &Hold,
+) -> Result<bool, WireError> {
     let mut held = done.held;
     if let Some(victim) = &done.freed {
         srv.after_free(victim);
     }
     if let Some((dino, dk)) = done.replaced {
+        if dino.owner() != srv.id || dk == FileKind::Dir {
+            srv.must_be_replicated("the rename's install").await?;
+        }
         if dino.owner() != srv.id {
             let hold = dk == FileKind::File && hold.covers(dino);
             match srv
@@ -206,7 +216,7 @@ async fn after_install(srv: &Arc<Server>, done: &Installed, hold: &Hold) -> bool
             srv.announce_removed(dino).await;
         }
     }
-    held
+    Ok(held)
 }
 
 /// If the destination is a directory that `kind` may replace, seal it empty.
@@ -380,7 +390,7 @@ async fn rename_local(
     match result {
         Ok((done, changes, time)) => {
             let touched = srv.touch_queued(&changes, time);
-            let held = after_install(srv, &done, hold).await;
+            let held = after_install(srv, &done, hold).await?;
             Ok((touched, done.replaced.filter(|_| held)))
         }
         Err(e) => {
@@ -428,6 +438,15 @@ async fn rename_remote(
     let mut b = WriteBatch::new();
     b.put(&keys::rename_intent(tx), &intent.encode());
     srv.kv.write(b, true).map_err(kv_err)?;
+    // The intent must be on this set's copies before B acts: a failover
+    // to a copy without it would keep the source name with no intent to
+    // settle, beside the new name B installed.
+    if let Err(e) = srv.must_be_replicated("the rename's intent").await {
+        let mut b = WriteBatch::new();
+        b.delete(&keys::rename_intent(tx));
+        srv.kv.write(b, true).map_err(kv_err)?;
+        return Err(e);
+    }
     // Step 3.
     let install = Op::RenameInstall {
         tx,
@@ -589,7 +608,7 @@ pub(crate) async fn install(
     match result {
         Ok((done, replaced, changes, time)) => {
             srv.touch_remote(&changes, time).await;
-            let held = after_install(srv, &done, hold).await;
+            let held = after_install(srv, &done, hold).await?;
             Ok((replaced, held))
         }
         Err(e) => {

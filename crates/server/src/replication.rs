@@ -469,6 +469,11 @@ impl Replicator {
         self.changed.notify_waiters();
     }
 
+    /// Whether the set moved away from this store (`retire`).
+    pub(crate) fn retired(&self) -> bool {
+        self.is_retired()
+    }
+
     fn is_retired(&self) -> bool {
         self.retired.load(std::sync::atomic::Ordering::Acquire)
     }

@@ -187,6 +187,13 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, bool, &str)] = &[
         "a mkdir answered by a primary whose set had moved away during its wait for \
          its replica was missing from the new primary",
     ),
+    (
+        1263,
+        60,
+        true,
+        "an rmdir whose name's removal was not yet on the copy told the directory's \
+         owner to free it; a failover then served the name without its inode",
+    ),
 ];
 
 #[test]

@@ -124,10 +124,24 @@ impl Server {
     /// asked again with backoff for `PURGE_RETRY_FOR`; what is still left
     /// then keeps its ORPH record and is purged at this server's next start.
     pub(crate) async fn purge_everywhere(&self, inos: Vec<InodeId>) {
+        // Not before the free is on the set's copies: a failover to a copy
+        // without it would serve the inode without its chunks. While it is
+        // not, the ORPH records stay, for this store's next start or the
+        // promotion of a copy that has them.
+        let deadline = Instant::now() + PURGE_RETRY_FOR;
+        while !self.replicated_now().await {
+            if self.replication.as_ref().is_some_and(|r| r.retired()) || Instant::now() >= deadline
+            {
+                tracing::warn!(
+                    "not purging the chunks of {} freed inode(s): the free is not on every replica",
+                    inos.len()
+                );
+                return;
+            }
+        }
         let all: Vec<ServerId> = self.peers.servers().collect();
         let mut pending: Vec<(InodeId, Vec<ServerId>)> =
             inos.into_iter().map(|ino| (ino, all.clone())).collect();
-        let deadline = Instant::now() + PURGE_RETRY_FOR;
         let mut delay = Duration::from_millis(100);
         let mut round = 0u32;
         loop {
@@ -248,6 +262,11 @@ impl Server {
         self.kv.write(b, remote).map_err(kv_err)?;
         drop(guard);
         let touched = self.touch_queued(&changes, time);
+        // ... and it must be on the set's copies: a failover would bring
+        // the name back there.
+        if remote {
+            self.must_be_replicated("the removal of the name").await?;
+        }
         if let Some(inode) = &freed {
             self.after_free(inode);
         } else if ino.owner() != self.id {
