@@ -874,3 +874,110 @@ fn a_server_back_at_once_on_an_empty_disk_is_rebuilt_not_served_empty() {
     let log = common::tail(&tc.log_path(3), 200);
     assert!(log.contains("starting as a replacement"), "{log}");
 }
+
+/// A name in the root directory whose entry (and inode) lives on set `set`.
+fn name_on(set: u16, tag: &str) -> String {
+    (0..)
+        .map(|i| format!("{tag}{i}"))
+        .find(|n| {
+            let name = madfs_types::FileName::new(n.as_bytes()).unwrap();
+            madfs_types::dentry_server(madfs_types::InodeId::ROOT, &name, SERVERS)
+                == madfs_types::ServerId(set)
+        })
+        .unwrap()
+}
+
+/// With every copy of a set gone (servers 3 and 0 keep set 3), its files
+/// fail with a clear error (EIO, once the client's wait for a failover
+/// runs out), never with other bytes, while the other sets keep serving;
+/// once one copy is back, the set serves again with everything it had.
+#[test]
+fn a_set_with_every_copy_gone_fails_with_eio_and_comes_back() {
+    let (mut tc, rt) = replicated_cluster();
+    let c = tc.client();
+    assert_eq!(
+        tc.config().replica_set(madfs_types::ServerId(3)),
+        vec![madfs_types::ServerId(3), madfs_types::ServerId(0)]
+    );
+    let (gone, alive) = (
+        format!("/{}", name_on(3, "g")),
+        format!("/{}", name_on(2, "a")),
+    );
+    let (gone_data, alive_data) = (pattern(301, 5_000), pattern(302, 5_000));
+    rt.block_on(async {
+        c.write_file(gone.as_str(), &gone_data).await.unwrap();
+        c.write_file(alive.as_str(), &alive_data).await.unwrap();
+    });
+    drop(c);
+    tc.kill9(3);
+    tc.kill9(0);
+    // Each command is a client of its own, giving up on a failover after 4 s.
+    let cluster = tc.cluster_file().to_path_buf();
+    let madfs = |args: &[&str]| {
+        std::process::Command::new(common::MADFS)
+            .args(args)
+            .env("MADFS_CLUSTER", &cluster)
+            .env("MADFS_FAILOVER_WAIT_MS", "4000")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run madfs")
+    };
+    // Set 2 (servers 2 and 3) goes on with server 2 once the group took
+    // server 3 out; set 3 has no copy left.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let out = madfs(&["cat", &alive]);
+        if out.status.success() {
+            assert!(out.stdout == alive_data, "{alive} read back other bytes");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{alive} unreadable with set 2's server alive: {out:?}"
+        );
+    }
+    // The CLI says the server is unavailable; through `madfs run` a
+    // program sees EIO.
+    let in_run = format!("/madfs{gone}");
+    for (args, error) in [
+        (vec!["cat", gone.as_str()], "unavailable"),
+        (vec!["stat", gone.as_str()], "unavailable"),
+        (vec!["run", "--", "cat", in_run.as_str()], "Input/output error"),
+    ] {
+        let out = madfs(&args);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} with set 3 gone: {out:?}");
+        assert!(out.stdout.is_empty(), "{args:?} printed: {out:?}");
+        assert!(said.contains(error), "{args:?}: {said}");
+    }
+    let local = tc.root().join("new");
+    std::fs::write(&local, b"x").unwrap();
+    let refused = format!("/{}", name_on(3, "w"));
+    let out = madfs(&["put", local.to_str().unwrap(), &refused]);
+    assert!(
+        !out.status.success(),
+        "a write to set 3 was acknowledged: {out:?}"
+    );
+
+    // Server 3 is back: set 3 serves again, with what it had.
+    tc.restart(3);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let out = madfs(&["cat", &gone]);
+        if out.status.success() {
+            assert!(out.stdout == gone_data, "{gone} read back other bytes");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{gone} unreadable after server 3 came back: {out:?}"
+        );
+    }
+    tc.restart(0);
+    let c = tc.client();
+    wait_all_in_sync(&|| copies_in_sync(&rt, &c), 60, "after both came back");
+    rt.block_on(read_back(
+        &c,
+        &[(gone.clone(), gone_data), (alive.clone(), alive_data)],
+    ));
+}
