@@ -942,7 +942,10 @@ fn a_set_with_every_copy_gone_fails_with_eio_and_comes_back() {
     for (args, error) in [
         (vec!["cat", gone.as_str()], "unavailable"),
         (vec!["stat", gone.as_str()], "unavailable"),
-        (vec!["run", "--", "cat", in_run.as_str()], "Input/output error"),
+        (
+            vec!["run", "--", "cat", in_run.as_str()],
+            "Input/output error",
+        ),
     ] {
         let out = madfs(&args);
         let said = String::from_utf8_lossy(&out.stderr);
