@@ -24,9 +24,12 @@
 mod command;
 #[path = "common/netns.rs"]
 mod netns;
+#[path = "common/placement.rs"]
+mod placement;
 
 use command::{must, output_within, text};
 use netns::Netns;
+use placement::name_on;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -738,19 +741,6 @@ fn clients_work_over_links_with_200us_latency() {
     }
     drop(relays);
     must(net.madfs_in(&client, &["down", "--data", &data_s, "--wipe"]));
-}
-
-/// A name in the root directory whose entry (and, for a small file, data)
-/// the replica set `set` of a cluster of `servers` keeps.
-fn name_on(set: u16, servers: usize, tag: &str) -> String {
-    (0..)
-        .map(|i| format!("{tag}{i}"))
-        .find(|n| {
-            let name = madfs_types::FileName::new(n.as_bytes()).unwrap();
-            madfs_types::dentry_server(madfs_types::InodeId::ROOT, &name, servers)
-                == madfs_types::ServerId(set)
-        })
-        .unwrap()
 }
 
 /// Replicas across hosts (issue 16), 4 hosts x 2 servers, `--replicas 2`

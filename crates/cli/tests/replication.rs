@@ -15,6 +15,7 @@ mod common;
 #[path = "common/mount.rs"]
 mod mount;
 
+use common::placement::name_on;
 use common::{pattern, Options, TestCluster};
 use madfs_kv::{KvStore, RocksStore};
 use mount::Mount;
@@ -875,18 +876,6 @@ fn a_server_back_at_once_on_an_empty_disk_is_rebuilt_not_served_empty() {
     assert!(log.contains("starting as a replacement"), "{log}");
 }
 
-/// A name in the root directory whose entry (and inode) lives on set `set`.
-fn name_on(set: u16, tag: &str) -> String {
-    (0..)
-        .map(|i| format!("{tag}{i}"))
-        .find(|n| {
-            let name = madfs_types::FileName::new(n.as_bytes()).unwrap();
-            madfs_types::dentry_server(madfs_types::InodeId::ROOT, &name, SERVERS)
-                == madfs_types::ServerId(set)
-        })
-        .unwrap()
-}
-
 /// With every copy of a set gone (servers 3 and 0 keep set 3), its files
 /// fail with a clear error (EIO, once the client's wait for a failover
 /// runs out), never with other bytes, while the other sets keep serving;
@@ -900,8 +889,8 @@ fn a_set_with_every_copy_gone_fails_with_eio_and_comes_back() {
         vec![madfs_types::ServerId(3), madfs_types::ServerId(0)]
     );
     let (gone, alive) = (
-        format!("/{}", name_on(3, "g")),
-        format!("/{}", name_on(2, "a")),
+        format!("/{}", name_on(3, SERVERS, "g")),
+        format!("/{}", name_on(2, SERVERS, "a")),
     );
     let (gone_data, alive_data) = (pattern(301, 5_000), pattern(302, 5_000));
     rt.block_on(async {
@@ -924,18 +913,22 @@ fn a_set_with_every_copy_gone_fails_with_eio_and_comes_back() {
     };
     // Set 2 (servers 2 and 3) goes on with server 2 once the group took
     // server 3 out; set 3 has no copy left.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let out = madfs(&["cat", &alive]);
-        if out.status.success() {
-            assert!(out.stdout == alive_data, "{alive} read back other bytes");
-            break;
+    // Read `path` until it succeeds (at most 60 s); it must hold `data`.
+    let read_when_served = |path: &str, data: &[u8], when: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let out = madfs(&["cat", path]);
+            if out.status.success() {
+                assert!(out.stdout == data, "{path} read back other bytes {when}");
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{path} unreadable {when}: {out:?}"
+            );
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{alive} unreadable with set 2's server alive: {out:?}"
-        );
-    }
+    };
+    read_when_served(&alive, &alive_data, "with set 2's server alive");
     // The CLI says the server is unavailable; through `madfs run` a
     // program sees EIO.
     let in_run = format!("/madfs{gone}");
@@ -955,7 +948,7 @@ fn a_set_with_every_copy_gone_fails_with_eio_and_comes_back() {
     }
     let local = tc.root().join("new");
     std::fs::write(&local, b"x").unwrap();
-    let refused = format!("/{}", name_on(3, "w"));
+    let refused = format!("/{}", name_on(3, SERVERS, "w"));
     let out = madfs(&["put", local.to_str().unwrap(), &refused]);
     assert!(
         !out.status.success(),
@@ -964,18 +957,7 @@ fn a_set_with_every_copy_gone_fails_with_eio_and_comes_back() {
 
     // Server 3 is back: set 3 serves again, with what it had.
     tc.restart(3);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let out = madfs(&["cat", &gone]);
-        if out.status.success() {
-            assert!(out.stdout == gone_data, "{gone} read back other bytes");
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{gone} unreadable after server 3 came back: {out:?}"
-        );
-    }
+    read_when_served(&gone, &gone_data, "after server 3 came back");
     tc.restart(0);
     let c = tc.client();
     wait_all_in_sync(&|| copies_in_sync(&rt, &c), 60, "after both came back");

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod command;
+pub mod placement;
 
 use madfs_client::{Client, ClientError, ClusterConfig, ErrorCode, Timeouts};
 use madfs_proto::auth::{decode_welcome, Challenge, ClusterKey, Hello, Role};
