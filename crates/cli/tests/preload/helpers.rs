@@ -7,6 +7,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
+/// crates/cli of the checkout under test. Taken from the environment
+/// `cargo test` runs the test in, not from the build: cargo reuses a test
+/// binary built in another clone that shares the target directory, and
+/// the path compiled into it may no longer exist.
+fn manifest_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
 /// libmadfs_preload.so next to the madfs binary under test. `cargo test`
 /// does not build cdylibs of other packages, so it is built here once per
 /// test binary (a no-op when it is up to date), with the same target
@@ -22,7 +32,7 @@ pub fn preload_lib() -> PathBuf {
         let mut cmd = Command::new(cargo);
         cmd.args(["build", "--quiet", "-p", "madfs-preload", "--target-dir"])
             .arg(target_dir)
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
+            .current_dir(manifest_dir());
         match profile {
             "debug" => {}
             "release" => {
@@ -109,9 +119,7 @@ pub fn cli_ls(tc: &TestCluster, path: &str) -> Vec<String> {
 
 /// Compile one of the C programs of tests/preload into `dir`; its path.
 pub fn compile(source: &str, dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/preload")
-        .join(source);
+    let src = manifest_dir().join("tests/preload").join(source);
     let exe = dir.join(source.trim_end_matches(".c"));
     let out = Command::new("cc")
         .args([
