@@ -108,6 +108,7 @@ fn wrong_key_is_refused() {
     let body = Request {
         creds: Credentials::root(),
         op: Op::StatFs,
+        once: None,
     }
     .encode();
     raw.send(&frame(Opcode::StatFs, 1, &body, 0));
@@ -194,6 +195,7 @@ fn malformed_frames_close_the_connection_and_spare_the_server() {
     let body = Request {
         creds: Credentials::root(),
         op: Op::StatFs,
+        once: None,
     }
     .encode();
     raw.send(&frame(Opcode::StatFs, 9, &body, 0));
@@ -257,6 +259,7 @@ fn truncated_write_and_peer_ops_from_a_client_are_harmless() {
             offset: 0,
             file_size: 1 << 20,
         },
+        once: None,
     }
     .encode();
     raw.send(&frame(Opcode::Write, 1, &body, 1 << 20));
@@ -288,6 +291,7 @@ fn truncated_write_and_peer_ops_from_a_client_are_harmless() {
     let body = Request {
         creds: Credentials::root(),
         op: Op::PurgeChunks { ino },
+        once: None,
     }
     .encode();
     raw.send(&frame(Opcode::PurgeChunks, 5, &body, 0));
@@ -307,6 +311,7 @@ fn truncated_write_and_peer_ops_from_a_client_are_harmless() {
             delta: -1,
             hold: false,
         },
+        once: None,
     }
     .encode();
     raw.send(&frame(Opcode::AdjustLinks, 6, &body, 0));
@@ -317,6 +322,7 @@ fn truncated_write_and_peer_ops_from_a_client_are_harmless() {
     let body = Request {
         creds: Credentials::root(),
         op: Op::GetAttr { ino, after: vec![] },
+        once: None,
     }
     .encode();
     raw.send(&frame(Opcode::GetAttr, 7, &body, 0));

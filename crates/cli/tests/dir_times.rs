@@ -298,6 +298,7 @@ fn a_retried_touch_is_applied_once() {
                 time,
                 nlink_delta,
             },
+            once: None,
         }
         .encode();
         raw.send(&frame(Opcode::TouchDir, id, &body, 0));

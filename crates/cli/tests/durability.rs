@@ -278,6 +278,7 @@ async fn rename_after_a_quick_restart_never_loses_the_file() {
                 noreplace: false,
                 hold: Default::default(),
             },
+            once: None,
         }
         .encode();
         raw.send(&common::frame(Opcode::RenameInstall, request_id, &body, 0));

@@ -968,3 +968,85 @@ async fn a_writable_handle_truncates_whatever_the_mode() {
     );
     assert_eq!(root.read_file("/pub/mode0").await.unwrap(), b"abc");
 }
+
+/// A request that must run once (create, mkdir, unlink, rmdir, rename,
+/// link) sent again with the same id, as the pools send it after a
+/// failover or a lost reply, gets the reply of its first run and is not
+/// run again: not even once another client removed what it made (run
+/// again, a mkdir would make the directory a second time, and a
+/// concurrent rmdir that answered ok would seem undone: the replicated
+/// simulation's seed 2391).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_sent_again_with_its_id_runs_once() {
+    use madfs_proto::message::{Op, Reply};
+    use madfs_proto::Request;
+    let tc = TestCluster::start(SERVERS);
+    let c = tc.client();
+    let cfg = tc.config().clone();
+    let pool = madfs_rpc::Pool::new(
+        &cfg,
+        common::key_of(&tc),
+        madfs_proto::auth::Role::Client,
+        madfs_rpc::pool::Timeouts::default(),
+    );
+    let name = FileName::new(b"once").unwrap();
+    let home = dentry_server(InodeId::ROOT, &name, SERVERS);
+    let mkdir = Request {
+        creds: madfs_types::Credentials::root(),
+        op: Op::Create {
+            parent: InodeId::ROOT,
+            name: name.clone(),
+            kind: FileKind::Dir,
+            perm: 0o755,
+            exclusive: true,
+            symlink_target: Vec::new(),
+        },
+        once: Some(madfs_types::next_op_id()),
+    };
+    let first = pool.call(home, &mkdir, &[]).await.unwrap().reply;
+    let Reply::Created { entry, .. } = &first else {
+        panic!("mkdir answered {first:?}");
+    };
+    // Sent again: the same directory, not EEXIST.
+    match pool.call(home, &mkdir, &[]).await.unwrap().reply {
+        Reply::Created { entry: again, .. } => assert_eq!(again.ino, entry.ino),
+        other => panic!("the retry answered {other:?}"),
+    }
+    // Another client removes it; the retry still does not make it again.
+    c.remove_dir("/once").await.unwrap();
+    match pool.call(home, &mkdir, &[]).await.unwrap().reply {
+        Reply::Created { entry: again, .. } => assert_eq!(again.ino, entry.ino),
+        other => panic!("the retry after the rmdir answered {other:?}"),
+    }
+    assert_err(c.stat("/once").await, ErrorCode::NotFound, libc::ENOENT);
+    // A new request (a new id) does make it.
+    let fresh = Request {
+        once: Some(madfs_types::next_op_id()),
+        ..mkdir.clone()
+    };
+    assert!(matches!(
+        pool.call(home, &fresh, &[]).await.unwrap().reply,
+        Reply::Created { .. }
+    ));
+    // (A new client: `c` remembers for a second that /once was removed.)
+    assert_eq!(tc.client().stat("/once").await.unwrap().kind, FileKind::Dir);
+
+    // An unlink sent again answers as the first time, not ENOENT.
+    c.write_file("/gone", b"x").await.unwrap();
+    let gone = FileName::new(b"gone").unwrap();
+    let unlink = Request {
+        creds: madfs_types::Credentials::root(),
+        op: Op::Remove {
+            parent: InodeId::ROOT,
+            name: gone.clone(),
+            dir: false,
+            hold: Default::default(),
+        },
+        once: Some(madfs_types::next_op_id()),
+    };
+    let at = dentry_server(InodeId::ROOT, &gone, SERVERS);
+    let first = pool.call(at, &unlink, &[]).await.unwrap().reply;
+    assert!(matches!(first, Reply::Removed { .. }), "{first:?}");
+    let again = pool.call(at, &unlink, &[]).await.unwrap().reply;
+    assert!(matches!(again, Reply::Removed { .. }), "{again:?}");
+}

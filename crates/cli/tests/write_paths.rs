@@ -83,6 +83,7 @@ fn raw_create(raw: &mut Raw, id: u64, kind: FileKind, exclusive: bool, data: &[u
                 Vec::new()
             },
         },
+        once: None,
     }
     .encode();
     raw.send(&frame(Opcode::Create, id, &body, data.len() as u32));

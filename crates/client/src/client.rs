@@ -62,6 +62,13 @@ pub struct Client {
     touched: Arc<Touched>,
 }
 
+/// A request of this client: with an id if it must run once (the pool
+/// sends the same id with each retry; server once.rs).
+fn request(creds: Credentials, op: Op) -> Request {
+    let once = op.runs_once().then(madfs_types::next_op_id);
+    Request { creds, op, once }
+}
+
 /// Bytes of small files that open handles of one client may hold (see
 /// `Client::open_at`): 64 MiB, a thousand 64 KiB files open at once.
 pub(crate) const PRELOAD_BUDGET_BYTES: u64 = 64 << 20;
@@ -248,10 +255,7 @@ impl Client {
 
     async fn call_data(&self, server: ServerId, op: Op, data: &[u8]) -> Result<Response> {
         self.counts.record(op.opcode());
-        let req = Request {
-            creds: (*self.creds).clone(),
-            op,
-        };
+        let req = request((*self.creds).clone(), op);
         Ok(self.pool.call(server, &req, data).await?)
     }
 
@@ -265,10 +269,7 @@ impl Client {
         range: std::ops::Range<usize>,
     ) -> Result<Response> {
         self.counts.record(op.opcode());
-        let req = Request {
-            creds: (*self.creds).clone(),
-            op,
-        };
+        let req = request((*self.creds).clone(), op);
         let data = SharedData::Shared(data, range);
         Ok(self.pool.call_shared(server, &req, data).await?)
     }
@@ -970,6 +971,7 @@ impl Client {
         let req = Request {
             creds: (*self.creds).clone(),
             op: Op::GetRoutes,
+            once: None,
         };
         let mut last = None;
         for set in self.pool.servers() {
@@ -1007,6 +1009,7 @@ impl Client {
         let req = Request {
             creds: (*self.creds).clone(),
             op: Op::StatFs,
+            once: None,
         };
         match self.pool.call_once(set, &req, &[]).await?.reply {
             Reply::FsStats(s) => Ok(s),

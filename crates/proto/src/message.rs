@@ -11,7 +11,7 @@ use crate::error::ProtoError;
 use crate::find::{self, FindDir, FindMatch, FindQuery};
 use crate::frame::BODY_MAX_BYTES;
 use madfs_types::{
-    limits, Attr, ChunkIndex, Credentials, FileKind, FileName, InodeId, ServerId, TimeSet,
+    limits, Attr, ChunkIndex, Credentials, FileKind, FileName, InodeId, OpId, ServerId, TimeSet,
     Timestamp, TxId,
 };
 
@@ -462,6 +462,21 @@ pub enum Op {
 pub struct Request {
     pub creds: Credentials,
     pub op: Op,
+    /// For a request that must run once (`Op::runs_once`): its id, the
+    /// same each time it is sent, so that a server that has its result
+    /// answers a retry with it instead of running it again.
+    pub once: Option<OpId>,
+}
+
+impl Request {
+    /// `op` with `creds`, and no id.
+    pub fn new(creds: Credentials, op: Op) -> Request {
+        Request {
+            creds,
+            op,
+            once: None,
+        }
+    }
 }
 
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -627,6 +642,23 @@ pub enum Reply {
 }
 
 impl Op {
+    /// Whether running it twice may do what running it once does not: a
+    /// create or mkdir after another client removed the first's result,
+    /// an unlink, rmdir or rename after the name changed meanwhile, a
+    /// link, a link count adjusted twice. Sent with an `OpId`, these run
+    /// once whatever retries a failover makes (server once.rs).
+    pub fn runs_once(&self) -> bool {
+        match self {
+            Op::Create { .. }
+            | Op::Mknod { .. }
+            | Op::Remove { .. }
+            | Op::Rename { .. }
+            | Op::Link { .. } => true,
+            Op::AdjustLinks { delta, .. } => *delta != 0,
+            _ => false,
+        }
+    }
+
     pub fn opcode(&self) -> Opcode {
         match self {
             Op::Lookup { .. } => Opcode::Lookup,
@@ -677,6 +709,15 @@ impl Request {
     pub fn encode(&self) -> Vec<u8> {
         let mut e = Encoder::new();
         e.creds(&self.creds);
+        match &self.once {
+            None => e.u8(0),
+            Some(id) => {
+                e.u8(1);
+                e.u32(id.time);
+                e.u64(id.origin);
+                e.u32(id.seq);
+            }
+        }
         match &self.op {
             Op::Lookup { parent, name } => {
                 e.ino(*parent);
@@ -908,6 +949,15 @@ impl Request {
         let code = Opcode::from_u16(opcode).ok_or(ProtoError::UnknownOpcode(opcode))?;
         let mut d = Decoder::new(body);
         let creds = d.creds()?;
+        let once = match d.u8()? {
+            0 => None,
+            1 => Some(OpId {
+                time: d.u32()?,
+                origin: d.u64()?,
+                seq: d.u32()?,
+            }),
+            _ => return Err(ProtoError::BadValue("request id flag")),
+        };
         let op = match code {
             Opcode::Challenge | Opcode::Hello => return Err(ProtoError::UnknownOpcode(opcode)),
             Opcode::Lookup => Op::Lookup {
@@ -1081,7 +1131,7 @@ impl Request {
             },
         };
         d.finish()?;
-        Ok(Request { creds, op })
+        Ok(Request { creds, op, once })
     }
 }
 
@@ -1693,10 +1743,17 @@ mod tests {
             gid: 100,
             groups: vec![4, 27],
         };
-        for op in all_ops() {
+        for (i, op) in all_ops().into_iter().enumerate() {
+            // Half of them with an id, as a request that runs once has.
+            let once = (i % 2 == 1).then_some(OpId {
+                time: 1_800_000_000,
+                origin: 0x0123_4567_89ab_cdef,
+                seq: i as u32,
+            });
             let req = Request {
                 creds: creds.clone(),
                 op,
+                once,
             };
             let body = req.encode();
             let back = Request::decode(req.op.opcode() as u16, &body).unwrap();
@@ -1872,12 +1929,21 @@ mod tests {
         let creds = Credentials::root();
         let mut e = Encoder::new();
         e.creds(&creds);
+        e.u8(0); // no OpId
         e.ino(InodeId::ROOT);
         e.u8(2);
         e.raw(b"..");
         assert_eq!(
             Request::decode(Opcode::Lookup as u16, &e.into_bytes()),
             Err(ProtoError::BadValue("file name"))
+        );
+        // An OpId flag other than 0 or 1.
+        let mut e = Encoder::new();
+        e.creds(&creds);
+        e.u8(2);
+        assert_eq!(
+            Request::decode(Opcode::StatFs as u16, &e.into_bytes()),
+            Err(ProtoError::BadValue("request id flag"))
         );
         assert_eq!(
             Request::decode(999, &[]),
@@ -1913,6 +1979,7 @@ mod tests {
         ] {
             let mut e = Encoder::new();
             e.creds(&creds);
+            e.u8(0); // no OpId
             e.ino(InodeId::ROOT);
             e.u16(n);
             e.u16(1);
@@ -1935,6 +2002,7 @@ mod tests {
                 dir: false,
                 hold: list,
             },
+            once: None,
         };
         assert_eq!(
             Request::decode(Opcode::Remove as u16, &req.encode()),

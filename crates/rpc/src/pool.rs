@@ -565,6 +565,7 @@ impl Pool {
         let ask = Request {
             creds: madfs_types::Credentials::root(),
             op: madfs_proto::message::Op::GetRoutes,
+            once: None,
         };
         let mut others = (0..self.addrs.len() as u16)
             .map(ServerId)

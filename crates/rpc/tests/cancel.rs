@@ -91,6 +91,7 @@ async fn write(conn: &Connection, ino: u64, len: usize) -> Result<u32, RpcError>
             offset: 0,
             file_size: len as u64,
         },
+        once: None,
     };
     // Odd requests lend their data (copied into the frame), even ones give
     // it away (written from the caller's buffer): both paths are covered.
@@ -181,6 +182,7 @@ async fn callers_aborted_mid_send_leave_the_connection_intact() {
             &Request {
                 creds: Credentials::root(),
                 op: Op::StatFs,
+                once: None,
             },
             &[],
         )

@@ -107,6 +107,7 @@ async fn a_call_to_a_set_whose_server_hangs_goes_where_the_set_moved() {
                     ino: InodeId(5),
                     after: Vec::new(),
                 },
+                once: None,
             },
             &[],
         )

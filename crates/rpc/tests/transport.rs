@@ -68,6 +68,7 @@ fn req(op: Op) -> Request {
     Request {
         creds: Credentials::root(),
         op,
+        once: None,
     }
 }
 

@@ -1,7 +1,7 @@
 //! The one table from opcode to handler (`Server::dispatch`), the server's
 //! side of the RPC layer (`Handler`), and the background work a start runs.
 
-use crate::errors::{err, io_err, OpResult};
+use crate::errors::{err, io_err, kv_err, OpResult};
 use crate::perm::{self, owner_of};
 use crate::service::{blocking, Server};
 use madfs_proto::auth::Role;
@@ -20,9 +20,33 @@ impl Server {
         if let Some(r) = &self.replication {
             r.start_shippers(self.clone());
         }
+        let me = self.clone();
         tokio::spawn(async move {
-            crate::rename::recover(&self).await;
-            self.recover_orphans().await;
+            crate::rename::recover(&me).await;
+            me.recover_orphans().await;
+        });
+        // The replies kept for retries of requests that run once expire
+        // (once.rs); a deposed store is left alone.
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(crate::once::SWEEP_EVERY).await;
+                if self.replication.as_ref().is_some_and(|r| r.retired()) {
+                    return;
+                }
+                let kv = self.kv.clone();
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                let swept = blocking(move || {
+                    crate::once::sweep(kv.as_ref(), now)
+                        .map_err(|e| std::io::Error::other(e.to_string()))
+                });
+                match swept.await {
+                    Ok(n) if n > 0 => tracing::debug!("swept {n} replies kept for retries"),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!("sweeping the replies kept for retries: {e}"),
+                }
+            }
         });
     }
 
@@ -76,7 +100,21 @@ impl Server {
         data: Vec<u8>,
     ) -> OpResult {
         let replicated = !matches!(req.op, Op::ReplicaApply { .. });
-        let result = self.dispatch_op(ctx, req, data).await;
+        // A request that must run once and already ran (here, or on the
+        // primary whose copy this store was: a retry after a failover)
+        // gets the reply it got then (once.rs).
+        let once = req.once.filter(|_| req.op.runs_once());
+        let done_before = match once {
+            Some(id) => crate::once::answered(self.kv.as_ref(), id).map_err(kv_err)?,
+            None => None,
+        };
+        let result = match done_before {
+            Some(reply) => Ok((reply, Vec::new())),
+            None => {
+                let opcode = req.op.opcode();
+                crate::once::run(once, opcode, self.dispatch_op(ctx, req, data)).await
+            }
+        };
         if let (Some(r), true, Ok(_)) = (&self.replication, replicated, &result) {
             let last = r.last_seq();
             let waited = Instant::now();
@@ -216,15 +254,7 @@ impl Server {
                 })
                 .await?;
                 // A replaced target held for the client: it must release it.
-                ok(match held {
-                    Some((ino, kind)) => Reply::Removed {
-                        ino,
-                        kind,
-                        held: true,
-                        touched,
-                    },
-                    None => Reply::Renamed { touched },
-                })
+                ok(crate::rename::rename_reply(held, touched))
             }
             Op::Link { ino, parent, name } => ok(self.link(c, ino, parent, &name).await?),
             Op::ReadLink { ino } => {

@@ -11,13 +11,14 @@
 //! RNTX tx                       -> rename intent, on the coordinating server
 //! RNDN coordinator tx           -> rename installed, on the destination server
 //! DTCH dir sender               -> u64 last directory touch applied from that server
+//! DONE time origin seq          -> the reply of a request that must run once (once.rs)
 //! META "next_inode"             -> u64 inode counter (a high-water mark)
 //! META "next_tx"                -> u64 rename transaction counter (likewise)
 //! META "next_touch"             -> u64 directory touch counter (likewise)
 //! META "format"                 -> u32 on-disk format version
 //! ```
 
-use madfs_types::{FileName, InodeId, ServerId, TxId};
+use madfs_types::{FileName, InodeId, OpId, ServerId, TxId};
 
 pub const INODE: &[u8; 4] = b"INOD";
 pub const INLINE_DATA: &[u8; 4] = b"DATA";
@@ -30,6 +31,9 @@ pub const HELD: &[u8; 4] = b"HELD";
 pub const RENAME_INTENT: &[u8; 4] = b"RNTX";
 pub const RENAME_DONE: &[u8; 4] = b"RNDN";
 pub const DIR_TOUCH: &[u8; 4] = b"DTCH";
+/// A request that runs once (`OpId`, its sender's time first so that old
+/// ones sort first and are swept by a scan from the start): its reply.
+pub const DONE: &[u8; 4] = b"DONE";
 pub const META_NEXT_INODE: &[u8] = b"METAnext_inode";
 pub const META_NEXT_TX: &[u8] = b"METAnext_tx";
 pub const META_NEXT_TOUCH: &[u8] = b"METAnext_touch";
@@ -68,6 +72,24 @@ pub fn orphan(ino: InodeId) -> Vec<u8> {
 
 pub fn held(ino: InodeId) -> Vec<u8> {
     with_ino(HELD, ino)
+}
+
+pub fn done(id: OpId) -> Vec<u8> {
+    let mut k = Vec::with_capacity(20);
+    k.extend_from_slice(DONE);
+    k.extend_from_slice(&id.time.to_be_bytes());
+    k.extend_from_slice(&id.origin.to_be_bytes());
+    k.extend_from_slice(&id.seq.to_be_bytes());
+    k
+}
+
+/// The first key of the requests made before `time` (seconds): the end
+/// of what a sweep of older ones scans.
+pub fn done_before(time: u32) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8);
+    k.extend_from_slice(DONE);
+    k.extend_from_slice(&time.to_be_bytes());
+    k
 }
 
 /// Prefix of all dentries of one directory.

@@ -19,6 +19,7 @@ pub mod locks;
 mod members;
 mod memory;
 pub mod metrics;
+mod once;
 mod ops;
 mod peers;
 pub mod perm;

@@ -105,6 +105,7 @@ impl PeerNet {
         let req = Request {
             creds: Credentials::root(),
             op: Op::Membership { msg },
+            once: None,
         };
         match self.pool.call_once(to, &req, &[]).await {
             Ok(r) => match r.reply {

@@ -118,9 +118,11 @@ impl Server {
             if server == self.id {
                 return self.local_peer_op(op).await.map(|(r, _)| r);
             }
+            let once = op.runs_once().then(madfs_types::next_op_id);
             let req = Request {
                 creds: Credentials::root(),
                 op,
+                once,
             };
             self.peers
                 .call(server, &req, &[])

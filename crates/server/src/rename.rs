@@ -170,6 +170,20 @@ fn dir_links(kind: FileKind) -> i64 {
     i64::from(kind == FileKind::Dir)
 }
 
+/// A rename's reply: `held`, the replaced inode if it is held for the
+/// client (it must release it), else plain.
+pub(crate) fn rename_reply(held: Option<(InodeId, FileKind)>, touched: Vec<TouchToken>) -> Reply {
+    match held {
+        Some((ino, kind)) => Reply::Removed {
+            ino,
+            kind,
+            held: true,
+            touched,
+        },
+        None => Reply::Renamed { touched },
+    }
+}
+
 /// What installing `kind` did to the destination directory's link count.
 fn install_changes(dp: InodeId, kind: FileKind, done: &Installed) -> DirChanges {
     let replaced_dir = matches!(done.replaced, Some((_, FileKind::Dir)));
@@ -382,6 +396,12 @@ async fn rename_local(
         let remote = done
             .replaced
             .is_some_and(|(d, k)| d.owner() != srv.id || k == FileKind::Dir);
+        // Whether a remote replaced inode is held is its owner's to say,
+        // later: a retry learns only of a local one.
+        crate::once::record(
+            &mut b,
+            &rename_reply(done.replaced.filter(|_| done.held), Vec::new()),
+        );
         srv.kv.write(b, remote).map_err(kv_err)?;
         drop(guard);
         Ok((done, changes, time))
@@ -496,6 +516,7 @@ async fn rename_remote(
                 b.delete(&keys::dentry(sp, sn));
             }
             b.delete(&keys::rename_intent(tx));
+            crate::once::record(&mut b, &rename_reply(held, Vec::new()));
             srv.kv.write(b, true).map_err(kv_err)?;
             drop(guard);
             let touched = if same {

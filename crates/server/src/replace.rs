@@ -106,6 +106,7 @@ pub async fn copy_elsewhere(
             first_seq: 1,
             heads: Vec::new(),
         },
+        once: None,
     };
     for &r in &cfg.replica_set(id)[1..] {
         let answer = tokio::time::timeout(PROBE_WAIT, pool.call_once(r, &probe, &[])).await;

@@ -875,6 +875,7 @@ impl Replicator {
                 first_seq: from,
                 heads: Vec::new(),
             },
+            once: None,
         };
         let answer = self
             .pool(server)
@@ -908,6 +909,7 @@ impl Replicator {
                     first_seq: 0,
                     heads,
                 },
+                once: None,
             };
             self.pool(server)
                 .call_shared_once(replica, &req, payloads)
@@ -1059,6 +1061,7 @@ impl Replicator {
                     first_seq,
                     heads,
                 },
+                once: None,
             };
             let sent = std::time::Instant::now();
             match peers.call_shared_once(server, &req, payloads).await {

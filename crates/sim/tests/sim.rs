@@ -194,6 +194,14 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, bool, &str)] = &[
         "an rmdir whose name's removal was not yet on the copy told the directory's \
          owner to free it; a failover then served the name without its inode",
     ),
+    (
+        2391,
+        60,
+        true,
+        "a mkdir whose primary died before its reply ran again on the new primary after \
+         a concurrent rmdir removed its directory: both answered ok and the directory \
+         existed (server once.rs)",
+    ),
 ];
 
 #[test]

@@ -84,6 +84,71 @@ pub struct ChunkIndex(pub u32);
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct RequestId(pub u64);
 
+/// Names one mutating request across the times it is sent (a retry after
+/// a failover, or after a reply lost with its server), so that the
+/// servers run it once and answer the retries with its result (server
+/// once.rs). `time` is the sender's clock, in seconds, when it made the
+/// id: the servers keep their record of it for a while from then.
+/// `origin` is random per sender (a client or a server process), `seq`
+/// counts its ids.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct OpId {
+    pub time: u32,
+    pub origin: u64,
+    pub seq: u32,
+}
+
+/// Makes the `OpId`s of one sender.
+#[derive(Debug)]
+pub struct OpIds {
+    origin: u64,
+    seq: std::sync::atomic::AtomicU32,
+}
+
+impl OpIds {
+    /// A sender with a random origin (std's per-process random hash keys,
+    /// over the time: two senders sharing one is not a case we guard).
+    pub fn new() -> OpIds {
+        use std::hash::BuildHasher;
+        let origin =
+            std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now());
+        OpIds {
+            origin,
+            seq: std::sync::atomic::AtomicU32::new(0),
+        }
+    }
+
+    pub fn next(&self) -> OpId {
+        let time = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX));
+        // The process id is mixed in at each call: a forked child (a
+        // program under `madfs run` that forks) starts with its parent's
+        // origin and counter, and its ids must still differ.
+        let pid = u64::from(std::process::id()).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        OpId {
+            time,
+            origin: self.origin ^ pid,
+            seq: self
+                .seq
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                .wrapping_add(1),
+        }
+    }
+}
+
+impl Default for OpIds {
+    fn default() -> Self {
+        OpIds::new()
+    }
+}
+
+/// A new `OpId` of this process (one origin for all its senders).
+pub fn next_op_id() -> OpId {
+    static IDS: std::sync::OnceLock<OpIds> = std::sync::OnceLock::new();
+    IDS.get_or_init(OpIds::new).next()
+}
+
 /// Id of a cross-server rename, unique per coordinating server.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct TxId(pub u64);

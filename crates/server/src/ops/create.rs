@@ -162,6 +162,19 @@ impl Server {
         Self::put_dentry(&mut b, parent, name, kind, ino);
         let now = inode.attr.ctime;
         self.touch_local(&mut b, &changes, now)?;
+        let entry = Entry {
+            ino,
+            kind,
+            attr: Some(inode.attr.clone()),
+        };
+        crate::once::record(
+            &mut b,
+            &Reply::Created {
+                entry: entry.clone(),
+                created: true,
+                touched: Vec::new(),
+            },
+        );
         // Other servers may put entries into a new directory at once: it
         // must outlive a power cut first, or they outlive it.
         self.kv.write(b, kind == FileKind::Dir).map_err(kv_err)?;
@@ -170,11 +183,7 @@ impl Server {
         self.inode_count.fetch_add(1, Ordering::Relaxed);
         let touched = self.touch_queued(&changes, now);
         Ok(Reply::Created {
-            entry: Entry {
-                ino,
-                kind,
-                attr: Some(inode.attr),
-            },
+            entry,
             created: true,
             touched,
         })

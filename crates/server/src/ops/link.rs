@@ -63,6 +63,7 @@ impl Server {
             (nlink, held) = self.unlink_inode_holding(&mut b, &mut inode, delta, hold);
             nlink
         };
+        crate::once::record(&mut b, &Reply::Links { nlink });
         // A new link is counted before its name is written elsewhere: the
         // count must outlive a power cut first, or the name outlives it.
         self.kv.write(b, delta > 0).map_err(kv_err)?;
@@ -128,6 +129,18 @@ impl Server {
             .await?;
         }
         Self::put_dentry(&mut b, parent, name, attr.kind, ino);
+        let entry = Entry {
+            ino,
+            kind: attr.kind,
+            attr: attr_out,
+        };
+        crate::once::record(
+            &mut b,
+            &Reply::Linked {
+                entry: entry.clone(),
+                touched: Vec::new(),
+            },
+        );
         if let Err(e) = self.kv.write(b, false) {
             if !local {
                 let _ = self
@@ -146,13 +159,6 @@ impl Server {
         drop(g);
         drop(gate);
         let touched = self.touch_queued(&changes, time);
-        Ok(Reply::Linked {
-            entry: Entry {
-                ino,
-                kind: attr.kind,
-                attr: attr_out,
-            },
-            touched,
-        })
+        Ok(Reply::Linked { entry, touched })
     }
 }

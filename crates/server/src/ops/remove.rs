@@ -255,6 +255,15 @@ impl Server {
         }
         let time = Timestamp::now();
         self.touch_local(&mut b, &changes, time)?;
+        crate::once::record(
+            &mut b,
+            &Reply::Removed {
+                ino,
+                kind,
+                held,
+                touched: Vec::new(),
+            },
+        );
         // Other servers act on the removal next (the owner drops the link,
         // every server forgets the directory): it must outlive a power cut
         // first, or the name comes back without its inode or directory.
