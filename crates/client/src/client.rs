@@ -69,6 +69,35 @@ fn request(creds: Credentials, op: Op) -> Request {
     Request { creds, op, once }
 }
 
+/// A name's server answered with an inode whose owner then said it is
+/// gone: an unlink or a rename that replaced the name came between the two
+/// requests. The name is asked for again, and names what it names now (a
+/// rename's new inode, or nothing), as one lookup on one server would
+/// answer. The same inode gone twice in a row is a name that outlived its
+/// inode, and NotFound is the answer.
+#[derive(Default)]
+struct Vanished {
+    last: Option<InodeId>,
+    asked: u32,
+}
+
+impl Vanished {
+    /// Asked again this many times at most.
+    const ASK_AGAIN_MAX: u32 = 8;
+
+    /// Whether to ask for the name again after `r`, the attributes of
+    /// `ino` it named.
+    fn ask_again<T>(&mut self, ino: InodeId, r: &Result<T>) -> bool {
+        let gone = matches!(r, Err(e) if e.code == ErrorCode::NotFound);
+        if !gone || self.last == Some(ino) || self.asked >= Self::ASK_AGAIN_MAX {
+            return false;
+        }
+        self.last = Some(ino);
+        self.asked += 1;
+        true
+    }
+}
+
 /// Bytes of small files that open handles of one client may hold (see
 /// `Client::open_at`): 64 MiB, a thousand 64 KiB files open at once.
 pub(crate) const PRELOAD_BUDGET_BYTES: u64 = 64 << 20;
@@ -289,7 +318,8 @@ impl Client {
     }
 
     /// An entry's attributes: included when the dentry server owns the
-    /// inode, otherwise fetched from the owner.
+    /// inode, otherwise fetched from the owner (see `Vanished` for when
+    /// that inode is gone).
     async fn entry_attr(&self, entry: Entry) -> Result<Attr> {
         match entry.attr {
             Some(a) => Ok(a),
@@ -305,19 +335,29 @@ impl Client {
     /// or not, goes into the metadata cache).
     pub async fn lookup(&self, parent: InodeId, name: &FileName) -> Result<Attr> {
         let since = self.cache.epoch();
-        let op = Op::Lookup {
-            parent,
-            name: name.clone(),
-        };
-        let r = match self.call(self.dentry_server(parent, name), op).await {
-            // A directory this client changed, whose touch may not have
-            // landed yet: its owner tells once it did.
-            Ok(Reply::Entry(e)) if e.kind == FileKind::Dir && self.touched.pending(e.ino) => {
-                self.getattr(e.ino).await
+        let mut vanished = Vanished::default();
+        let r = loop {
+            let op = Op::Lookup {
+                parent,
+                name: name.clone(),
+            };
+            let entry = match self.call(self.dentry_server(parent, name), op).await {
+                Ok(Reply::Entry(e)) => e,
+                Ok(other) => break Err(ClientError::unexpected("lookup", &other)),
+                Err(e) => break Err(e),
+            };
+            let ino = entry.ino;
+            let r = match entry {
+                // A directory this client changed, whose touch may not have
+                // landed yet: its owner tells once it did.
+                e if e.kind == FileKind::Dir && self.touched.pending(e.ino) => {
+                    self.getattr(e.ino).await
+                }
+                e => self.entry_attr(e).await,
+            };
+            if !vanished.ask_again(ino, &r) {
+                break r;
             }
-            Ok(Reply::Entry(e)) => self.entry_attr(e).await,
-            Ok(other) => Err(ClientError::unexpected("lookup", &other)),
-            Err(e) => Err(e),
         };
         match &r {
             Ok(a) => self.cache.learned_entry(since, parent, name, Some(a)),
@@ -340,28 +380,32 @@ impl Client {
         data_max: u32,
     ) -> Result<(Attr, Option<Vec<u8>>)> {
         let since = self.cache.epoch();
-        let op = Op::Open {
-            parent,
-            name: name.clone(),
-            data_max,
-        };
-        let r = match self
-            .call_data(self.dentry_server(parent, name), op, &[])
-            .await
-        {
-            Ok(Response {
-                reply: Reply::Entry(e),
-                data,
-            }) => {
-                let inline = e.attr.as_ref().is_some_and(|a| {
-                    a.kind == FileKind::File && a.size > 0 && data.len() as u64 == a.size
-                });
-                self.entry_attr(e)
-                    .await
-                    .map(|a| (a, inline.then_some(data)))
+        let mut vanished = Vanished::default();
+        let r = loop {
+            let op = Op::Open {
+                parent,
+                name: name.clone(),
+                data_max,
+            };
+            let (e, data) = match self
+                .call_data(self.dentry_server(parent, name), op, &[])
+                .await
+            {
+                Ok(Response {
+                    reply: Reply::Entry(e),
+                    data,
+                }) => (e, data),
+                Ok(other) => break Err(ClientError::unexpected("open", &other.reply)),
+                Err(e) => break Err(e),
+            };
+            let inline = e.attr.as_ref().is_some_and(|a| {
+                a.kind == FileKind::File && a.size > 0 && data.len() as u64 == a.size
+            });
+            let ino = e.ino;
+            let r = self.entry_attr(e).await;
+            if !vanished.ask_again(ino, &r) {
+                break r.map(|a| (a, inline.then_some(data)));
             }
-            Ok(other) => Err(ClientError::unexpected("open", &other.reply)),
-            Err(e) => Err(e),
         };
         match &r {
             Ok((a, _)) => self.cache.learned_entry(since, parent, name, Some(a)),
