@@ -38,11 +38,17 @@ impl Server {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_secs());
                 let swept = blocking(move || {
-                    crate::once::sweep(kv.as_ref(), now)
-                        .map_err(|e| std::io::Error::other(e.to_string()))
+                    let sweep = || {
+                        let replies = crate::once::sweep(kv.as_ref(), now)?;
+                        let aborted = crate::rename::sweep_aborted(kv.as_ref(), now)?;
+                        Ok::<_, madfs_kv::KvError>((replies, aborted))
+                    };
+                    sweep().map_err(|e| std::io::Error::other(e.to_string()))
                 });
                 match swept.await {
-                    Ok(n) if n > 0 => tracing::debug!("swept {n} replies kept for retries"),
+                    Ok((r, a)) if r + a > 0 => tracing::debug!(
+                        "swept {r} replies kept for retries, {a} aborted rename markers"
+                    ),
                     Ok(_) => {}
                     Err(e) => tracing::warn!("sweeping the replies kept for retries: {e}"),
                 }

@@ -12,7 +12,7 @@
 
 use crate::errors::err;
 use madfs_proto::{ErrorCode, WireError};
-use madfs_types::{stable_hash, FileName, InodeId};
+use madfs_types::{stable_hash, FileName, InodeId, ServerId, TxId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -20,6 +20,7 @@ use tokio::sync::{Mutex, MutexGuard, Notify, RwLock};
 
 const STRIPES: usize = 1024;
 const GATES: usize = 256;
+const MARKER_STRIPES: usize = 64;
 /// How long a request waits for an unsettled rename of a name it locks
 /// before it answers EIO. Longer than a failover (under 10 s), after which
 /// the rename's destination server answers again and the rename settles.
@@ -37,6 +38,10 @@ pub struct Locks {
     /// `unsettled`'s size, so that the common case reads no mutex.
     unsettled_count: AtomicUsize,
     settled: Notify,
+    /// A cross-server rename's marker on its destination's server (rename.rs,
+    /// RNDN): an install's last look and its write, and a resolve's look
+    /// and its write, one at a time. Held for no await, so a plain mutex.
+    markers: Vec<std::sync::Mutex<()>>,
 }
 
 /// What a request needs locked.
@@ -54,11 +59,24 @@ impl Default for Locks {
             unsettled: std::sync::Mutex::new(HashMap::new()),
             unsettled_count: AtomicUsize::new(0),
             settled: Notify::new(),
+            markers: (0..MARKER_STRIPES)
+                .map(|_| std::sync::Mutex::new(()))
+                .collect(),
         }
     }
 }
 
 impl Locks {
+    /// The lock of the marker of rename `tx` of coordinator `coordinator`
+    /// (see `markers`). Its holder never panics while it holds it; a
+    /// poisoned lock is taken anyway.
+    pub fn marker(&self, coordinator: ServerId, tx: TxId) -> std::sync::MutexGuard<'_, ()> {
+        let h = stable_hash(&[b"m", &coordinator.0.to_le_bytes(), &tx.0.to_le_bytes()]);
+        self.markers[(h % MARKER_STRIPES as u64) as usize]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
     fn stripe(key: LockKey<'_>) -> usize {
         let h = match key {
             LockKey::Dentry(p, n) => stable_hash(&[b"d", &p.0.to_le_bytes(), n.as_bytes()]),

@@ -28,10 +28,14 @@
 //!    reply carries (touch.rs).
 //! 5. A tells B to forget the marker (best effort; a stale marker is a few
 //!    bytes and harmless).
-//! 6. Recovery (at A's start, and after a failed step 3): for every intent,
-//!    ask B with RenameResolve. "Installed" -> do step 4. "Not installed" ->
-//!    B first records tx as aborted (so a late-arriving install of tx is
-//!    refused) and A drops the intent. B unreachable -> retry later.
+//! 6. Recovery (at A's start, after a failed step 3, and on the copy that
+//!    takes A's set over): for every intent, ask B with RenameResolve.
+//!    "Installed" -> do step 4. "Not installed" -> B first records tx as
+//!    aborted (so a late-arriving install of tx is refused) and A drops
+//!    the intent. B unreachable -> retry later. An aborted marker outlives
+//!    A's "forget" by `ABORTED_KEPT_FOR`: the install may still come, sent
+//!    again by a deposed A (the replicated simulation, seed 3843: B
+//!    installed it after the forget, and both names stayed).
 //!    Until settled, the source name stays held (`Locks::unsettle`): it
 //!    may already be the second link of an inode whose new name B has, so
 //!    no other request may remove or replace it as a link of its own.
@@ -66,6 +70,13 @@ const LOCK_WAIT: Duration = Duration::from_millis(250);
 const MARK_INSTALLED: u8 = 0;
 const MARK_REPLACED: u8 = 1;
 const MARK_ABORTED: u8 = 2;
+/// How long B keeps an aborted marker after A told it to forget: longer
+/// than a deposed coordinator sends its install again (a peer call gives
+/// up within a failover's wait, 30 s by default; a connection with
+/// unacknowledged data dies within `conn::UNACKNOWLEDGED_MAX`).
+pub(crate) const ABORTED_KEPT_FOR: Duration = Duration::from_secs(600);
+/// Markers deleted per batch of a sweep.
+const SWEEP_BATCH_MAX: usize = 4096;
 
 struct Intent {
     src_parent: InodeId,
@@ -570,7 +581,7 @@ pub(crate) async fn install(
     let marker = keys::rename_done(coordinator, tx);
     if let Some(v) = srv.kv.get(&marker).map_err(kv_err)? {
         return match decode_marker(&v) {
-            Some(Marker::Aborted) => Err(err(ErrorCode::Stale, "rename was aborted")),
+            Some(Marker::Aborted { .. }) => Err(err(ErrorCode::Stale, "rename was aborted")),
             // A retry of this very install: already done (whether it held
             // the target is not recorded; a held target missed here is
             // freed at its owner's next start).
@@ -621,7 +632,17 @@ pub(crate) async fn install(
         let time = Timestamp::now();
         srv.touch_local(&mut b, &changes, time)?;
         b.put(&marker, &encode_marker(&Marker::Installed(ino, replaced)));
-        srv.kv.write(b, true).map_err(kv_err)?;
+        {
+            // A resolve that came while this install waited for its locks
+            // may have aborted it (a coordinator's copy settling after a
+            // failover): look again, with the marker's lock held through
+            // the write (the replicated simulation, seed 3843).
+            let _marker = srv.locks.marker(coordinator, tx);
+            if srv.kv.get(&marker).map_err(kv_err)?.is_some() {
+                return Err(err(ErrorCode::Stale, "rename was settled meanwhile"));
+            }
+            srv.kv.write(b, true).map_err(kv_err)?;
+        }
         drop(guard);
         Ok((done, replaced, changes, time))
     }
@@ -644,7 +665,9 @@ pub(crate) async fn install(
 enum Marker {
     /// Installed `ino`; what it replaced, if anything.
     Installed(InodeId, Option<(InodeId, FileKind)>),
-    Aborted,
+    /// Refused for good; since when (seconds since the epoch, B's clock;
+    /// 0 in a marker of an older version).
+    Aborted { since: u64 },
 }
 
 fn encode_marker(m: &Marker) -> Vec<u8> {
@@ -660,7 +683,10 @@ fn encode_marker(m: &Marker) -> Vec<u8> {
             e.ino(*i);
             e.kind(*k);
         }
-        Marker::Aborted => e.u8(MARK_ABORTED),
+        Marker::Aborted { since } => {
+            e.u8(MARK_ABORTED);
+            e.u64(*since);
+        }
     }
     e.into_bytes()
 }
@@ -673,7 +699,9 @@ fn decode_marker(v: &[u8]) -> Option<Marker> {
             d.ino().ok()?,
             Some((d.ino().ok()?, d.kind().ok()?)),
         )),
-        MARK_ABORTED => Some(Marker::Aborted),
+        MARK_ABORTED => Some(Marker::Aborted {
+            since: d.u64().unwrap_or(0),
+        }),
         _ => None,
     }
 }
@@ -686,25 +714,63 @@ pub(crate) fn resolve(
     forget: bool,
 ) -> Result<bool, WireError> {
     let marker = keys::rename_done(coordinator, tx);
-    let installed = match srv.kv.get(&marker).map_err(kv_err)? {
+    // An install in progress writes its marker either before this looks
+    // or not at all (`install`).
+    let _marker = srv.locks.marker(coordinator, tx);
+    let stored = match srv.kv.get(&marker).map_err(kv_err)? {
+        Some(v) => decode_marker(&v),
+        None => None,
+    };
+    let installed = match stored {
         // The target already was a link to the inode: the install changed
         // nothing, and the source name must stay (rename(2) of two links
         // of one file does nothing), so A is told "not installed".
-        Some(v) => match decode_marker(&v) {
-            Some(Marker::Installed(ino, Some((r, _)))) => r != ino,
-            Some(Marker::Installed(..)) => true,
-            _ => false,
-        },
-        None => false,
+        Some(Marker::Installed(ino, Some((r, _)))) => r != ino,
+        Some(Marker::Installed(..)) => true,
+        _ => false,
     };
+    let aborted = matches!(stored, Some(Marker::Aborted { .. }));
     let mut b = WriteBatch::new();
-    if forget {
+    if forget && !aborted {
         b.delete(&marker);
-    } else if !installed {
-        b.put(&marker, &encode_marker(&Marker::Aborted));
+    } else if !installed && !aborted {
+        b.put(
+            &marker,
+            &encode_marker(&Marker::Aborted { since: now_secs() }),
+        );
     }
+    // (An aborted marker stays, whatever A says, until `sweep_aborted`.)
     srv.kv.write(b, true).map_err(kv_err)?;
     Ok(installed)
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Delete the aborted markers older than `ABORTED_KEPT_FOR` at `now`
+/// (seconds since the epoch); how many.
+pub(crate) fn sweep_aborted(kv: &dyn madfs_kv::KvStore, now: u64) -> madfs_kv::Result<usize> {
+    let cutoff = now.saturating_sub(ABORTED_KEPT_FOR.as_secs());
+    // Aborted markers are few (renames a failover or a lost reply
+    // interrupted): collected whole, deleted in batches.
+    let mut old = Vec::new();
+    kv.scan_visit(keys::RENAME_DONE, keys::RENAME_DONE, &mut |k, v| {
+        if matches!(decode_marker(v), Some(Marker::Aborted { since }) if since <= cutoff) {
+            old.push(k.to_vec());
+        }
+        true
+    })?;
+    for keys in old.chunks(SWEEP_BATCH_MAX) {
+        let mut b = WriteBatch::new();
+        for k in keys {
+            b.delete(k);
+        }
+        kv.write(b, false)?;
+    }
+    Ok(old.len())
 }
 
 /// Step 6 on A for one intent: retry until B answers. The source name is
@@ -865,4 +931,42 @@ async fn exchange(
     srv.kv.write(b, false).map_err(kv_err)?;
     drop(g);
     Ok(srv.touch_queued(&changes, time))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use madfs_kv::{KvStore, MemStore};
+
+    #[test]
+    fn only_aborted_markers_past_their_time_are_swept() {
+        let kv = MemStore::new();
+        let now = 1_000_000;
+        let a = ServerId(1);
+        let mut b = WriteBatch::new();
+        let old = ABORTED_KEPT_FOR.as_secs() + 1;
+        b.put(
+            &keys::rename_done(a, TxId(1)),
+            &encode_marker(&Marker::Aborted { since: now - old }),
+        );
+        b.put(
+            &keys::rename_done(a, TxId(2)),
+            &encode_marker(&Marker::Aborted { since: now - 5 }),
+        );
+        b.put(
+            &keys::rename_done(a, TxId(3)),
+            &encode_marker(&Marker::Installed(InodeId(9), None)),
+        );
+        // A marker of the version before the time: swept at once.
+        b.put(&keys::rename_done(a, TxId(4)), &[MARK_ABORTED]);
+        kv.write(b, false).unwrap();
+        assert_eq!(sweep_aborted(&kv, now).unwrap(), 2);
+        let left = |tx| kv.get(&keys::rename_done(a, TxId(tx))).unwrap().is_some();
+        assert!(!left(1) && left(2) && left(3) && !left(4));
+        assert!(matches!(
+            decode_marker(&kv.get(&keys::rename_done(a, TxId(2))).unwrap().unwrap()),
+            Some(Marker::Aborted { since }) if since == now - 5
+        ));
+        assert_eq!(sweep_aborted(&kv, now).unwrap(), 0);
+    }
 }

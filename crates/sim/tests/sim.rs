@@ -202,6 +202,22 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, bool, &str)] = &[
          a concurrent rmdir removed its directory: both answered ok and the directory \
          existed (server once.rs)",
     ),
+    (
+        3068,
+        60,
+        true,
+        "a rename's look at its source name, while another rename replaced that name, \
+         found the name, then its inode freed: NotFound for a name that always existed \
+         (client Vanished)",
+    ),
+    (
+        3843,
+        60,
+        true,
+        "a cross-server rename's install, waiting for its locks on the destination's \
+         server, was aborted by the settling of the coordinator's copy after a failover, \
+         then wrote its name anyway: both names stayed (server rename.rs, marker lock)",
+    ),
 ];
 
 #[test]
