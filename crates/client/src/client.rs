@@ -65,7 +65,9 @@ pub struct Client {
 /// A request of this client: with an id if it must run once (the pool
 /// sends the same id with each retry; server once.rs).
 fn request(creds: Credentials, op: Op) -> Request {
-    let once = op.runs_once().then(madfs_types::next_op_id);
+    let once = op
+        .runs_once()
+        .then(|| madfs_proto::RunOnce::first(madfs_types::next_op_id()));
     Request { creds, op, once }
 }
 

@@ -11,4 +11,4 @@ pub mod message;
 
 pub use error::{ErrorCode, ProtoError, WireError};
 pub use frame::{FrameHeader, FRAME_HEADER_BYTES};
-pub use message::{Op, Opcode, Reply, Request};
+pub use message::{Op, Opcode, Reply, Request, RunOnce};

@@ -318,6 +318,9 @@ impl Pool {
         let tried_on = self.route(server);
         match self.call_watching_moves(server, req, data).await {
             Err(e) if self.failover && unreachable(&e) => {
+                // Sent again from here on: a request that runs once is
+                // looked up where it arrives (it may have run already).
+                let req = &req.resent();
                 self.after_failover(server, tried_on, e, || self.call_once(server, req, data))
                     .await
             }
@@ -372,6 +375,7 @@ impl Pool {
         let tried_on = self.route(server);
         match self.call_shared_watching_moves(server, req, share()).await {
             Err(e) if unreachable(&e) => {
+                let req = &req.resent();
                 self.after_failover(server, tried_on, e, || {
                     self.call_shared_once(server, req, share())
                 })

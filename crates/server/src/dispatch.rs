@@ -109,16 +109,17 @@ impl Server {
         // A request that must run once and already ran (here, or on the
         // primary whose copy this store was: a retry after a failover)
         // gets the reply it got then (once.rs).
+        // Only a resend may have run before: a first send is not looked up.
         let once = req.once.filter(|_| req.op.runs_once());
         let done_before = match once {
-            Some(id) => crate::once::answered(self.kv.as_ref(), id).map_err(kv_err)?,
-            None => None,
+            Some(o) if o.resent => crate::once::answered(self.kv.as_ref(), o.id).map_err(kv_err)?,
+            _ => None,
         };
         let result = match done_before {
             Some(reply) => Ok((reply, Vec::new())),
             None => {
                 let opcode = req.op.opcode();
-                crate::once::run(once, opcode, self.dispatch_op(ctx, req, data)).await
+                crate::once::run(once.map(|o| o.id), opcode, self.dispatch_op(ctx, req, data)).await
             }
         };
         if let (Some(r), true, Ok(_)) = (&self.replication, replicated, &result) {

@@ -118,7 +118,9 @@ impl Server {
             if server == self.id {
                 return self.local_peer_op(op).await.map(|(r, _)| r);
             }
-            let once = op.runs_once().then(madfs_types::next_op_id);
+            let once = op
+                .runs_once()
+                .then(|| madfs_proto::RunOnce::first(madfs_types::next_op_id()));
             let req = Request {
                 creds: Credentials::root(),
                 op,

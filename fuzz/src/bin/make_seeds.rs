@@ -41,11 +41,13 @@ fn request(op: Op, data: &[u8]) -> Vec<u8> {
             groups: vec![4, 27],
         },
         // Those that run once carry an id, as clients send them.
-        once: op.runs_once().then_some(madfs_types::OpId {
-            time: 1_800_000_000,
-            origin: 0x5eed,
-            seq: 1,
-        }),
+        once: op
+            .runs_once()
+            .then_some(madfs_proto::RunOnce::first(madfs_types::OpId {
+                time: 1_800_000_000,
+                origin: 0x5eed,
+                seq: 1,
+            })),
         op,
     };
     frame(false, opcode, 0, &req.encode(), data)
