@@ -754,6 +754,68 @@ fn a_lost_voter_is_replaced_and_the_group_survives_the_next_loss() {
     );
 }
 
+/// A voter lost for good and never replaced: after `voter_lost_after`
+/// (3 s here) the leader asks a live server that is no voter to take its
+/// place, so the group keeps a majority when a second original voter
+/// dies (without the move, one voter of three is left and no set of the
+/// second one would ever fail over). The new voter, restarted, starts its
+/// node again from its own directory and counts in the quorum.
+#[test]
+fn a_voter_lost_for_good_moves_to_a_live_server_and_the_group_survives_the_next_loss() {
+    // 6 servers: sets are [s, s+1], voters 0, 1 and 2; losing 0 and 2
+    // leaves every set a copy (set 1 is [1, 2]; set 5 is [5, 0]).
+    let mut tc = TestCluster::start_with(
+        6,
+        Options {
+            replicas: 2,
+            server_env: vec![("MADFS_TEST_VOTER_LOST_AFTER_MS".into(), "3000".into())],
+            ..Options::default()
+        },
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let c = tc.client();
+    let mut files: Expected = Vec::new();
+    rt.block_on(write_round(&c, "/m0", 0, 16, &mut files));
+
+    tc.kill9(0);
+    rt.block_on(write_round(&c, "/m1", 100, 16, &mut files));
+    let moved = "a voter of the membership group in place of server 0";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    let promoted = loop {
+        if let Some(s) = (3..6).find(|&s| common::tail(&tc.log_path(s), 400).contains(moved)) {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no server took voter 0's place in 90 s; server 3's log:\n{}",
+            common::tail(&tc.log_path(3), 60)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(promoted, 3, "the lowest live server that is no voter");
+
+    // Voter 2 dies: voters 1 and 3 fail set 2 over to server 3.
+    tc.kill9(2);
+    rt.block_on(read_back(&c, &files));
+    rt.block_on(write_round(&c, "/m2", 200, 16, &mut files));
+    let routes = rt.block_on(c.cluster_routes()).unwrap();
+    assert_eq!(routes.serving[2], madfs_types::ServerId(3), "{routes:?}");
+
+    // The new voter restarts: its node comes back from its directory (the
+    // cluster file does not list it as a voter), and with it a majority.
+    assert!(tc.stop(3).success(), "server 3 exited badly");
+    tc.restart(3);
+    rt.block_on(write_round(&c, "/m3", 300, 16, &mut files));
+    let again = "a voter of the membership group again after a restart";
+    let log = common::tail(&tc.log_path(3), 400);
+    assert!(log.contains(again), "{log}");
+    rt.block_on(read_back(&c, &files));
+}
+
 /// Writes racing over the same bytes reach the replica in the order they
 /// reached the primary's disk: after many clients overwrite one range at
 /// once, the replica's copy equals the primary's byte for byte (it would

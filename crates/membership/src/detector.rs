@@ -4,6 +4,12 @@
 //! removal: `Failover` of each set it is primary of to the next in-sync
 //! member that is alive, `RemoveMember` from each set it only belongs to.
 //! Servers ping nobody and clients ping nothing: only the leader sends.
+//!
+//! A voter silent for `voter_lost_after` is lost for good: with a
+//! [`Promotion`], the leader asks a live server that is not a voter (on a
+//! host without a voter, where there is one) to join in its place
+//! (join.rs), one such move at a time, so the group keeps a majority
+//! through the next loss instead of running on its last quorum.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,6 +28,20 @@ use crate::{Membership, MembershipError, Rejection, Timing};
 /// server's `LeaseHolder::on_ping` ran and its reply came back). The
 /// detector bounds each call by `rpc_timeout`.
 pub type PingFn = Arc<dyn Fn(ServerId, Ping) -> BoxFuture<'static, bool> + Send + Sync>;
+
+/// Asks server `candidate` to join the group in place of voter `lost`
+/// (`Membership::join` with `replaces`, then `become_voter`) and resolves
+/// to whether it took the request; the detector bounds the call by
+/// `rpc_timeout` and then watches the voter set.
+pub type PromoteFn = Arc<dyn Fn(ServerId, ServerId) -> BoxFuture<'static, bool> + Send + Sync>;
+
+/// How the leader moves a lost voter's place to a live server.
+pub struct Promotion {
+    pub promote: PromoteFn,
+    /// Each server's host (by server id; `None`: a host of its own), so
+    /// that a voter goes to a host that has none.
+    pub hosts: Vec<Option<String>>,
+}
 
 /// The leader's view of who answers: pure, so the decision is testable
 /// without a network.
@@ -63,6 +83,45 @@ impl Tracker {
             .copied()
             .unwrap_or(self.started);
         now >= heard.max(self.started) + self.timing.down_after
+    }
+
+    /// Whether voter `server` is silent for `voter_lost_after`.
+    fn is_lost(&self, server: ServerId, now: Instant) -> bool {
+        let heard = self
+            .last_answer
+            .get(&server)
+            .copied()
+            .unwrap_or(self.started);
+        now >= heard.max(self.started) + self.timing.voter_lost_after
+    }
+
+    /// A voter lost for good and the live server (of `servers`, not a
+    /// voter) to take its place: one on a host with no live voter where
+    /// there is one, else any (two voters on one host still survive more
+    /// losses than a dead voter does); the lowest id among equals.
+    pub(crate) fn voter_move(
+        &self,
+        voters: &[ServerId],
+        servers: u16,
+        hosts: &[Option<String>],
+        now: Instant,
+    ) -> Option<(ServerId, ServerId)> {
+        let lost = *voters.iter().find(|v| self.is_lost(**v, now))?;
+        let host = |s: ServerId| hosts.get(s.0 as usize).cloned().flatten();
+        let voter_hosts: Vec<String> = voters
+            .iter()
+            .filter(|v| !self.is_lost(**v, now))
+            .filter_map(|v| host(*v))
+            .collect();
+        let mut candidates = (0..servers)
+            .map(ServerId)
+            .filter(|s| !voters.contains(s) && self.is_alive(*s, now));
+        let on_free_host = candidates
+            .clone()
+            .find(|s| host(*s).map_or(true, |h| !voter_hosts.contains(&h)));
+        on_free_host
+            .or_else(|| candidates.next())
+            .map(|c| (lost, c))
     }
 
     /// Whether `server` answered within a lease: fit to be promoted.
@@ -113,13 +172,31 @@ impl Detector {
     /// Start detecting for `membership` (every voter starts one; it sleeps
     /// while its node does not lead, and starts afresh on each new term).
     pub fn start(membership: &Membership, ping: PingFn) -> Detector {
+        Detector::start_with(membership, ping, None)
+    }
+
+    /// [`Detector::start`], moving a lost voter's place to a live server
+    /// through `promotion`.
+    pub fn start_promoting(
+        membership: &Membership,
+        ping: PingFn,
+        promotion: Promotion,
+    ) -> Detector {
+        Detector::start_with(membership, ping, Some(Arc::new(promotion)))
+    }
+
+    fn start_with(
+        membership: &Membership,
+        ping: PingFn,
+        promotion: Option<Arc<Promotion>>,
+    ) -> Detector {
         let timing = membership.timing().clone();
         assert!(
             timing.down_after >= timing.lease + timing.lease_margin,
             "down_after must be at least lease + lease_margin"
         );
         let (stop, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(run(membership.clone(), ping, stop_rx));
+        let task = tokio::spawn(run(membership.clone(), ping, promotion, stop_rx));
         Detector { stop, task }
     }
 
@@ -130,7 +207,12 @@ impl Detector {
     }
 }
 
-async fn run(membership: Membership, ping: PingFn, mut stop: watch::Receiver<bool>) {
+async fn run(
+    membership: Membership,
+    ping: PingFn,
+    promotion: Option<Arc<Promotion>>,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut node_stopped = membership.stopped();
     let heartbeat = membership.timing().heartbeat;
     let mut ticks = tokio::time::interval(heartbeat);
@@ -155,6 +237,9 @@ async fn run(membership: Membership, ping: PingFn, mut stop: watch::Receiver<boo
             *round = Leading::new(&membership, term);
         }
         round.round(&membership, &ping).await;
+        if let Some(promotion) = &promotion {
+            round.move_lost_voter(&membership, promotion);
+        }
     }
 }
 
@@ -165,6 +250,10 @@ struct Leading {
     tracker: Tracker,
     /// Per server, the latest ping it answered: granted in the next ping.
     grantable: HashMap<ServerId, u64>,
+    /// The move of a lost voter's place under way: one at a time.
+    promoting: Option<JoinHandle<()>>,
+    /// Servers in the latest map.
+    servers: u16,
 }
 
 impl Leading {
@@ -178,7 +267,48 @@ impl Leading {
             seq: 0,
             tracker: Tracker::new(membership.timing(), Instant::now()),
             grantable: HashMap::new(),
+            promoting: None,
+            servers: 0,
         }
+    }
+
+    /// Ask a live server to take the place of a voter lost for good,
+    /// unless such a move is under way (it ends once the lost voter votes
+    /// no more, or after `join_timeout` and `propose_timeout`).
+    fn move_lost_voter(&mut self, membership: &Membership, promotion: &Arc<Promotion>) {
+        if self.promoting.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let voters = membership.voters();
+        let now = Instant::now();
+        let Some((lost, candidate)) =
+            self.tracker
+                .voter_move(&voters, self.servers, &promotion.hosts, now)
+        else {
+            return;
+        };
+        let timing = membership.timing().clone();
+        tracing::warn!(
+            "membership: voter {lost} answered nothing for {:?}: asking server {candidate} to take its place",
+            timing.voter_lost_after
+        );
+        let (membership, promotion) = (membership.clone(), promotion.clone());
+        self.promoting = Some(tokio::spawn(async move {
+            let deadline = now + timing.join_timeout + timing.propose_timeout;
+            let asked =
+                tokio::time::timeout(timing.rpc_timeout, (promotion.promote)(candidate, lost))
+                    .await;
+            if !matches!(asked, Ok(true)) {
+                tracing::warn!("membership: server {candidate} did not take voter {lost}'s place");
+            }
+            let stopped = membership.stopped();
+            while Instant::now() < deadline
+                && membership.voters().contains(&lost)
+                && !*stopped.borrow()
+            {
+                tokio::time::sleep(timing.heartbeat).await;
+            }
+        }));
     }
 
     /// One round: confirm leadership, ping everyone, act on the silent.
@@ -192,6 +322,7 @@ impl Leading {
         if !map.is_bootstrapped() {
             return;
         }
+        self.servers = map.sets.len() as u16;
         self.seq += 1;
         let timeout = membership.timing().rpc_timeout;
         let pings = (0..map.sets.len() as u16).map(ServerId).map(|server| {
@@ -303,6 +434,53 @@ mod tests {
                 new_primary: ServerId(3)
             }),
             "{plan:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_voters_place_goes_to_a_live_server_on_a_host_without_a_voter() {
+        let timing = Timing::default();
+        let start = Instant::now();
+        let mut tracker = Tracker::new(&timing, start);
+        let voters = [ServerId(0), ServerId(2), ServerId(4)];
+        // Hosts: a = {0, 1}, b = {2, 3}, c = {4, 5}, d = {6}.
+        let hosts: Vec<Option<String>> = ["a", "a", "b", "b", "c", "c", "d"]
+            .iter()
+            .map(|h| Some(h.to_string()))
+            .collect();
+        let lost_at = start + timing.voter_lost_after;
+        // Host c dies; every other server answers all along.
+        let mut now = start;
+        while now <= lost_at + timing.heartbeat {
+            for s in [0, 1, 2, 3, 6] {
+                tracker.answered(ServerId(s), now);
+            }
+            let moved = tracker.voter_move(&voters, 7, &hosts, now);
+            if now < lost_at {
+                assert_eq!(moved, None, "moved before voter_lost_after");
+            } else {
+                // 1 and 3 share a host with a live voter; 6 does not.
+                assert_eq!(moved, Some((ServerId(4), ServerId(6))));
+            }
+            now += timing.heartbeat;
+        }
+        // Without host d, a server beside a live voter still beats a
+        // dead voter; a dead server never takes the place.
+        assert_eq!(
+            tracker.voter_move(&voters, 6, &hosts, now),
+            Some((ServerId(4), ServerId(1)))
+        );
+        assert_eq!(
+            tracker
+                .voter_move(&voters, 5, &hosts[..5], now)
+                .map(|m| m.0),
+            Some(ServerId(4))
+        );
+        let only_dead = [ServerId(0), ServerId(1), ServerId(4)];
+        assert_eq!(
+            tracker.voter_move(&only_dead, 2, &hosts, now),
+            None,
+            "no live server that is not a voter"
         );
     }
 

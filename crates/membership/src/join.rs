@@ -70,6 +70,7 @@ impl Membership {
         net: Arc<dyn Transport>,
     ) -> Result<Membership, MembershipError> {
         check_config(&cfg, false)?;
+        let replaces = cfg.replaces.filter(|r| *r != cfg.me);
         let incarnation = match store::read_incarnation(&*kv)? {
             Some(incarnation) => incarnation,
             None if store::holds_raft_state(&*kv)? => {
@@ -83,15 +84,24 @@ impl Membership {
                 // Stored before Raft runs: a restart of this process must
                 // be this node again, never incarnation 0.
                 let incarnation = fresh_incarnation();
-                store::write_incarnation(&*kv, incarnation)?;
+                store::write_identity(&*kv, incarnation, replaces.map(|r| r.0))?;
                 incarnation
             }
         };
-        tracing::info!(
-            "membership: server {} joins as incarnation {incarnation}",
-            cfg.me
-        );
-        Membership::launch(cfg, kv, net, incarnation).await
+        // A directory this call made before keeps the change it was made
+        // for.
+        let replaces = store::read_replaces(&*kv)?.map(ServerId);
+        match replaces {
+            Some(lost) => tracing::info!(
+                "membership: server {} joins as incarnation {incarnation} in place of voter {lost}",
+                cfg.me
+            ),
+            None => tracing::info!(
+                "membership: server {} joins as incarnation {incarnation}",
+                cfg.me
+            ),
+        }
+        Membership::launch(cfg, kv, net, incarnation, replaces).await
     }
 
     /// This node's incarnation: 0 for the original voters, a fresh one
@@ -113,7 +123,8 @@ impl Membership {
 
     /// Ask the voters (`cfg.voters`, following leader hints) until the
     /// leader has made this node a voter, in place of any other
-    /// incarnation of its server, and this node has learned it. At most
+    /// incarnation of its server and of the voter it was made to replace
+    /// (`cfg.replaces` at `join`), and this node has learned it. At most
     /// `timing.join_timeout` (`Timeout`); calling it again after a timeout,
     /// or on a node that already votes, is harmless.
     pub async fn become_voter(&self) -> Result<(), MembershipError> {
@@ -164,7 +175,10 @@ impl Membership {
                     ask[(next - 1) % ask.len()]
                 }
             };
-            let request = Request::Join { node: inner.node };
+            let request = Request::Join {
+                node: inner.node,
+                replaces: inner.replaces.map(|r| r.0),
+            };
             match call(
                 &*inner.net,
                 target,
@@ -190,13 +204,13 @@ impl Membership {
     }
 
     /// The leader's side of `Request::Join`.
-    pub(crate) async fn serve_join(&self, node: NodeId) -> Reply {
+    pub(crate) async fn serve_join(&self, node: NodeId, replaces: Option<ServerId>) -> Reply {
         let budget = self.inner.timing.propose_timeout;
         // In a task of its own, so a caller that gives up does not cancel
         // it between the two steps of a voter change (which would leave
         // the group in the joint configuration until the next change).
         let this = self.clone();
-        let task = tokio::spawn(async move { this.make_voter(node).await });
+        let task = tokio::spawn(async move { this.make_voter(node, replaces).await });
         match tokio::time::timeout(budget, task).await {
             Ok(Ok(reply)) => reply,
             Ok(Err(e)) => Reply::Failed(format!("making node {node} a voter failed: {e}")),
@@ -207,8 +221,9 @@ impl Membership {
     }
 
     /// Make `node` a voter: learner, caught up, then the voter set with
-    /// `node` in place of the other incarnations of its server.
-    async fn make_voter(&self, node: NodeId) -> Reply {
+    /// `node` in place of the other incarnations of its server and of
+    /// every incarnation of `replaces`.
+    async fn make_voter(&self, node: NodeId, replaces: Option<ServerId>) -> Reply {
         // Each join computes its voter set from the membership the one
         // before it left.
         let _serial = self.inner.join_lock.lock().await;
@@ -222,6 +237,21 @@ impl Membership {
         if is_settled_voter(current.membership(), node) {
             self.drop_stale_learners(node, current.membership()).await;
             return Reply::Joined;
+        }
+        if let Some(lost) = replaces {
+            // Taking the place of a voter that is no voter any more (the
+            // change was made already, by another node) would grow the
+            // group instead.
+            if lost == server_of(node)
+                || !current
+                    .membership()
+                    .voter_ids()
+                    .any(|v| server_of(v) == lost)
+            {
+                return Reply::Failed(format!(
+                    "node {node} was to take the place of voter {lost}, which votes no more"
+                ));
+            }
         }
         if incarnation_of(node) == 0 {
             // Incarnation 0 is the original voters': a node under it with
@@ -249,7 +279,7 @@ impl Membership {
         let server = server_of(node);
         let mut voters: BTreeSet<NodeId> = with_learner
             .voter_ids()
-            .filter(|v| server_of(*v) != server)
+            .filter(|v| server_of(*v) != server && Some(server_of(*v)) != replaces)
             .collect();
         voters.insert(node);
         if voters.len() > VOTERS_MAX {

@@ -45,7 +45,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use madfs_types::ServerId;
 
-pub use detector::{Detector, PingFn};
+pub use detector::{Detector, PingFn, PromoteFn, Promotion};
 pub use lease::{LeaseHolder, Ping};
 pub use node::{fetch_map, Membership};
 pub use runtime::seed_thread_rng;
@@ -85,6 +85,11 @@ pub struct Timing {
     /// A whole [`Membership::become_voter`]: catching up as a learner,
     /// then the two-step voter change, retries included.
     pub join_timeout: Duration,
+    /// A voter that answered no ping for this long is lost for good: the
+    /// leader's detector puts a live server in its place (where the caller
+    /// gave it a way to, `Detector::start_promoting`), so the group keeps
+    /// a majority through the next loss. At least `down_after`.
+    pub voter_lost_after: Duration,
 }
 
 impl Default for Timing {
@@ -98,6 +103,7 @@ impl Default for Timing {
             lease_margin: Duration::from_millis(100),
             down_after: Duration::from_secs(2),
             join_timeout: Duration::from_secs(30),
+            voter_lost_after: Duration::from_secs(30),
         }
     }
 }
@@ -128,6 +134,9 @@ impl Timing {
         if self.join_timeout < self.propose_timeout {
             return fail("join_timeout must be at least propose_timeout");
         }
+        if self.voter_lost_after < self.down_after {
+            return fail("voter_lost_after must be at least down_after");
+        }
         Ok(())
     }
 }
@@ -153,6 +162,11 @@ pub struct MembershipConfig {
     /// Snapshot after this many log entries and keep a quarter as many
     /// behind it: bounds the log on disk.
     pub snapshot_every_entries: u64,
+    /// For [`Membership::join`]: the voter (lost for good) whose place
+    /// this node takes, kept with its incarnation so that a restart
+    /// finishes the same change; `None` for a replacement of `me` itself
+    /// or a voter that grows the group.
+    pub replaces: Option<ServerId>,
 }
 
 impl MembershipConfig {
@@ -165,6 +179,7 @@ impl MembershipConfig {
             initial,
             timing: Timing::default(),
             snapshot_every_entries: 1024,
+            replaces: None,
         }
     }
 }

@@ -52,6 +52,9 @@ pub(crate) struct Inner {
     pub(crate) net: Arc<dyn Transport>,
     /// The servers a joining node asks (`cfg.voters`).
     pub(crate) ask: Vec<ServerId>,
+    /// The voter a joined node takes the place of (stored with its
+    /// incarnation; `None` for the original voters).
+    pub(crate) replaces: Option<ServerId>,
     /// One join served at a time on the leader: each computes its voter
     /// set from the membership the previous one left.
     pub(crate) join_lock: tokio::sync::Mutex<()>,
@@ -108,7 +111,8 @@ impl Membership {
         // A replacement may have joined as a voter the cluster file does
         // not list.
         check_config(&cfg, incarnation == 0)?;
-        Membership::launch(cfg, kv, net, incarnation).await
+        let replaces = store::read_replaces(&*kv)?.map(ServerId);
+        Membership::launch(cfg, kv, net, incarnation, replaces).await
     }
 
     /// Start the Raft node of `cfg.me` in `incarnation` over `kv`. Only
@@ -119,6 +123,7 @@ impl Membership {
         kv: Arc<dyn KvStore>,
         net: Arc<dyn Transport>,
         incarnation: u64,
+        replaces: Option<ServerId>,
     ) -> Result<Membership, MembershipError> {
         let timing = cfg.timing.clone();
         let node = node_id(cfg.me, incarnation);
@@ -166,6 +171,7 @@ impl Membership {
                 raft,
                 net,
                 ask: cfg.voters.clone(),
+                replaces,
                 join_lock: tokio::sync::Mutex::new(()),
                 map,
                 stopped: watch::channel(false).0,
@@ -419,7 +425,7 @@ impl Membership {
             }
             Request::Propose(command) => self.answer(LeaderOp::Propose(command)).await,
             Request::ReadMap => self.answer(LeaderOp::Read).await,
-            Request::Join { node } => self.serve_join(node).await,
+            Request::Join { node, replaces } => self.serve_join(node, replaces.map(ServerId)).await,
         };
         Ok(encode_message(&reply))
     }

@@ -17,7 +17,9 @@
 //! index), `PURG` (last purged log id), `SNAP` (snapshot meta and data),
 //! `LOGE` + big-endian index (one entry each), `INCA` (the node's
 //! incarnation, written once, synced, before Raft starts, by a node that
-//! joined as a replacement; absent for the original voters, incarnation 0).
+//! joined as a replacement; absent for the original voters, incarnation 0)
+//! and `REPL` (the voter such a node takes the place of, if another server:
+//! written in the same synced batch).
 
 // openraft's storage traits return its `StorageError` (over 200 bytes);
 // the helpers here return the same type so the trait methods can use `?`.
@@ -47,6 +49,7 @@ const KEY_PURGED: &[u8] = b"PURG";
 const KEY_SNAPSHOT: &[u8] = b"SNAP";
 const PREFIX_LOG: &[u8] = b"LOGE";
 const KEY_INCARNATION: &[u8] = b"INCA";
+const KEY_REPLACES: &[u8] = b"REPL";
 
 type StoreResult<T> = Result<T, StorageError<NodeId>>;
 
@@ -143,12 +146,27 @@ pub(crate) fn read_incarnation(kv: &dyn KvStore) -> Result<Option<u64>, Membersh
     get_record(kv, KEY_INCARNATION).map_err(|e| MembershipError::Storage(e.to_string()))
 }
 
-/// Record the incarnation, synced, before Raft runs: a restart must come
-/// back as the same node, never as incarnation 0 (whose votes it does not
-/// have).
-pub(crate) fn write_incarnation(kv: &dyn KvStore, incarnation: u64) -> Result<(), MembershipError> {
-    put_record(kv, KEY_INCARNATION, &incarnation, true)
+/// Record the incarnation and the voter it takes the place of, synced, in
+/// one batch, before Raft runs: a restart must come back as the same node,
+/// never as incarnation 0 (whose votes it does not have), and finish the
+/// same change.
+pub(crate) fn write_identity(
+    kv: &dyn KvStore,
+    incarnation: u64,
+    replaces: Option<u16>,
+) -> Result<(), MembershipError> {
+    let mut batch = WriteBatch::new();
+    batch.put(KEY_INCARNATION, &encode(&incarnation));
+    batch.put(KEY_REPLACES, &encode(&replaces));
+    kv.write(batch, true)
         .map_err(|e| MembershipError::Storage(e.to_string()))
+}
+
+/// The voter a joined node takes the place of (`None`: itself, or none).
+pub(crate) fn read_replaces(kv: &dyn KvStore) -> Result<Option<u16>, MembershipError> {
+    let stored: Option<Option<u16>> =
+        get_record(kv, KEY_REPLACES).map_err(|e| MembershipError::Storage(e.to_string()))?;
+    Ok(stored.flatten())
 }
 
 /// Whether the store holds any Raft state (a vote, log entries or a

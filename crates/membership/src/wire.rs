@@ -98,9 +98,12 @@ pub(crate) enum Request {
     /// A linearizable read of the map, answered by the leader only.
     ReadMap,
     /// Make `node` (a fresh incarnation) a voter, in place of any other
-    /// incarnation of its server; answered by the leader only.
+    /// incarnation of its server and of the voter `replaces` (a server lost
+    /// for good); answered by the leader only.
     Join {
         node: NodeId,
+        #[serde(default)]
+        replaces: Option<u16>,
     },
 }
 

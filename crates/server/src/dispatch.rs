@@ -34,9 +34,7 @@ impl Server {
                     return;
                 }
                 let kv = self.kv.clone();
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs());
+                let now = crate::rename::now_secs();
                 let swept = blocking(move || {
                     let sweep = || {
                         let replies = crate::once::sweep(kv.as_ref(), now)?;

@@ -20,13 +20,20 @@
 //! - Leaving a replica out (`may_leave`): a primary stops waiting for a
 //!   replica only once the group has removed it from the set, so a
 //!   primary cut off from the group cannot go on alone.
+//! - A voter lost for good (`voter_lost_after` without an answer): the
+//!   leader's detector asks a live server that is no voter to take its
+//!   place (`tag::PROMOTE`); that server starts a Raft node of its own
+//!   (DATA/membership, a fresh incarnation that remembers whom it
+//!   replaces) and joins. Every ping carries the current voters, so the
+//!   others ask the right servers for maps and proposals, and a restarted
+//!   server that has such a node starts it again.
 
 use crate::failover::{Router, Routes};
 use crate::ServerError;
 use futures::future::BoxFuture;
 use madfs_membership::{
     fetch_map, Change, ClusterMap, Detector, LeaseHolder, Membership, MembershipConfig,
-    MembershipError, Ping, PingFn, Rejection, Timing, Transport,
+    MembershipError, Ping, PingFn, PromoteFn, Promotion, Rejection, Timing, Transport,
 };
 use madfs_proto::auth::{ClusterKey, Role};
 use madfs_proto::message::{Op, Reply};
@@ -54,7 +61,13 @@ mod tag {
     pub const PING: u8 = 2;
     /// A change from a server that is not a voter: JSON (change, epoch).
     pub const PROPOSE: u8 = 3;
+    /// From the leader's detector: take the place of a voter lost for good
+    /// (its server id, u16 LE).
+    pub const PROMOTE: u8 = 4;
 }
+
+/// A lease ping's voter list: at most this many (the group's own bound).
+const PING_VOTERS_MAX: usize = 9;
 
 /// The voters: the first server of each host, in id order, up to 3; where
 /// hosts run out (or a local cluster has none), the next servers by id.
@@ -92,6 +105,26 @@ pub fn initial_map(cfg: &ClusterConfig) -> ClusterMap {
         set.primary = set.members[0];
     }
     map
+}
+
+/// How this server's node runs: Raft state in DATA/membership, the
+/// default timing but for how long a silent voter is waited for before
+/// another server takes its place (`MADFS_TEST_VOTER_LOST_AFTER_MS`, a
+/// test seam; 30 s otherwise, never below `down_after`).
+fn membership_config(
+    me: ServerId,
+    voters: Vec<ServerId>,
+    data_dir: &Path,
+    cfg: &ClusterConfig,
+) -> MembershipConfig {
+    let mut mc = MembershipConfig::new(me, voters, data_dir.join("membership"), initial_map(cfg));
+    if let Some(ms) = std::env::var("MADFS_TEST_VOTER_LOST_AFTER_MS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+    {
+        mc.timing.voter_lost_after = Duration::from_millis(ms).max(mc.timing.down_after);
+    }
+    mc
 }
 
 /// Carries membership messages over the servers' RPC, to server processes
@@ -138,8 +171,18 @@ pub struct Members {
     me: ServerId,
     /// The sets the cluster file puts this server in (its own among them).
     intended: Vec<ServerId>,
-    voters: Vec<ServerId>,
-    node: Option<Membership>,
+    /// The voters as the leader's latest ping listed them (the cluster
+    /// file's until then): where maps and proposals are asked for.
+    voters: Mutex<Vec<ServerId>>,
+    /// This server's Raft node: started with the process if it is a voter
+    /// (or was made one before), or later when the leader asks it to take
+    /// a lost voter's place.
+    node: std::sync::OnceLock<Membership>,
+    /// What starting a node later needs: the cluster file and where the
+    /// node keeps its state (None: an injected Raft store, the simulation,
+    /// which never starts a node later).
+    later: Option<(ClusterConfig, std::path::PathBuf)>,
+    promoting: AtomicBool,
     detector: Mutex<Option<Detector>>,
     lease: LeaseHolder,
     net: Arc<PeerNet>,
@@ -189,13 +232,16 @@ impl Members {
             .map(|s| ServerId(s.id))
             .filter(|&set| cfg.replica_set(set).contains(&me))
             .collect();
-        let node = if voters.contains(&me) {
-            let mc = MembershipConfig::new(
-                me,
-                voters.clone(),
-                data_dir.join("membership"),
-                initial_map(cfg),
-            );
+        // A server made a voter in a lost one's place keeps its node in
+        // DATA/membership: it starts it again, whatever the cluster file
+        // lists.
+        let was_made_voter =
+            raft_store.is_none() && !replace && data_dir.join("membership").exists();
+        let later = raft_store
+            .is_none()
+            .then(|| (cfg.clone(), data_dir.to_path_buf()));
+        let node = if voters.contains(&me) || was_made_voter {
+            let mc = membership_config(me, voters.clone(), data_dir, cfg);
             let net: Arc<dyn Transport> = Arc::new(NodeNet(net.clone()));
             // A replacement's Raft directory is empty: it joins as a new
             // incarnation of its server (crates/membership, join.rs), never
@@ -216,8 +262,12 @@ impl Members {
                 // voter, it finishes now (at once if it did).
                 let n = node.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = n.become_voter().await {
-                        tracing::error!("server {me}: joining the membership group: {e}");
+                    match n.become_voter().await {
+                        Ok(()) => tracing::info!(
+                            "server {me}: a voter of the membership group again after a restart, as node incarnation {}",
+                            n.incarnation()
+                        ),
+                        Err(e) => tracing::error!("server {me}: joining the membership group: {e}"),
                     }
                 });
             }
@@ -229,8 +279,10 @@ impl Members {
         let members = Arc::new(Members {
             me,
             intended,
-            voters,
-            node,
+            voters: Mutex::new(voters),
+            node: std::sync::OnceLock::new(),
+            later,
+            promoting: AtomicBool::new(false),
             detector: Mutex::new(None),
             lease: LeaseHolder::new(&timing),
             net,
@@ -240,35 +292,117 @@ impl Members {
             applied: AtomicU64::new(0),
             fetching: AtomicBool::new(false),
         });
-        if let Some(node) = &members.node {
-            let net = members.net.clone();
-            let source = node.clone();
-            let ping: PingFn = Arc::new(move |to, ping: Ping| {
-                let (net, epoch) = (net.clone(), source.map().epoch);
-                Box::pin(async move {
-                    let mut m = vec![tag::PING];
-                    m.extend_from_slice(&epoch.to_le_bytes());
-                    m.extend_from_slice(&ping.encode());
-                    net.send(to, m).await.is_ok()
-                })
-            });
-            *members.detector.lock().unwrap_or_else(|e| e.into_inner()) =
-                Some(Detector::start(node, ping));
-            // The node's maps, as it applies them.
-            let (mut rx, tx) = (node.subscribe(), members.clone());
-            tokio::spawn(async move {
-                loop {
-                    let m = rx.borrow_and_update().clone();
-                    tx.map.send_if_modified(|cur| newer(cur, m));
-                    if rx.changed().await.is_err() {
-                        return;
-                    }
-                }
-            });
-        } else {
-            members.clone().refresh();
+        match node {
+            Some(node) => members.attach(node),
+            None => members.clone().refresh(),
         }
         Ok(members)
+    }
+
+    /// Run `node` as this server's: the detector that acts while it leads
+    /// (pinging every server with the epoch and the voters), and the maps
+    /// it applies.
+    fn attach(self: &Arc<Self>, node: Membership) {
+        let node = self.node.get_or_init(|| node);
+        let net = self.net.clone();
+        let source = node.clone();
+        let ping: PingFn = Arc::new(move |to, ping: Ping| {
+            let (net, epoch) = (net.clone(), source.map().epoch);
+            let voters = source.voters();
+            Box::pin(async move {
+                let mut m = vec![tag::PING];
+                m.extend_from_slice(&epoch.to_le_bytes());
+                let listed = voters.len().min(PING_VOTERS_MAX);
+                m.push(listed as u8);
+                for v in &voters[..listed] {
+                    m.extend_from_slice(&v.0.to_le_bytes());
+                }
+                m.extend_from_slice(&ping.encode());
+                net.send(to, m).await.is_ok()
+            })
+        });
+        let detector = match &self.later {
+            Some((cfg, _)) => {
+                let net = self.net.clone();
+                let promote: PromoteFn = Arc::new(move |to: ServerId, lost: ServerId| {
+                    let net = net.clone();
+                    Box::pin(async move {
+                        let mut m = vec![tag::PROMOTE];
+                        m.extend_from_slice(&lost.0.to_le_bytes());
+                        net.send(to, m).await.is_ok()
+                    })
+                });
+                let hosts = cfg.servers.iter().map(|s| s.host.clone()).collect();
+                Detector::start_promoting(node, ping, Promotion { promote, hosts })
+            }
+            None => Detector::start(node, ping),
+        };
+        *self.detector.lock().unwrap_or_else(|e| e.into_inner()) = Some(detector);
+        // The node's maps, as it applies them.
+        let (mut rx, tx) = (node.subscribe(), self.clone());
+        tokio::spawn(async move {
+            loop {
+                let m = rx.borrow_and_update().clone();
+                tx.map.send_if_modified(|cur| newer(cur, m));
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Take the place of voter `lost` (asked by the leader's detector):
+    /// start a node under a fresh incarnation in DATA/membership, then
+    /// join the group. Once at a time; a server that has a node already
+    /// (a voter, or made one before) is refused.
+    fn promote(self: &Arc<Self>, lost: ServerId) -> Result<(), String> {
+        let Some((cfg, data_dir)) = self.later.clone() else {
+            return Err(format!(
+                "server {} cannot start a Raft node here (injected store)",
+                self.me
+            ));
+        };
+        if self.node.get().is_some() {
+            return Err(format!("server {} has a Raft node already", self.me));
+        }
+        if self.promoting.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let (me, members) = (self.me, self.clone());
+        tokio::spawn(async move {
+            let mut mc = membership_config(me, members.voters(), &data_dir, &cfg);
+            mc.replaces = Some(lost);
+            let net: Arc<dyn Transport> = Arc::new(NodeNet(members.net.clone()));
+            match Membership::join(mc, net).await {
+                Ok(node) => {
+                    tracing::warn!(
+                        "server {me}: taking the place of voter {lost}, lost for good, as node incarnation {}",
+                        node.incarnation()
+                    );
+                    members.attach(node.clone());
+                    match node.become_voter().await {
+                        Ok(()) => tracing::info!(
+                            "server {me}: a voter of the membership group in place of server {lost}"
+                        ),
+                        Err(e) => tracing::error!(
+                            "server {me}: joining the membership group in place of server {lost}: {e}"
+                        ),
+                    }
+                }
+                Err(e) => tracing::error!("server {me}: starting a Raft node: {e}"),
+            }
+            members.promoting.store(false, Ordering::Release);
+        });
+        Ok(())
+    }
+
+    /// The voters as last listed by the leader (the cluster file's until
+    /// a ping came).
+    pub fn voters(&self) -> Vec<ServerId> {
+        self.voters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Whether this server may answer requests now: it holds a lease, and
@@ -293,13 +427,19 @@ impl Members {
     /// Fetch the map from the voters (once at a time), for a server that
     /// is not one.
     fn refresh(self: Arc<Self>) {
-        if self.node.is_some() || self.fetching.swap(true, Ordering::AcqRel) {
+        if self.voting_node().is_some() || self.fetching.swap(true, Ordering::AcqRel) {
             return;
         }
         tokio::spawn(async move {
             loop {
                 let want = self.announced.load(Ordering::Acquire);
-                match fetch_map(&self.voters, &NodeNet(self.net.clone()), REMOTE_WAIT).await {
+                match fetch_map(
+                    &self.other_voters(),
+                    &NodeNet(self.net.clone()),
+                    REMOTE_WAIT,
+                )
+                .await
+                {
                     Ok(m) => {
                         self.map.send_if_modified(|cur| newer(cur, m.clone()));
                         if m.epoch >= want && m.epoch > 0 {
@@ -325,7 +465,7 @@ impl Members {
             return Err(bad("empty membership message".into()));
         };
         match t {
-            tag::NODE => match &self.node {
+            tag::NODE => match self.node.get() {
                 Some(node) => node
                     .handle(rest)
                     .await
@@ -340,10 +480,23 @@ impl Members {
                         format!("server {} is a replacement, not taken over yet", self.me),
                     ));
                 }
-                let (epoch, ping) = rest
+                let (epoch, rest) = rest
                     .split_first_chunk::<8>()
                     .ok_or_else(|| bad("short ping".into()))?;
+                let (&listed, rest) = rest.split_first().ok_or_else(|| bad("short ping".into()))?;
+                let listed = listed as usize;
+                if listed > PING_VOTERS_MAX || rest.len() < 2 * listed {
+                    return Err(bad(format!("a ping listing {listed} voters")));
+                }
+                let (ids, ping) = rest.split_at(2 * listed);
                 let ping = Ping::decode(ping).map_err(|e| bad(e.to_string()))?;
+                if listed > 0 {
+                    let voters: Vec<ServerId> = ids
+                        .chunks_exact(2)
+                        .map(|b| ServerId(u16::from_le_bytes([b[0], b[1]])))
+                        .collect();
+                    *self.voters.lock().unwrap_or_else(|e| e.into_inner()) = voters;
+                }
                 self.lease.on_ping(&ping);
                 let epoch = u64::from_le_bytes(*epoch);
                 self.announced.fetch_max(epoch, Ordering::AcqRel);
@@ -355,7 +508,7 @@ impl Members {
             tag::PROPOSE => {
                 let node = self
                     .node
-                    .as_ref()
+                    .get()
                     .ok_or_else(|| bad(format!("server {} is not a voter", self.me)))?;
                 let (change, epoch): (Change, u64) =
                     serde_json::from_slice(rest).map_err(|e| bad(e.to_string()))?;
@@ -367,6 +520,15 @@ impl Members {
                     Err(e) => Err(e.to_string()),
                 };
                 Ok(serde_json::to_vec(&answer).expect("maps and strings encode"))
+            }
+            tag::PROMOTE => {
+                let lost = rest
+                    .first_chunk::<2>()
+                    .map(|b| ServerId(u16::from_le_bytes(*b)))
+                    .ok_or_else(|| bad("short promotion".into()))?;
+                self.promote(lost)
+                    .map(|()| Vec::new())
+                    .map_err(|why| WireError::new(ErrorCode::InvalidArgument, why))
             }
             other => Err(bad(format!("unknown membership message {other}"))),
         }
@@ -444,15 +606,14 @@ impl Members {
     /// replacement's node is not, until it took over).
     fn voting_node(&self) -> Option<&Membership> {
         self.node
-            .as_ref()
-            .filter(|_| !self.replacing.load(Ordering::Acquire))
+            .get()
+            .filter(|_| !self.replacing.load(Ordering::Acquire) && self.voters().contains(&self.me))
     }
 
     /// The voters but this server, to ask for the map or a change.
     fn other_voters(&self) -> Vec<ServerId> {
-        self.voters
-            .iter()
-            .copied()
+        self.voters()
+            .into_iter()
             .filter(|&v| v != self.me)
             .collect()
     }
@@ -477,7 +638,7 @@ impl Members {
     /// node becomes a voter in place of the node it replaces, and the
     /// server answers pings from now on.
     pub async fn take_over_done(&self) -> Result<(), ServerError> {
-        if let Some(node) = &self.node {
+        if let Some(node) = self.node.get() {
             node.become_voter()
                 .await
                 .map_err(|e| ServerError::Config(format!("joining the membership group: {e}")))?;
@@ -533,7 +694,7 @@ impl Members {
         if let Some(d) = detector {
             d.stop().await;
         }
-        if let Some(node) = &self.node {
+        if let Some(node) = self.node.get() {
             node.shutdown().await;
         }
     }

@@ -744,7 +744,9 @@ pub(crate) fn resolve(
     Ok(installed)
 }
 
-fn now_secs() -> u64 {
+/// Seconds since the epoch by the wall clock: what aborted markers and
+/// kept replies are dated with (0 before 1970).
+pub(crate) fn now_secs() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

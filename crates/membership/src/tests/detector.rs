@@ -10,7 +10,7 @@ use madfs_types::ServerId;
 use tokio::time::Instant;
 
 use super::Group;
-use crate::{ClusterMap, Detector, LeaseHolder, PingFn};
+use crate::{ClusterMap, Detector, LeaseHolder, PingFn, PromoteFn, Promotion};
 
 /// Every server's lease holder, and the servers whose process is "dead"
 /// (they receive no pings).
@@ -178,6 +178,100 @@ async fn when_the_leader_dies_the_next_leader_fails_it_over_only_after_its_lease
         "a new leader waits down_after from its start"
     );
     assert_eq!(map.sets[leader.0 as usize].members.len(), 1);
+    for detector in detectors {
+        detector.stop().await;
+    }
+}
+
+/// A voter lost for good (its process dies and never comes back) is
+/// replaced by a live server that was no voter, asked by the leader's
+/// detector only after `voter_lost_after`, once; the group then survives
+/// the loss of a second original voter, which would otherwise have left
+/// it without a majority.
+#[tokio::test(start_paused = true)]
+async fn a_voter_lost_for_good_moves_to_a_live_server_and_the_group_survives_the_next_loss() {
+    let mut group = Group::start(3, 5, 2, 14).await;
+    let all: Vec<ServerId> = group.voters.clone();
+    let servers = Servers::new(&group, 5);
+    let (asked_tx, mut asked) = tokio::sync::mpsc::unbounded_channel();
+    let promote: PromoteFn = Arc::new(move |candidate, lost| {
+        let tx = asked_tx.clone();
+        Box::pin(async move { tx.send((candidate, lost, Instant::now())).is_ok() })
+    });
+    let mut detectors: Vec<Detector> = group
+        .nodes
+        .values()
+        .map(|n| {
+            let promotion = Promotion {
+                promote: promote.clone(),
+                hosts: Vec::new(),
+            };
+            Detector::start_promoting(n, servers.ping(&group), promotion)
+        })
+        .collect();
+    let leader = group.wait_leader(&all).await;
+    let map = group.wait_converged().await;
+    let lost = *all.iter().find(|v| **v != leader).expect("a follower");
+    let died_at = Instant::now();
+    servers.kill(lost);
+    group.kill(lost).await;
+
+    let timing = group.timing.clone();
+    let (candidate, named, asked_at) =
+        tokio::time::timeout(timing.voter_lost_after * 2, asked.recv())
+            .await
+            .expect("the leader asks a server to take the lost voter's place")
+            .expect("the detectors run");
+    assert_eq!(named, lost);
+    assert!(!all.contains(&candidate), "asked voter {candidate}");
+    assert!(
+        asked_at >= died_at + timing.voter_lost_after - 2 * timing.heartbeat,
+        "asked {:?} after the death, before voter_lost_after",
+        asked_at - died_at
+    );
+    // Failover of the lost server's sets went first, after down_after.
+    let moved = group.wait_converged().await;
+    assert_ne!(moved.sets[lost.0 as usize].primary, lost);
+
+    let node = group.join_node_replacing(candidate, Some(lost)).await;
+    node.become_voter()
+        .await
+        .expect("the candidate becomes a voter");
+    let mut three: Vec<ServerId> = all.iter().copied().filter(|v| *v != lost).collect();
+    three.push(candidate);
+    three.sort();
+    group
+        .wait_until(
+            "every node sees the lost voter replaced",
+            Duration::from_secs(30),
+            |g| g.nodes.values().all(|n| n.voters() == three),
+        )
+        .await;
+    detectors.push(Detector::start_promoting(
+        &node,
+        servers.ping(&group),
+        Promotion {
+            promote: promote.clone(),
+            hosts: Vec::new(),
+        },
+    ));
+    // One move per lost voter: nobody is asked again.
+    let again = tokio::time::timeout(timing.voter_lost_after * 2, asked.recv()).await;
+    assert!(again.is_err(), "asked again: {again:?}");
+
+    // The leader, an original voter, dies too: the last original voter
+    // and the new one are the majority that commits.
+    servers.kill(leader);
+    group.kill(leader).await;
+    let rest: Vec<ServerId> = three.iter().copied().filter(|v| *v != leader).collect();
+    group.wait_leader(&rest).await;
+    let now = group.wait_converged().await;
+    let next = group
+        .node(candidate)
+        .propose(super::some_change(&now, 3), now.epoch)
+        .await
+        .expect("two of three commit, the new voter among them");
+    assert!(next.epoch > map.epoch);
     for detector in detectors {
         detector.stop().await;
     }

@@ -114,6 +114,15 @@ impl Group {
     /// Start a node for `server` with `Membership::join` on its disk (a
     /// fresh one if it has none) and attach it; it is not a voter yet.
     pub async fn join_node(&mut self, server: ServerId) -> Membership {
+        self.join_node_replacing(server, None).await
+    }
+
+    /// `join_node`, the node to take the place of voter `replaces`.
+    pub async fn join_node_replacing(
+        &mut self,
+        server: ServerId,
+        replaces: Option<ServerId>,
+    ) -> Membership {
         assert!(!self.nodes.contains_key(&server), "{server} is running");
         let disk = self
             .disks
@@ -130,6 +139,7 @@ impl Group {
         );
         cfg.timing = self.timing.clone();
         cfg.snapshot_every_entries = self.snapshot_every_entries;
+        cfg.replaces = replaces;
         let node = Membership::join_with_store(cfg, store.clone(), self.net.transport(server))
             .await
             .expect("the joining node starts");

@@ -260,3 +260,36 @@ async fn a_new_server_joins_as_a_fourth_voter_and_a_stateful_store_cannot_join()
         .await
         .expect("three of four commit");
 }
+
+/// A server takes the place of a voter lost for good (another server id):
+/// the group keeps three voters; a second server sent to take the same
+/// place later is refused rather than growing the group to four.
+#[tokio::test(start_paused = true)]
+async fn a_lost_voters_place_is_taken_once_and_a_second_taker_is_refused() {
+    let mut group = Group::start(3, 5, 2, 15).await;
+    let leader = group.wait_leader(&ALL).await;
+    group.wait_converged().await;
+    let lost = others(&ALL, &[leader])[0];
+    group.kill(lost).await;
+
+    let first = group.join_node_replacing(ServerId(3), Some(lost)).await;
+    first
+        .become_voter()
+        .await
+        .expect("server 3 takes the place");
+    let mut three = others(&ALL, &[lost]);
+    three.push(ServerId(3));
+    group
+        .wait_until("every node sees the lost voter replaced", WAIT, |g| {
+            g.nodes.values().all(|n| n.voters() == three)
+        })
+        .await;
+
+    let second = group.join_node_replacing(ServerId(4), Some(lost)).await;
+    let refused = second.become_voter().await;
+    assert!(
+        matches!(refused, Err(MembershipError::Timeout { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(group.node(leader).voters(), three, "the group did not grow");
+}
