@@ -319,12 +319,17 @@ fn replicated_cluster_with(env: &[(&str, &str)]) -> (TestCluster, tokio::runtime
             ..Options::default()
         },
     );
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    let rt = client_runtime();
+    (tc, rt)
+}
+
+/// A runtime for the tests' clients.
+fn client_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .unwrap();
-    (tc, rt)
+        .unwrap()
 }
 
 /// Write `n` files into directory `dir` (made if missing): small, past
@@ -772,11 +777,7 @@ fn a_voter_lost_for_good_moves_to_a_live_server_and_the_group_survives_the_next_
             ..Options::default()
         },
     );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = client_runtime();
     let c = tc.client();
     let mut files: Expected = Vec::new();
     rt.block_on(write_round(&c, "/m0", 0, 16, &mut files));
@@ -879,11 +880,7 @@ fn a_server_whose_disk_fails_hands_its_set_to_its_replica() {
             ..Options::default()
         },
     );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = client_runtime();
     let c = tc.client();
     let set3 = madfs_types::ServerId(3);
     let mut files: Expected = Vec::new();

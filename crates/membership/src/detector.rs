@@ -74,25 +74,26 @@ impl Tracker {
         }
     }
 
-    /// Whether `server` is silent for `down_after`: every lease it got has
-    /// ended.
-    pub(crate) fn is_down(&self, server: ServerId, now: Instant) -> bool {
+    /// Whether `server` answered nothing for `span` (a server never heard
+    /// from counts as heard when this node started leading).
+    fn silent_for(&self, server: ServerId, span: std::time::Duration, now: Instant) -> bool {
         let heard = self
             .last_answer
             .get(&server)
             .copied()
             .unwrap_or(self.started);
-        now >= heard.max(self.started) + self.timing.down_after
+        now >= heard.max(self.started) + span
+    }
+
+    /// Whether `server` is silent for `down_after`: every lease it got has
+    /// ended.
+    pub(crate) fn is_down(&self, server: ServerId, now: Instant) -> bool {
+        self.silent_for(server, self.timing.down_after, now)
     }
 
     /// Whether voter `server` is silent for `voter_lost_after`.
     fn is_lost(&self, server: ServerId, now: Instant) -> bool {
-        let heard = self
-            .last_answer
-            .get(&server)
-            .copied()
-            .unwrap_or(self.started);
-        now >= heard.max(self.started) + self.timing.voter_lost_after
+        self.silent_for(server, self.timing.voter_lost_after, now)
     }
 
     /// A voter lost for good and the live server (of `servers`, not a
