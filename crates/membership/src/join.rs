@@ -104,6 +104,13 @@ impl Membership {
         Membership::launch(cfg, kv, net, incarnation, replaces).await
     }
 
+    /// Whether `kv` holds the identity of a node that joined (a stored
+    /// incarnation): a server made a voter after the group started, which
+    /// starts that node again on a restart.
+    pub fn joined_before(kv: &dyn KvStore) -> Result<bool, MembershipError> {
+        Ok(store::read_incarnation(kv)?.is_some())
+    }
+
     /// This node's incarnation: 0 for the original voters, a fresh one
     /// for each replacement ([`Membership::join`]).
     pub fn incarnation(&self) -> u64 {

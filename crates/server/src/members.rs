@@ -107,6 +107,13 @@ pub fn initial_map(cfg: &ClusterConfig) -> ClusterMap {
     map
 }
 
+/// What starting a Raft node after the process started needs.
+struct Later {
+    cfg: ClusterConfig,
+    data_dir: std::path::PathBuf,
+    raft_store: Option<Arc<dyn madfs_kv::KvStore>>,
+}
+
 /// How this server's node runs: Raft state in DATA/membership, the
 /// default timing but for how long a silent voter is waited for before
 /// another server takes its place (`MADFS_TEST_VOTER_LOST_AFTER_MS`, a
@@ -179,9 +186,9 @@ pub struct Members {
     /// a lost voter's place.
     node: std::sync::OnceLock<Membership>,
     /// What starting a node later needs: the cluster file and where the
-    /// node keeps its state (None: an injected Raft store, the simulation,
-    /// which never starts a node later).
-    later: Option<(ClusterConfig, std::path::PathBuf)>,
+    /// node keeps its state (DATA/membership, or the Raft store injected
+    /// by the simulation).
+    later: Later,
     promoting: AtomicBool,
     detector: Mutex<Option<Detector>>,
     lease: LeaseHolder,
@@ -235,11 +242,17 @@ impl Members {
         // A server made a voter in a lost one's place keeps its node in
         // DATA/membership: it starts it again, whatever the cluster file
         // lists.
-        let was_made_voter =
-            raft_store.is_none() && !replace && data_dir.join("membership").exists();
-        let later = raft_store
-            .is_none()
-            .then(|| (cfg.clone(), data_dir.to_path_buf()));
+        let was_made_voter = !replace
+            && match &raft_store {
+                None => data_dir.join("membership").exists(),
+                Some(kv) => Membership::joined_before(kv.as_ref())
+                    .map_err(|e| ServerError::Storage(format!("membership: {e}")))?,
+            };
+        let later = Later {
+            cfg: cfg.clone(),
+            data_dir: data_dir.to_path_buf(),
+            raft_store: raft_store.clone(),
+        };
         let node = if voters.contains(&me) || was_made_voter {
             let mc = membership_config(me, voters.clone(), data_dir, cfg);
             let net: Arc<dyn Transport> = Arc::new(NodeNet(net.clone()));
@@ -321,22 +334,17 @@ impl Members {
                 net.send(to, m).await.is_ok()
             })
         });
-        let detector = match &self.later {
-            Some((cfg, _)) => {
-                let net = self.net.clone();
-                let promote: PromoteFn = Arc::new(move |to: ServerId, lost: ServerId| {
-                    let net = net.clone();
-                    Box::pin(async move {
-                        let mut m = vec![tag::PROMOTE];
-                        m.extend_from_slice(&lost.0.to_le_bytes());
-                        net.send(to, m).await.is_ok()
-                    })
-                });
-                let hosts = cfg.servers.iter().map(|s| s.host.clone()).collect();
-                Detector::start_promoting(node, ping, Promotion { promote, hosts })
-            }
-            None => Detector::start(node, ping),
-        };
+        let net = self.net.clone();
+        let promote: PromoteFn = Arc::new(move |to: ServerId, lost: ServerId| {
+            let net = net.clone();
+            Box::pin(async move {
+                let mut m = vec![tag::PROMOTE];
+                m.extend_from_slice(&lost.0.to_le_bytes());
+                net.send(to, m).await.is_ok()
+            })
+        });
+        let hosts = self.later.cfg.servers.iter().map(|s| s.host.clone()).collect();
+        let detector = Detector::start_promoting(node, ping, Promotion { promote, hosts });
         *self.detector.lock().unwrap_or_else(|e| e.into_inner()) = Some(detector);
         // The node's maps, as it applies them.
         let (mut rx, tx) = (node.subscribe(), self.clone());
@@ -356,12 +364,6 @@ impl Members {
     /// join the group. Once at a time; a server that has a node already
     /// (a voter, or made one before) is refused.
     fn promote(self: &Arc<Self>, lost: ServerId) -> Result<(), String> {
-        let Some((cfg, data_dir)) = self.later.clone() else {
-            return Err(format!(
-                "server {} cannot start a Raft node here (injected store)",
-                self.me
-            ));
-        };
         if self.node.get().is_some() {
             return Err(format!("server {} has a Raft node already", self.me));
         }
@@ -370,10 +372,15 @@ impl Members {
         }
         let (me, members) = (self.me, self.clone());
         tokio::spawn(async move {
-            let mut mc = membership_config(me, members.voters(), &data_dir, &cfg);
+            let later = &members.later;
+            let mut mc = membership_config(me, members.voters(), &later.data_dir, &later.cfg);
             mc.replaces = Some(lost);
             let net: Arc<dyn Transport> = Arc::new(NodeNet(members.net.clone()));
-            match Membership::join(mc, net).await {
+            let joined = match &later.raft_store {
+                None => Membership::join(mc, net).await,
+                Some(kv) => Membership::join_with_store(mc, kv.clone(), net).await,
+            };
+            match joined {
                 Ok(node) => {
                     tracing::warn!(
                         "server {me}: taking the place of voter {lost}, lost for good, as node incarnation {}",
