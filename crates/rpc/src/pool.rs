@@ -602,7 +602,14 @@ impl Pool {
             {
                 self.set_addresses(&addresses).await;
                 self.set_routes(epoch, &serving).await;
-                if epoch > known || serving.get(set.0 as usize).is_some_and(|&s| s != skip) {
+                // Done once this pool learned something: an answer older
+                // than what it knows changes nothing, even one that routes
+                // the set elsewhere (a server cut off from the others, with
+                // the map from before the set came back to the server just
+                // tried: answering first every time, it kept the client
+                // from asking the others; crates/sim with replicas, seed
+                // 5187).
+                if self.epoch.load(Ordering::Relaxed) > known || self.route(set) != skip {
                     return;
                 }
             }

@@ -123,6 +123,11 @@ impl ReplicatedProcess {
         }
     }
 
+    /// The voters of the membership group, as this process last heard.
+    pub fn voters(&self) -> Vec<ServerId> {
+        self.group.as_ref().map_or(Vec::new(), |g| g.voters())
+    }
+
     /// The map epoch this process applied last, and which process serves
     /// each set by it.
     pub fn routes(&self) -> (u64, Vec<ServerId>) {

@@ -682,6 +682,15 @@ impl Replicator {
         }
     }
 
+    /// Whether `server` counts as in sync here: records go to it and no
+    /// catch-up of it runs.
+    pub(crate) fn counts_in_sync(&self, server: ServerId) -> bool {
+        self.lock()
+            .replicas
+            .iter()
+            .any(|r| r.server == server && r.out.is_none() && !r.syncing)
+    }
+
     /// Whether records are shipped to `server` now (in sync or catching up).
     pub(crate) fn ships_to(&self, server: ServerId) -> bool {
         self.lock()

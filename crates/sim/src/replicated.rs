@@ -194,6 +194,15 @@ impl Replicated {
             .max_by_key(|(e, _)| *e)
     }
 
+    /// The voters as the live process with the newest map heard them.
+    pub fn voters(&self) -> Vec<ServerId> {
+        self.procs
+            .iter()
+            .flatten()
+            .max_by_key(|p| p.routes().0)
+            .map_or(Vec::new(), |p| p.voters())
+    }
+
     /// The members of each set (in sync, catching up) by the newest map
     /// a live process knows.
     pub fn newest_sets(&self) -> Vec<(Vec<ServerId>, Vec<ServerId>)> {

@@ -121,6 +121,9 @@ pub struct Outcome {
     pub failovers: usize,
     pub partitions: usize,
     pub restarts: usize,
+    /// With replicas: voters whose place moved to another server (a voter
+    /// down past `voter_lost_after`).
+    pub voter_moves: usize,
     /// With replicas: kills that were power cuts (unsynced writes lost).
     pub power_cuts: usize,
 }
@@ -133,8 +136,9 @@ pub struct Failure {
     pub step: usize,
     pub message: String,
     pub log: Vec<String>,
-    /// Replicas of each set (the replay command names them).
+    /// Replicas of each set and servers (the replay command names them).
     pub replicas: usize,
+    pub servers: usize,
 }
 
 impl fmt::Display for Failure {
@@ -152,8 +156,8 @@ impl fmt::Display for Failure {
         if self.replicas > 1 {
             return write!(
                 f,
-                "replay: MADFS_SIM_REPLICAS={} MADFS_SIM_SEED={} MADFS_SIM_STEPS={} cargo test -p madfs-sim --test sim replicated -- --nocapture",
-                self.replicas, self.seed, self.steps
+                "replay: MADFS_SIM_REPLICAS={} MADFS_SIM_SERVERS={} MADFS_SIM_SEED={} MADFS_SIM_STEPS={} cargo test -p madfs-sim --test sim replicated -- --nocapture",
+                self.replicas, self.servers, self.seed, self.steps
             );
         }
         write!(
@@ -205,6 +209,7 @@ pub fn run(cfg: &SimConfig) -> Result<Outcome, Failure> {
             message: m,
             log: Vec::new(),
             replicas: cfg2.replicas,
+            servers: cfg2.servers,
         })?;
         if let Err(m) = sim.start_replicated().await {
             return Err(sim.fail(m));
@@ -429,6 +434,7 @@ impl Sim {
             message,
             log: self.log.clone(),
             replicas: self.cluster.cfg.replicas as usize,
+            servers: self.cluster.disks.len(),
         }
     }
 

@@ -124,11 +124,17 @@ impl Sim {
         match self.settled() {
             Err(m) => return Err(self.fail(format!("after recovery: {m}"))),
             Ok(false) if self.down.is_none() && self.isolated.is_none() => {
+                let sets = self
+                    .cluster
+                    .replicated
+                    .as_ref()
+                    .map(|r| r.newest_sets())
+                    .unwrap_or_default();
                 return Err(self.fail(format!(
                     "every server is up and reachable, and some set is still not in sync \
-                     after {:?}",
+                     after {:?}; (in sync, catching up) by set: {sets:?}",
                     SETTLE_FIRST + SETTLE_MAX
-                )))
+                )));
             }
             Ok(_) => {}
         }
@@ -203,6 +209,7 @@ impl Sim {
             .as_ref()
             .and_then(|r| r.routes())
             .map(|(_, s)| s);
+        let voters_before = self.voters();
         tokio::time::sleep(SETTLE_FIRST).await;
         self.restart_stranded().await;
         let all_up = self.down.is_none() && self.isolated.is_none();
@@ -235,5 +242,17 @@ impl Sim {
                 self.note(format!("failover: {}", moved.join(", ")));
             }
         }
+        let voters = self.voters();
+        if !voters_before.is_empty() && !voters.is_empty() && voters != voters_before {
+            self.out.voter_moves += 1;
+            self.note(format!("voters: {voters_before:?} -> {voters:?}"));
+        }
+    }
+
+    fn voters(&self) -> Vec<ServerId> {
+        self.cluster
+            .replicated
+            .as_ref()
+            .map_or(Vec::new(), |r| r.voters())
     }
 }

@@ -5,7 +5,9 @@
 //! - `MADFS_SIM_STEPS=n`: steps per seed (default 60).
 //!
 //! The cluster with replicas (`replicated` tests) reads the same variables
-//! with `MADFS_SIM_REPLICAS=2` set (defaults then: 4 seeds of 30 steps);
+//! with `MADFS_SIM_REPLICAS=2` set (defaults then: 4 seeds of 30 steps),
+//! and `MADFS_SIM_SERVERS=n` (default 3, all of them voters; with 4 or
+//! more, a voter down long enough has its place moved to another server);
 //! without it, those tests run their own few seeds.
 
 use madfs_sim::{run, SimConfig};
@@ -119,10 +121,13 @@ fn replicated_cluster_loses_nothing_acknowledged() {
     let started = std::time::Instant::now();
     let (mut ops, mut failed, mut crashes, mut failovers, mut partitions, mut restarts) =
         (0, 0, 0, 0, 0, 0);
-    let (mut dropped, mut power_cuts, mut lost) = (0, 0, 0);
+    let (mut dropped, mut power_cuts, mut lost, mut voter_moves) = (0, 0, 0, 0);
     for &seed in &seeds {
         let mut cfg = SimConfig::replicated(seed, steps);
         cfg.verbose = replay;
+        if let Some(n) = env("MADFS_SIM_SERVERS") {
+            cfg.servers = n.clamp(2, 16) as usize;
+        }
         match run(&cfg) {
             Ok(o) => {
                 ops += o.ops_ok;
@@ -134,6 +139,7 @@ fn replicated_cluster_loses_nothing_acknowledged() {
                 dropped += o.dropped;
                 power_cuts += o.power_cuts;
                 lost += o.lost_batches;
+                voter_moves += o.voter_moves;
             }
             Err(f) => panic!("{f}"),
         }
@@ -142,7 +148,7 @@ fn replicated_cluster_loses_nothing_acknowledged() {
         "simulation: replicated, {} seeds x {steps} steps in {:.1?}: {ops} operations succeeded, \
          {failed} failed, {crashes} servers killed ({power_cuts} by a power cut, {lost} unsynced \
          batches lost), {restarts} restarted, {partitions} partitions, {failovers} sets failed \
-         over, {dropped} messages lost",
+         over, {voter_moves} voter moves, {dropped} messages lost",
         seeds.len(),
         started.elapsed()
     );
@@ -168,14 +174,15 @@ fn a_replicated_seed_replays_identically() {
     }
 }
 
-/// Seeds of the replicated cluster that a soak found broken: seed, steps,
+/// Seeds of the replicated cluster that a soak found broken: seed, steps, servers,
 /// whether power cuts were on (they change the trajectory), the bug. A
 /// seed's trajectory moves as the code changes, so a bug with a test of
 /// its own names it.
-const REPLICATED_REGRESSIONS: &[(u64, usize, bool, &str)] = &[
+const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, &str)] = &[
     (
         229,
         60,
+        3,
         false,
         "an rmdir of a rename's source while the rename's outcome was unknown \
          freed the inode its new name got (server locks.rs tests)",
@@ -183,6 +190,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, bool, &str)] = &[
     (
         470,
         60,
+        3,
         false,
         "a mkdir answered by a primary whose set had moved away during its wait for \
          its replica was missing from the new primary",
@@ -190,6 +198,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, bool, &str)] = &[
     (
         1263,
         60,
+        3,
         true,
         "an rmdir whose name's removal was not yet on the copy told the directory's \
          owner to free it; a failover then served the name without its inode",
@@ -197,6 +206,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, bool, &str)] = &[
     (
         2391,
         60,
+        3,
         true,
         "a mkdir whose primary died before its reply ran again on the new primary after \
          a concurrent rmdir removed its directory: both answered ok and the directory \
@@ -205,6 +215,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, bool, &str)] = &[
     (
         3068,
         60,
+        3,
         true,
         "a rename's look at its source name, while another rename replaced that name, \
          found the name, then its inode freed: NotFound for a name that always existed \
@@ -213,10 +224,30 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, bool, &str)] = &[
     (
         3843,
         60,
+        3,
         true,
         "a cross-server rename's install, waiting for its locks on the destination's \
          server, was aborted by the settling of the coordinator's copy after a failover, \
          then wrote its name anyway: both names stayed (server rename.rs, marker lock)",
+    ),
+    (
+        5187,
+        60,
+        3,
+        true,
+        "a client whose route to a set was stale asked for the routes, and the server cut \
+         off from the others answered first every time, with an older map that routed the \
+         set elsewhere: taken as news, it ended the ask before the others were asked \
+         (rpc pool.rs refresh_routes)",
+    ),
+    (
+        6137,
+        60,
+        4,
+        true,
+        "a replica taken out of a set and let back in to catch up in two maps its \
+         primary skipped (it applies the newest only) was never resynced nor counted in \
+         sync again: the set stayed short of a copy (server members.rs apply)",
     ),
 ];
 
@@ -226,9 +257,10 @@ fn replicated_seeds_that_once_failed_pass() {
     if env("MADFS_SIM_REPLICAS").is_some() {
         return;
     }
-    for &(seed, steps, power_cuts, what) in REPLICATED_REGRESSIONS {
+    for &(seed, steps, servers, power_cuts, what) in REPLICATED_REGRESSIONS {
         let cfg = SimConfig {
             power_cuts,
+            servers,
             ..SimConfig::replicated(seed, steps)
         };
         if let Err(f) = run(&cfg) {
