@@ -457,10 +457,15 @@ async fn rename_remote(
     let b_server = dentry_server(dp, dn, srv.servers);
     // Step 1. Not the source directory's inode stripe: B may touch that
     // directory (on this server) before it answers step 3.
+    // A name still held by an unsettled rename fails the request (EIO
+    // after `UNSETTLED_WAIT`); going on without the locks let a second
+    // rename of the source move it while the first's outcome was unknown,
+    // and both new names stayed (the replicated simulation with 4 servers,
+    // seed 6024).
     let guard = srv
         .locks
         .lock(&[LockKey::Dentry(sp, sn), LockKey::Inode(ino)])
-        .await;
+        .await?;
     if srv.load_dentry(sp, sn)? != Some((kind, ino)) {
         return Err(err(ErrorCode::TryAgain, "the source changed during rename"));
     }

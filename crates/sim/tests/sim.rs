@@ -249,6 +249,15 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, &str)] = &[
          primary skipped (it applies the newest only) was never resynced nor counted in \
          sync again: the set stayed short of a copy (server members.rs apply)",
     ),
+    (
+        6024,
+        60,
+        4,
+        true,
+        "a cross-server rename waited 20 s for an unsettled rename of its source and, \
+         refused, went on without its locks: it moved the source while the first's \
+         outcome was unknown, and both new names stayed (server rename.rs)",
+    ),
 ];
 
 #[test]
