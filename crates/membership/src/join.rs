@@ -111,6 +111,14 @@ impl Membership {
         Ok(store::read_incarnation(kv)?.is_some())
     }
 
+    /// Let this node start elections (the default) or not: a node the
+    /// group's leader no longer lists as a voter (its place moved while it
+    /// was away) would otherwise campaign every few seconds, refused each
+    /// time. Reversible: it campaigns again once listed.
+    pub fn campaign(&self, on: bool) {
+        self.inner.raft.runtime_config().elect(on);
+    }
+
     /// This node's incarnation: 0 for the original voters, a fresh one
     /// for each replacement ([`Membership::join`]).
     pub fn incarnation(&self) -> u64 {

@@ -190,6 +190,8 @@ pub struct Members {
     /// by the simulation).
     later: Later,
     promoting: AtomicBool,
+    /// Whether this server's node may start elections (`Membership::campaign`).
+    campaigns: AtomicBool,
     detector: Mutex<Option<Detector>>,
     lease: LeaseHolder,
     net: Arc<PeerNet>,
@@ -296,6 +298,7 @@ impl Members {
             node: std::sync::OnceLock::new(),
             later,
             promoting: AtomicBool::new(false),
+            campaigns: AtomicBool::new(true),
             detector: Mutex::new(None),
             lease: LeaseHolder::new(&timing),
             net,
@@ -508,6 +511,14 @@ impl Members {
                         .chunks_exact(2)
                         .map(|b| ServerId(u16::from_le_bytes([b[0], b[1]])))
                         .collect();
+                    if let Some(node) = self.node.get() {
+                        // A node whose place moved while it was away stops
+                        // campaigning (and starts again if listed again).
+                        let votes = voters.contains(&self.me);
+                        if self.campaigns.swap(votes, Ordering::AcqRel) != votes {
+                            node.campaign(votes);
+                        }
+                    }
                     *self.voters.lock().unwrap_or_else(|e| e.into_inner()) = voters;
                 }
                 self.lease.on_ping(&ping);
