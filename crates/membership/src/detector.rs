@@ -11,7 +11,7 @@
 //! (join.rs), one such move at a time, so the group keeps a majority
 //! through the next loss instead of running on its last quorum.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use futures::future::{join_all, BoxFuture};
@@ -97,14 +97,16 @@ impl Tracker {
     }
 
     /// A voter lost for good and the live server (of `servers`, not a
-    /// voter) to take its place: one on a host with no live voter where
-    /// there is one, else any (two voters on one host still survive more
-    /// losses than a dead voter does); the lowest id among equals.
+    /// voter, not in `declined`) to take its place: one on a host with no
+    /// live voter where there is one, else any (two voters on one host
+    /// still survive more losses than a dead voter does); the lowest id
+    /// among equals.
     pub(crate) fn voter_move(
         &self,
         voters: &[ServerId],
         servers: u16,
         hosts: &[Option<String>],
+        declined: &HashSet<ServerId>,
         now: Instant,
     ) -> Option<(ServerId, ServerId)> {
         let lost = *voters.iter().find(|v| self.is_lost(**v, now))?;
@@ -116,7 +118,7 @@ impl Tracker {
             .collect();
         let mut candidates = (0..servers)
             .map(ServerId)
-            .filter(|s| !voters.contains(s) && self.is_alive(*s, now));
+            .filter(|s| !voters.contains(s) && !declined.contains(s) && self.is_alive(*s, now));
         let on_free_host = candidates
             .clone()
             .find(|s| host(*s).map_or(true, |h| !voter_hosts.contains(&h)));
@@ -253,6 +255,10 @@ struct Leading {
     grantable: HashMap<ServerId, u64>,
     /// The move of a lost voter's place under way: one at a time.
     promoting: Option<JoinHandle<()>>,
+    /// Servers that did not take a lost voter's place when asked (one
+    /// with a Raft node of its own already, a voter's that moved away):
+    /// the next move asks another.
+    declined: Arc<std::sync::Mutex<HashSet<ServerId>>>,
     /// Servers in the latest map.
     servers: u16,
 }
@@ -269,6 +275,7 @@ impl Leading {
             tracker: Tracker::new(membership.timing(), Instant::now()),
             grantable: HashMap::new(),
             promoting: None,
+            declined: Arc::default(),
             servers: 0,
         }
     }
@@ -282,9 +289,14 @@ impl Leading {
         }
         let voters = membership.voters();
         let now = Instant::now();
+        let declined = self
+            .declined
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         let Some((lost, candidate)) =
             self.tracker
-                .voter_move(&voters, self.servers, &promotion.hosts, now)
+                .voter_move(&voters, self.servers, &promotion.hosts, &declined, now)
         else {
             return;
         };
@@ -294,6 +306,7 @@ impl Leading {
             timing.voter_lost_after
         );
         let (membership, promotion) = (membership.clone(), promotion.clone());
+        let declined = self.declined.clone();
         self.promoting = Some(tokio::spawn(async move {
             let deadline = now + timing.join_timeout + timing.propose_timeout;
             let asked =
@@ -301,6 +314,11 @@ impl Leading {
                     .await;
             if !matches!(asked, Ok(true)) {
                 tracing::warn!("membership: server {candidate} did not take voter {lost}'s place");
+                declined
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(candidate);
+                return;
             }
             let stopped = membership.stopped();
             while Instant::now() < deadline
@@ -444,6 +462,7 @@ mod tests {
         let start = Instant::now();
         let mut tracker = Tracker::new(&timing, start);
         let voters = [ServerId(0), ServerId(2), ServerId(4)];
+        let none = HashSet::new();
         // Hosts: a = {0, 1}, b = {2, 3}, c = {4, 5}, d = {6}.
         let hosts: Vec<Option<String>> = ["a", "a", "b", "b", "c", "c", "d"]
             .iter()
@@ -456,7 +475,7 @@ mod tests {
             for s in [0, 1, 2, 3, 6] {
                 tracker.answered(ServerId(s), now);
             }
-            let moved = tracker.voter_move(&voters, 7, &hosts, now);
+            let moved = tracker.voter_move(&voters, 7, &hosts, &none, now);
             if now < lost_at {
                 assert_eq!(moved, None, "moved before voter_lost_after");
             } else {
@@ -468,18 +487,24 @@ mod tests {
         // Without host d, a server beside a live voter still beats a
         // dead voter; a dead server never takes the place.
         assert_eq!(
-            tracker.voter_move(&voters, 6, &hosts, now),
+            tracker.voter_move(&voters, 6, &hosts, &none, now),
             Some((ServerId(4), ServerId(1)))
         );
         assert_eq!(
             tracker
-                .voter_move(&voters, 5, &hosts[..5], now)
+                .voter_move(&voters, 5, &hosts[..5], &none, now)
                 .map(|m| m.0),
             Some(ServerId(4))
         );
+        // A server that declined is passed over for the next.
+        let declined: HashSet<ServerId> = [ServerId(6)].into();
+        assert_eq!(
+            tracker.voter_move(&voters, 7, &hosts, &declined, now),
+            Some((ServerId(4), ServerId(1)))
+        );
         let only_dead = [ServerId(0), ServerId(1), ServerId(4)];
         assert_eq!(
-            tracker.voter_move(&only_dead, 2, &hosts, now),
+            tracker.voter_move(&only_dead, 2, &hosts, &none, now),
             None,
             "no live server that is not a voter"
         );
