@@ -146,10 +146,20 @@ impl Tracker {
                         set: set_id,
                         new_primary: *next,
                     }),
-                    None => tracing::warn!(
-                        "membership: set {set_id}'s primary {} is down and no in-sync member is alive",
-                        set.primary
-                    ),
+                    None => {
+                        tracing::warn!(
+                            "membership: set {set_id}'s primary {} is down and no in-sync member is alive",
+                            set.primary
+                        );
+                        // Its other members stay: one of them may be the
+                        // only copy of what the primary acknowledged (a
+                        // power cut loses the primary's unsynced writes),
+                        // and the first back takes the set over. Taken
+                        // out, the primary back from a power cut would be
+                        // all the set had (the replicated simulation,
+                        // seed 5197: a file lost on a lossy network).
+                        continue;
+                    }
                 }
             }
             for server in set.members[1..].iter().chain(&set.syncing) {
@@ -507,6 +517,23 @@ mod tests {
             tracker.voter_move(&only_dead, 2, &hosts, &none, now),
             None,
             "no live server that is not a voter"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_set_whose_primary_and_members_are_all_down_keeps_its_members() {
+        let timing = Timing::default();
+        let map = ClusterMap::initial(3, 2);
+        let start = Instant::now();
+        let tracker = Tracker::new(&timing, start);
+        // Nobody answered: set 0 is [0, 1], both down. Taking 1 out would
+        // leave the primary, maybe back from a power cut, the only copy.
+        let plan = tracker.plan(&map, start + timing.down_after);
+        assert!(
+            !plan
+                .iter()
+                .any(|c| matches!(c, Change::RemoveMember { .. })),
+            "{plan:?}"
         );
     }
 

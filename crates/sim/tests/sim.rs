@@ -258,6 +258,15 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, &str)] = &[
          refused, went on without its locks: it moved the source while the first's \
          outcome was unknown, and both new names stayed (server rename.rs)",
     ),
+    (
+        5197,
+        60,
+        3,
+        true,
+        "on a lossy network the detector took a set's only other member out while the \
+         primary was down too; the primary, back from a power cut, was all the set had, \
+         and an acknowledged file was gone (membership detector.rs plan)",
+    ),
 ];
 
 #[test]
