@@ -249,10 +249,7 @@ async fn run(
         if round.term != term {
             *round = Leading::new(&membership, term);
         }
-        round.round(&membership, &ping).await;
-        if let Some(promotion) = &promotion {
-            round.move_lost_voter(&membership, promotion);
-        }
+        round.round(&membership, &ping, promotion.as_ref()).await;
     }
 }
 
@@ -269,8 +266,6 @@ struct Leading {
     /// with a Raft node of its own already, a voter's that moved away):
     /// the next move asks another.
     declined: Arc<std::sync::Mutex<HashSet<ServerId>>>,
-    /// Servers in the latest map.
-    servers: u16,
 }
 
 impl Leading {
@@ -286,14 +281,18 @@ impl Leading {
             grantable: HashMap::new(),
             promoting: None,
             declined: Arc::default(),
-            servers: 0,
         }
     }
 
     /// Ask a live server to take the place of a voter lost for good,
     /// unless such a move is under way (it ends once the lost voter votes
     /// no more, or after `join_timeout` and `propose_timeout`).
-    fn move_lost_voter(&mut self, membership: &Membership, promotion: &Arc<Promotion>) {
+    fn move_lost_voter(
+        &mut self,
+        membership: &Membership,
+        promotion: &Arc<Promotion>,
+        servers: u16,
+    ) {
         if self.promoting.as_ref().is_some_and(|t| !t.is_finished()) {
             return;
         }
@@ -306,7 +305,7 @@ impl Leading {
             .clone();
         let Some((lost, candidate)) =
             self.tracker
-                .voter_move(&voters, self.servers, &promotion.hosts, &declined, now)
+                .voter_move(&voters, servers, &promotion.hosts, &declined, now)
         else {
             return;
         };
@@ -340,8 +339,14 @@ impl Leading {
         }));
     }
 
-    /// One round: confirm leadership, ping everyone, act on the silent.
-    async fn round(&mut self, membership: &Membership, ping: &PingFn) {
+    /// One round: confirm leadership, ping everyone, act on the silent
+    /// (and, with `promotion`, on a voter lost for good).
+    async fn round(
+        &mut self,
+        membership: &Membership,
+        ping: &PingFn,
+        promotion: Option<&Arc<Promotion>>,
+    ) {
         // Step 3 of lease.rs: every answer recorded so far arrived before
         // this confirmation started, so it may be granted after it.
         if !membership.confirm_leadership().await {
@@ -351,10 +356,10 @@ impl Leading {
         if !map.is_bootstrapped() {
             return;
         }
-        self.servers = map.sets.len() as u16;
+        let servers = map.sets.len() as u16;
         self.seq += 1;
         let timeout = membership.timing().rpc_timeout;
-        let pings = (0..map.sets.len() as u16).map(ServerId).map(|server| {
+        let pings = (0..servers).map(ServerId).map(|server| {
             let message = Ping {
                 leader: membership.me().0,
                 term: self.term,
@@ -374,6 +379,9 @@ impl Leading {
             }
         }
         self.act(membership, map).await;
+        if let Some(promotion) = promotion {
+            self.move_lost_voter(membership, promotion, servers);
+        }
     }
 
     /// Propose the changes that take down servers out of `map`.

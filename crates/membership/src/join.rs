@@ -91,16 +91,11 @@ impl Membership {
         // A directory this call made before keeps the change it was made
         // for.
         let replaces = store::read_replaces(&*kv)?.map(ServerId);
-        match replaces {
-            Some(lost) => tracing::info!(
-                "membership: server {} joins as incarnation {incarnation} in place of voter {lost}",
-                cfg.me
-            ),
-            None => tracing::info!(
-                "membership: server {} joins as incarnation {incarnation}",
-                cfg.me
-            ),
-        }
+        let place = replaces.map_or(String::new(), |lost| format!(" in place of voter {lost}"));
+        tracing::info!(
+            "membership: server {} joins as incarnation {incarnation}{place}",
+            cfg.me
+        );
         Membership::launch(cfg, kv, net, incarnation, replaces).await
     }
 
