@@ -935,6 +935,63 @@ fn a_server_back_at_once_on_an_empty_disk_is_rebuilt_not_served_empty() {
     assert!(log.contains("starting as a replacement"), "{log}");
 }
 
+/// A primary back at once from a power loss, before its set failed over,
+/// may lack writes its copy acknowledged (unsynced pages the loss took):
+/// it hands its set to the copy and is rebuilt from there, never serving
+/// what it lost. The loss is made by hand: after kill -9 every chunk file
+/// of server 3's own store is emptied, and it comes back in "another boot"
+/// (`MADFS_TEST_BOOT_ID`) well before its set would fail over (a 20 s
+/// `down_after`). Served from its own store, the files read back as zeros.
+#[test]
+fn a_primary_back_at_once_from_a_power_loss_hands_its_set_to_its_copy() {
+    let slow_failover = ("MADFS_TEST_DOWN_AFTER_MS", "20000");
+    let (mut tc, rt) = replicated_cluster_with(&[slow_failover]);
+    let c = tc.client();
+    let mut files: Expected = Vec::new();
+    rt.block_on(write_round(&c, "/p0", 0, 24, &mut files));
+    tc.kill9(3);
+    let emptied = empty_files_under(&tc.config().servers[3].data_dir.join("chunks"));
+    assert!(emptied > 0, "server 3 kept no chunk file of its own");
+    tc.set_server_env(&[slow_failover, ("MADFS_TEST_BOOT_ID", "after a power loss")]);
+    let back = std::time::Instant::now();
+    tc.start_again(3);
+    rt.block_on(read_back(&c, &files));
+    eprintln!(
+        "every file read back {:?} after server 3 came back ({emptied} chunk files emptied)",
+        back.elapsed()
+    );
+    let routes = rt.block_on(c.routes()).unwrap();
+    assert_eq!(routes[3], madfs_types::ServerId(0), "{routes:?}");
+    let log = common::tail(&tc.log_path(3), 200);
+    assert!(log.contains("came back from a power loss"), "{log}");
+    // It catches up on its set from the copy, and every file stays.
+    rt.block_on(write_round(&c, "/p1", 100, 16, &mut files));
+    wait_all_in_sync(&|| copies_in_sync(&rt, &c), 60, "after server 3's return");
+    rt.block_on(read_back(&c, &files));
+}
+
+/// Truncate every file under `dir` to nothing; how many there were.
+fn empty_files_under(dir: &Path) -> usize {
+    let mut n = 0;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if path.is_dir() {
+            n += empty_files_under(&path);
+        } else {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .and_then(|f| f.set_len(0))
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            n += 1;
+        }
+    }
+    n
+}
+
 /// With every copy of a set gone (servers 3 and 0 keep set 3), its files
 /// fail with a clear error (EIO, once the client's wait for a failover
 /// runs out), never with other bytes, while the other sets keep serving;

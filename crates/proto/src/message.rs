@@ -250,6 +250,10 @@ pub enum SealAction {
     Unseal = 2,
     /// The directory is gone: refuse entries in it from now on.
     Removed = 3,
+    /// Asked of the removed name's server by a server whose seal expired
+    /// before it heard the outcome: did the removal happen? Answered with
+    /// `RemovalSettled` once the set's replicas agree.
+    Settle = 4,
 }
 
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -393,8 +397,12 @@ pub enum Op {
         after: Option<(InodeId, FileName)>,
         max_entries: u32,
     },
+    /// `dir` is being removed as `name` in `parent` (the name's server
+    /// settles a seal that expired: `SealAction::Settle`).
     Seal {
         dir: InodeId,
+        parent: InodeId,
+        name: FileName,
         action: SealAction,
     },
     /// `hold`: the removal's sender holds the inode open (`Hold`).
@@ -616,6 +624,10 @@ pub enum Reply {
     FsStats(FsStats),
     Sealed {
         empty: bool,
+    },
+    /// SealAction::Settle: whether the directory's removal happened.
+    RemovalSettled {
+        removed: bool,
     },
     Links {
         nlink: u32,
@@ -886,8 +898,15 @@ impl Request {
                 e.ino(*ino);
                 e.u64(*size);
             }
-            Op::Seal { dir, action } => {
+            Op::Seal {
+                dir,
+                parent,
+                name,
+                action,
+            } => {
                 e.ino(*dir);
+                e.ino(*parent);
+                e.name(name);
                 e.u8(*action as u8);
             }
             Op::AdjustLinks { ino, delta, hold } => {
@@ -1107,10 +1126,13 @@ impl Request {
             },
             Opcode::Seal => Op::Seal {
                 dir: d.ino()?,
+                parent: d.ino()?,
+                name: d.name()?,
                 action: match d.u8()? {
                     1 => SealAction::Seal,
                     2 => SealAction::Unseal,
                     3 => SealAction::Removed,
+                    4 => SealAction::Settle,
                     _ => return Err(ProtoError::BadValue("seal action")),
                 },
             },
@@ -1185,6 +1207,7 @@ mod tag {
     pub const REPLICA_ACK: u8 = 16;
     pub const ROUTES: u8 = 17;
     pub const MEMBERSHIP: u8 = 18;
+    pub const REMOVAL_SETTLED: u8 = 19;
 }
 
 /// u32-prefixed bytes within a body.
@@ -1327,6 +1350,10 @@ impl Reply {
                 e.u8(tag::SEALED);
                 e.bool(*empty);
             }
+            Reply::RemovalSettled { removed } => {
+                e.u8(tag::REMOVAL_SETTLED);
+                e.bool(*removed);
+            }
             Reply::Links { nlink } => {
                 e.u8(tag::LINKS);
                 e.u32(*nlink);
@@ -1467,6 +1494,7 @@ impl Reply {
                 },
             }),
             tag::SEALED => Reply::Sealed { empty: d.bool()? },
+            tag::REMOVAL_SETTLED => Reply::RemovalSettled { removed: d.bool()? },
             tag::LINKS => Reply::Links { nlink: d.u32()? },
             tag::REPLICA_ACK => Reply::ReplicaAck { applied: d.u64()? },
             tag::MEMBERSHIP => Reply::Membership {
@@ -1705,7 +1733,15 @@ mod tests {
             Op::Membership { msg: vec![9; 40] },
             Op::Seal {
                 dir: ino,
+                parent: InodeId::ROOT,
+                name: name("gone"),
                 action: SealAction::Removed,
+            },
+            Op::Seal {
+                dir: ino,
+                parent: ino,
+                name: name("d"),
+                action: SealAction::Settle,
             },
             Op::AdjustLinks {
                 ino,
@@ -1887,6 +1923,7 @@ mod tests {
                 }],
             }),
             Reply::Sealed { empty: false },
+            Reply::RemovalSettled { removed: true },
             Reply::Links { nlink: 3 },
             Reply::ReplicaAck { applied: 99 },
             Reply::Membership { msg: vec![1, 2, 3] },

@@ -9,7 +9,7 @@ use madfs_proto::message::{Op, Reply, SealAction};
 use madfs_proto::{ErrorCode, Request, WireError};
 use madfs_rpc::serve::{serve, CallContext, Handler};
 use madfs_rpc::{Connection, RpcError};
-use madfs_types::{Credentials, InodeId, ServerId};
+use madfs_types::{Credentials, FileName, InodeId, ServerId};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -127,6 +127,8 @@ async fn clients_cannot_send_peer_operations() {
     let addr = start(key.clone()).await;
     let op = Op::Seal {
         dir: InodeId(5),
+        parent: InodeId::ROOT,
+        name: FileName::new(b"d").unwrap(),
         action: SealAction::Seal,
     };
     let client = connect(addr, &key, Role::Client).await.unwrap();

@@ -15,7 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 impl Server {
-    /// Background work: finish renames and chunk purges a crash interrupted.
+    /// Background work: finish renames, chunk purges and directory removals
+    /// a crash interrupted.
     pub fn start_background(self: Arc<Self>) {
         if let Some(r) = &self.replication {
             r.start_shippers(self.clone());
@@ -24,6 +25,7 @@ impl Server {
         tokio::spawn(async move {
             crate::rename::recover(&me).await;
             me.recover_orphans().await;
+            me.recover_dir_removals().await;
         });
         // The replies kept for retries of requests that run once expire
         // (once.rs); a deposed store is left alone.

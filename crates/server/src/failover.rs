@@ -57,6 +57,11 @@ pub struct Router {
     stores: std::sync::OnceLock<Arc<dyn crate::injected::Stores>>,
     /// The process is stopping (`stop_serving_clients`).
     stopping: std::sync::atomic::AtomicBool,
+    /// Sets whose store came back from a power loss (restart.rs
+    /// `opened_after_power_loss`), opened but not served: each is handed
+    /// to an in-sync copy, or released if it has none (members.rs
+    /// `hand_over`).
+    held: RwLock<HashMap<ServerId, Arc<Metered>>>,
 }
 
 impl Router {
@@ -73,7 +78,20 @@ impl Router {
         let home_metered = Arc::new(Metered::new(home_server.clone(), metrics.clone()));
         // A set that moved away once is never served from this store
         // again (a later failover back serves it from this server's copy).
-        if !moved_marker(&cfg, &opts, home).exists() {
+        // A store back from a power loss waits for the map: it hands the
+        // set to an in-sync copy, or serves it if it is the only one
+        // (members.rs `apply`). Its background work (recoveries that act
+        // on other servers) waits with it.
+        let mut held = HashMap::new();
+        if moved_marker(&cfg, &opts, home).exists() {
+            // Never served again: no recoveries act from it on the other
+            // servers (its renames, orphans and removals are the new
+            // primary's to finish, from what the copies acknowledged).
+        } else if home_server.after_power_loss {
+            warn_held(home, home);
+            held.insert(home, home_metered.clone());
+        } else {
+            home_server.clone().start_background();
             sets.insert(home, home_metered.clone());
         }
         Router {
@@ -95,7 +113,62 @@ impl Router {
             group: std::sync::OnceLock::new(),
             stores: std::sync::OnceLock::new(),
             stopping: std::sync::atomic::AtomicBool::new(false),
+            held: RwLock::new(held),
         }
+    }
+
+    /// The sets held after a power loss (see `held`).
+    pub fn held(&self) -> Vec<ServerId> {
+        let mut v: Vec<ServerId> = self
+            .held
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .copied()
+            .collect();
+        v.sort();
+        v
+    }
+
+    pub fn is_held(&self, set: ServerId) -> bool {
+        self.held
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&set)
+    }
+
+    /// Serve held `set` from its store after all (no other member of the
+    /// set has a copy in sync), noting this boot in it.
+    pub fn release(&self, set: ServerId) {
+        let Some(m) = self
+            .held
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&set)
+        else {
+            return;
+        };
+        tracing::warn!(
+            "server {}: no other copy of set {set} is in sync: serving it from this store",
+            self.home
+        );
+        let boot = self
+            .stores
+            .get()
+            .map_or_else(crate::replica::kernel_boot_id, |s| s.boot());
+        if let Some(boot) = boot {
+            if let Err(e) = crate::restart::note_boot(m.server.unreplicated.as_ref(), boot) {
+                tracing::warn!(
+                    "server {}: noting the boot set {set} is served in: {e}",
+                    self.home
+                );
+            }
+        }
+        m.server.clone().start_background();
+        self.sets
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(set, m);
     }
 
     /// The process is stopping: clients' requests are answered
@@ -165,12 +238,14 @@ impl Router {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .contains_key(&set)
+            || self.is_held(set)
         {
             return Ok(());
         }
         let dir = self.home_server.copies.close_for_promotion(set).await;
         let mut opts = self.opts.clone();
         opts.data_dir = Some(dir.clone());
+        let replicas_left = !replicas.is_empty();
         opts.replicas = Some(replicas);
         let (cfg, key) = (self.cfg.clone(), self.key.clone());
         let server = match self.stores.get() {
@@ -183,6 +258,16 @@ impl Router {
         if let (Some(r), Some(g)) = (&server.replication, self.group.get()) {
             r.set_group(g.clone());
             r.set_pool(g.direct_pool());
+        }
+        if server.after_power_loss && replicas_left {
+            // Served here before a power loss: its copies may have what
+            // it lost (members.rs `hand_over`).
+            warn_held(self.home, set);
+            self.held
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(set, Arc::new(Metered::new(server, self.metrics.clone())));
+            return Ok(());
         }
         server.clone().start_background();
         tracing::warn!(
@@ -199,6 +284,12 @@ impl Router {
 
     /// Stop serving `set` (the map gave it to another server).
     pub fn depose(&self, set: ServerId) {
+        // Held after a power loss: never served, dropped here (a copy's
+        // store is closed before `unpromote` below opens it again).
+        self.held
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&set);
         if set == self.home {
             let marker = moved_marker(&self.cfg, &self.opts, set);
             if !marker.exists() {
@@ -398,6 +489,14 @@ impl Handler for Router {
                 .unwrap_or_else(|e| e.into_inner())
                 .contains_key(&set)
     }
+}
+
+fn warn_held(home: ServerId, set: ServerId) {
+    tracing::warn!(
+        "server {home}: the store of set {set} was served in another boot and not stopped \
+         cleanly (a power loss?): it may lack writes its copies acknowledged, so it is not \
+         served before the map says who has them"
+    );
 }
 
 /// The file that says a server's own set moved away from its store.

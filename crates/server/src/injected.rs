@@ -70,7 +70,8 @@ impl ReplicatedProcess {
             Some(stores.clone()),
         )?);
         let metrics = Arc::new(Metrics::new(server.sync.stats()));
-        server.clone().start_background();
+        // The router starts the server's background work (not while its
+        // set is held after a power loss).
         let router = Arc::new(Router::new(
             server.clone(),
             cfg.clone(),

@@ -8,6 +8,7 @@
 //! DENT parent name              -> dentry: kind u8, ino u64
 //! ORPH ino                      -> freed inode whose chunk files still need purging
 //! HELD ino                      -> unlinked inode kept for a client that has it open
+//! RMDR dir                      -> directory removed here, not yet known gone everywhere
 //! RNTX tx                       -> rename intent, on the coordinating server
 //! RNDN coordinator tx           -> rename installed, on the destination server
 //! DTCH dir sender               -> u64 last directory touch applied from that server
@@ -28,6 +29,11 @@ pub const ORPHAN: &[u8; 4] = b"ORPH";
 /// time it was held, seconds since the epoch, u64 LE); freed by that
 /// client's Release, or at the owner's next start.
 pub const HELD: &[u8; 4] = b"HELD";
+/// A directory whose name this server removed, until every server heard
+/// it is gone and its owner dropped it (`Server::finish_dir_removal`):
+/// written with the removal, so a seal that lapsed is settled from it
+/// (seals.rs), and what a crash cut short is finished at the next start.
+pub const DIR_REMOVAL: &[u8; 4] = b"RMDR";
 pub const RENAME_INTENT: &[u8; 4] = b"RNTX";
 pub const RENAME_DONE: &[u8; 4] = b"RNDN";
 pub const DIR_TOUCH: &[u8; 4] = b"DTCH";
@@ -48,6 +54,10 @@ pub const META_REPLICA_LOADING: &[u8] = b"METAreplica_loading";
 /// In a primary's store after a clean stop: its stream id and last record
 /// (u64 LE each), continued at the next start (restart.rs).
 pub const META_STREAM_STOPPED: &[u8] = b"METAstream_stopped";
+/// In a store opened to serve: the kernel boot it was last served in
+/// (16 bytes), to tell a start after a power loss, which may have lost
+/// unsynced writes, from one after a process crash (restart.rs).
+pub const META_SERVED_IN_BOOT: &[u8] = b"METAserved_in_boot";
 /// Bumped when a record layout changes; a server refuses a newer format.
 pub const FORMAT_VERSION: u32 = 1;
 
@@ -72,6 +82,10 @@ pub fn orphan(ino: InodeId) -> Vec<u8> {
 
 pub fn held(ino: InodeId) -> Vec<u8> {
     with_ino(HELD, ino)
+}
+
+pub fn dir_removal(dir: InodeId) -> Vec<u8> {
+    with_ino(DIR_REMOVAL, dir)
 }
 
 pub fn done(id: OpId) -> Vec<u8> {

@@ -237,7 +237,8 @@ pub fn run(cfg: ClusterConfig, id: ServerId, opts: RunOptions) -> Result<(), Ser
                 )))
             }
         };
-        server.clone().start_background();
+        // The router starts the server's background work (not while its
+        // set is held after a power loss).
         let router = Arc::new(failover::Router::new(
             server.clone(),
             cfg.clone(),

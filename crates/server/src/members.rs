@@ -51,6 +51,8 @@ use tokio::sync::watch;
 const VOTERS_MAX: usize = 3;
 /// Proposals retried while the map moves under them.
 const PROPOSE_ATTEMPTS: usize = 5;
+/// Pause between two proposals of a hand-over after a power loss.
+const HAND_OVER_RETRY: Duration = Duration::from_millis(500);
 /// How long a server that is not a voter waits for the map or a proposal.
 const REMOTE_WAIT: Duration = Duration::from_secs(5);
 
@@ -115,9 +117,11 @@ struct Later {
 }
 
 /// How this server's node runs: Raft state in DATA/membership, the
-/// default timing but for how long a silent voter is waited for before
-/// another server takes its place (`MADFS_TEST_VOTER_LOST_AFTER_MS`, a
-/// test seam; 30 s otherwise, never below `down_after`).
+/// default timing but for two test seams: how long a silent server is
+/// waited for before its sets fail over (`MADFS_TEST_DOWN_AFTER_MS`; 2 s
+/// otherwise, never below the lease and its margin), and before another
+/// server takes a silent voter's place (`MADFS_TEST_VOTER_LOST_AFTER_MS`;
+/// 30 s otherwise, never below `down_after`).
 fn membership_config(
     me: ServerId,
     voters: Vec<ServerId>,
@@ -125,11 +129,19 @@ fn membership_config(
     cfg: &ClusterConfig,
 ) -> MembershipConfig {
     let mut mc = MembershipConfig::new(me, voters, data_dir.join("membership"), initial_map(cfg));
-    if let Some(ms) = std::env::var("MADFS_TEST_VOTER_LOST_AFTER_MS")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-    {
-        mc.timing.voter_lost_after = Duration::from_millis(ms).max(mc.timing.down_after);
+    let ms = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_millis)
+    };
+    let t = &mut mc.timing;
+    if let Some(d) = ms("MADFS_TEST_DOWN_AFTER_MS") {
+        t.down_after = d.max(t.lease + t.lease_margin);
+        t.voter_lost_after = t.voter_lost_after.max(t.down_after);
+    }
+    if let Some(d) = ms("MADFS_TEST_VOTER_LOST_AFTER_MS") {
+        t.voter_lost_after = d.max(t.down_after);
     }
     mc
 }
@@ -154,6 +166,20 @@ impl PeerNet {
             },
             Err(e) => Err(e.to_string()),
         }
+    }
+
+    /// Whether server process `to` answers at all (a routes request, which
+    /// needs no lease), within `HAND_OVER_RETRY`.
+    async fn answers(&self, to: ServerId) -> bool {
+        let req = Request {
+            creds: Credentials::root(),
+            op: Op::GetRoutes,
+            once: None,
+        };
+        matches!(
+            tokio::time::timeout(HAND_OVER_RETRY, self.pool.call_once(to, &req, &[])).await,
+            Ok(Ok(_))
+        )
     }
 }
 
@@ -204,6 +230,9 @@ pub struct Members {
     /// The epoch of the last map applied to the router (`apply`).
     applied: AtomicU64,
     fetching: AtomicBool,
+    /// Sets whose hand-over after a power loss is being proposed
+    /// (`hand_over`).
+    handing_over: Mutex<std::collections::HashSet<ServerId>>,
 }
 
 impl Members {
@@ -307,6 +336,7 @@ impl Members {
             replacing: AtomicBool::new(replace),
             applied: AtomicU64::new(0),
             fetching: AtomicBool::new(false),
+            handing_over: Mutex::new(std::collections::HashSet::new()),
         });
         match node {
             Some(node) => members.attach(node),
@@ -740,7 +770,7 @@ impl Members {
         });
     }
 
-    async fn apply(self: &Arc<Self>, map: &ClusterMap, router: &Router) {
+    async fn apply(self: &Arc<Self>, map: &ClusterMap, router: &Arc<Router>) {
         let serving: Vec<ServerId> = map.sets.iter().map(|s| s.primary).collect();
         // Addresses first: a set routed to a moved server must connect to
         // where it is now.
@@ -763,8 +793,9 @@ impl Members {
         for (set, s) in map.sets.iter().enumerate() {
             let set = ServerId(set as u16);
             // Another's set, or its own once more after a resync (served
-            // then from the copy, like any other).
-            if s.primary == self.me && router.server_of(set).is_none() {
+            // then from the copy, like any other). One held after a power
+            // loss is handed over below.
+            if s.primary == self.me && router.server_of(set).is_none() && !router.is_held(set) {
                 let replicas: Vec<ServerId> = s.members[1..].to_vec();
                 if let Err(e) = router.promote(set, replicas).await {
                     tracing::error!("server {}: cannot serve set {set}: {e}", self.me);
@@ -777,6 +808,9 @@ impl Members {
             .is_some_and(|s| s.primary != self.me)
         {
             router.depose(self.me);
+        }
+        for set in router.held() {
+            self.hand_over(set, map, router);
         }
         // A set served here from a copy after a failover, and given to
         // another server since, is no longer served here either: its copy
@@ -848,6 +882,83 @@ impl Members {
                 });
             }
         }
+    }
+}
+
+impl Members {
+    /// Held `set` (its store here came back from a power loss while the
+    /// map still names this server its primary; restart.rs
+    /// `opened_after_power_loss`): the set's other in-sync members have
+    /// every acknowledged change, and this store may not. Hand the set to
+    /// the next of them (`Failover`, as a primary whose disk failed does,
+    /// step_down.rs); the map then deposes this store, and the server
+    /// catches up on the set like any returning server. Alone in the set,
+    /// it serves what it has.
+    fn hand_over(self: &Arc<Self>, set: ServerId, map: &ClusterMap, router: &Arc<Router>) {
+        match map.sets.get(set.0 as usize) {
+            Some(s) if s.primary != self.me => {
+                router.depose(set);
+                return;
+            }
+            Some(s) if s.members.len() < 2 => {
+                router.release(set);
+                return;
+            }
+            _ => {}
+        }
+        if !self
+            .handing_over
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(set)
+        {
+            return;
+        }
+        let (me, router) = (self.clone(), router.clone());
+        tokio::spawn(async move {
+            // Until the map moves the set (then `apply` deposes this store)
+            // or leaves it no other copy.
+            while router.is_held(set) {
+                let map = me.map();
+                let Some(s) = map.sets.get(set.0 as usize) else {
+                    break;
+                };
+                if s.primary != me.me {
+                    break;
+                }
+                let Some(&next) = s.members.get(1) else {
+                    router.release(set);
+                    break;
+                };
+                // Not to a server that is down: the set would wait for it.
+                // If it stays down, the group takes it out of the set and
+                // this store, the only copy left, is served.
+                if !me.net.answers(next).await {
+                    tracing::info!(
+                        "server {}: set {set} waits for server {next}, its copy, to answer",
+                        me.me
+                    );
+                    tokio::time::sleep(HAND_OVER_RETRY).await;
+                    continue;
+                }
+                tracing::warn!(
+                    "server {}: set {set} goes to server {next}, whose copy has every \
+                     acknowledged change (this store came back from a power loss)",
+                    me.me
+                );
+                let change = Change::Failover {
+                    set: set.0,
+                    new_primary: next,
+                };
+                if !me.propose_latest(change).await {
+                    tokio::time::sleep(HAND_OVER_RETRY).await;
+                }
+            }
+            me.handing_over
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&set);
+        });
     }
 }
 

@@ -137,7 +137,12 @@ impl Server {
     /// Peer operations this server can run for itself without the network.
     pub(crate) async fn local_peer_op(&self, op: Op) -> OpResult {
         match op {
-            Op::Seal { dir, action } => self.seal(dir, action).await,
+            Op::Seal {
+                dir,
+                parent,
+                name,
+                action,
+            } => self.seal(dir, parent, name, action).await,
             Op::PurgeChunks { ino } => self.purge_local(ino).await,
             Op::InvalidateDir { dir } => {
                 self.dir_cache.invalidate(dir);

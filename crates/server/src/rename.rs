@@ -50,6 +50,7 @@ use crate::inode::Inode;
 use crate::keys;
 use crate::locks::LockKey;
 use crate::perm;
+use crate::seals::{DirRemoval, Sealed};
 use crate::service::Server;
 use crate::touch::DirChanges;
 use madfs_kv::WriteBatch;
@@ -127,10 +128,14 @@ struct Installed {
     /// The replaced inode lost its last link and is held for the client
     /// (`Hold`): locally here, or by its owner (`after_install`).
     held: bool,
+    /// The replaced target was an empty directory (its DIR_REMOVAL record
+    /// is in the batch).
+    removed_dir: Option<DirRemoval>,
 }
 
 /// Put `(dst_parent, dst_name) -> ino` into `b`, replacing what is there as
-/// POSIX allows. `sealed` is the target directory the caller sealed empty.
+/// POSIX allows. `sealed`: the seals the caller took on the target, an
+/// empty directory.
 #[allow(clippy::too_many_arguments)]
 fn install_into(
     srv: &Server,
@@ -140,7 +145,7 @@ fn install_into(
     ino: InodeId,
     kind: FileKind,
     noreplace: bool,
-    sealed: Option<InodeId>,
+    sealed: Option<&Sealed>,
     hold: &Hold,
 ) -> Result<Installed, WireError> {
     let mut out = Installed::default();
@@ -158,8 +163,13 @@ fn install_into(
         if kind != FileKind::Dir && dk == FileKind::Dir {
             return Err(err(ErrorCode::IsDir, ""));
         }
-        if dk == FileKind::Dir && sealed != Some(dino) {
-            return Err(err(ErrorCode::TryAgain, "the target directory changed"));
+        if dk == FileKind::Dir {
+            let Some(sealed) = sealed.filter(|s| s.removal.dir == dino) else {
+                return Err(err(ErrorCode::TryAgain, "the target directory changed"));
+            };
+            sealed.check_in_time()?;
+            b.put(&keys::dir_removal(dino), &sealed.removal.encode());
+            out.removed_dir = Some(sealed.removal.clone());
         }
         if dino.owner() == srv.id {
             if let Some(mut victim) = srv.load_inode(dino)? {
@@ -215,30 +225,27 @@ async fn after_install(
     if let Some(victim) = &done.freed {
         srv.after_free(victim);
     }
-    if let Some((dino, dk)) = done.replaced {
-        if dino.owner() != srv.id || dk == FileKind::Dir {
-            srv.must_be_replicated("the rename's install").await?;
-        }
-        if dino.owner() != srv.id {
-            let hold = dk == FileKind::File && hold.covers(dino);
-            match srv
-                .call_peer(
-                    dino.owner(),
-                    Op::AdjustLinks {
-                        ino: dino,
-                        delta: -1,
-                        hold,
-                    },
-                )
-                .await
-            {
-                Ok(Reply::Links { nlink: 0 }) => held = hold,
-                Ok(_) => {}
-                Err(e) => tracing::warn!("dropping a link of replaced {dino}: {e}"),
-            }
-        }
-        if dk == FileKind::Dir {
-            srv.announce_removed(dino).await;
+    if let Some(r) = &done.removed_dir {
+        // A directory has one name: its owner drops it (finish_dir_removal).
+        srv.must_be_replicated_dir_removal(r).await?;
+        srv.finish_dir_removal(r).await;
+    } else if let Some((dino, dk)) = done.replaced.filter(|(d, _)| d.owner() != srv.id) {
+        srv.must_be_replicated("the rename's install").await?;
+        let hold = dk == FileKind::File && hold.covers(dino);
+        match srv
+            .call_peer(
+                dino.owner(),
+                Op::AdjustLinks {
+                    ino: dino,
+                    delta: -1,
+                    hold,
+                },
+            )
+            .await
+        {
+            Ok(Reply::Links { nlink: 0 }) => held = hold,
+            Ok(_) => {}
+            Err(e) => tracing::warn!("dropping a link of replaced {dino}: {e}"),
         }
     }
     Ok(held)
@@ -252,11 +259,15 @@ async fn seal_target(
     ino: InodeId,
     kind: FileKind,
     noreplace: bool,
-) -> Result<(Option<InodeId>, Option<InodeId>), WireError> {
+) -> Result<(Option<Sealed>, Option<InodeId>), WireError> {
     match srv.load_dentry(dst_parent, dst_name)? {
         Some((FileKind::Dir, dino)) if kind == FileKind::Dir && dino != ino && !noreplace => {
-            srv.seal_empty_dir(dino).await?;
-            Ok((Some(dino), Some(dino)))
+            let removal = DirRemoval {
+                dir: dino,
+                parent: dst_parent,
+                name: dst_name.clone(),
+            };
+            Ok((Some(srv.seal_empty_dir(&removal).await?), Some(dino)))
         }
         Some((_, dino)) => Ok((None, Some(dino))),
         None => Ok((None, None)),
@@ -392,7 +403,17 @@ async fn rename_local(
             return Err(err(ErrorCode::TryAgain, "the target changed during rename"));
         }
         let mut b = WriteBatch::new();
-        let done = install_into(srv, &mut b, dp, dn, ino, kind, noreplace, sealed, hold)?;
+        let done = install_into(
+            srv,
+            &mut b,
+            dp,
+            dn,
+            ino,
+            kind,
+            noreplace,
+            sealed.as_ref(),
+            hold,
+        )?;
         if done.same {
             return Ok((done, DirChanges::default(), Timestamp::now()));
         }
@@ -425,8 +446,8 @@ async fn rename_local(
             Ok((touched, done.replaced.filter(|_| held)))
         }
         Err(e) => {
-            if let Some(d) = sealed {
-                srv.unseal(d).await;
+            if let Some(s) = &sealed {
+                srv.unseal(&s.removal).await;
             }
             Err(e)
         }
@@ -622,7 +643,17 @@ pub(crate) async fn install(
             return Err(err(ErrorCode::TryAgain, "the target changed during rename"));
         }
         let mut b = WriteBatch::new();
-        let done = install_into(srv, &mut b, dp, dn, ino, kind, noreplace, sealed, hold)?;
+        let done = install_into(
+            srv,
+            &mut b,
+            dp,
+            dn,
+            ino,
+            kind,
+            noreplace,
+            sealed.as_ref(),
+            hold,
+        )?;
         let replaced = if done.same {
             Some((ino, kind))
         } else {
@@ -659,8 +690,8 @@ pub(crate) async fn install(
             Ok((replaced, held))
         }
         Err(e) => {
-            if let Some(d) = sealed {
-                srv.unseal(d).await;
+            if let Some(s) = &sealed {
+                srv.unseal(&s.removal).await;
             }
             Err(e)
         }

@@ -408,10 +408,19 @@ struct Position {
 /// own).
 pub type BootId = [u8; 16];
 
-/// This boot's id; None where the kernel does not say.
+/// This boot's id; None where the kernel does not say. A test seam,
+/// `MADFS_TEST_BOOT_ID` (any text), stands for another boot: a server
+/// restarted with it is as after a power loss (crates/cli/tests).
 pub fn kernel_boot_id() -> Option<BootId> {
     static BOOT: std::sync::OnceLock<Option<BootId>> = std::sync::OnceLock::new();
     *BOOT.get_or_init(|| {
+        if let Ok(fake) = std::env::var("MADFS_TEST_BOOT_ID") {
+            let h = madfs_types::stable_hash(&[fake.as_bytes()]);
+            let mut id = [0u8; 16];
+            id[..8].copy_from_slice(&h.to_le_bytes());
+            id[8..].copy_from_slice(&(!h).to_le_bytes());
+            return Some(id);
+        }
         let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
         let hex: Vec<u8> = text.trim().bytes().filter(|b| *b != b'-').collect();
         if hex.len() != 32 {

@@ -957,7 +957,11 @@ impl Replicator {
             start = last.clone();
             start.push(0);
             let mut b = WriteBatch::new();
-            for (k, v) in &rows {
+            // The boot a store was served in is the host's, not the set's.
+            for (k, v) in rows
+                .iter()
+                .filter(|(k, _)| k != crate::keys::META_SERVED_IN_BOOT)
+            {
                 b.put(k, v);
             }
             keys += rows.len() as u64;

@@ -56,6 +56,47 @@ pub(crate) fn take_stopped_stream(kv: &dyn KvStore) -> madfs_kv::Result<Option<(
     Ok(stopped)
 }
 
+/// Whether `kv` was last served in a boot other than `boot` and not
+/// stopped cleanly (`clean_stop`), so that a power loss (or a kernel
+/// crash) may have taken writes that were never synced. A process that
+/// died in the same boot lost nothing the kernel had taken. A store never
+/// noted before (new, or from before this record) counts as not. Without
+/// a boot id (no /proc), never. Otherwise `boot` is noted as the store's
+/// (`note_boot`); a store after a power loss is noted only once it is
+/// served after all, so that a kill before its hand-over, restarted in the
+/// same boot, finds it held again.
+///
+/// A primary's copies acknowledged what it wrote before syncing it, so a
+/// primary back from a power loss before any failover must not serve its
+/// set from its own store: it hands the set to an in-sync copy first
+/// (failover.rs `Router::new`, members.rs `hand_over_home`), and is
+/// rebuilt from there like any returning server.
+pub(crate) fn opened_after_power_loss(
+    kv: &dyn KvStore,
+    boot: Option<crate::replica::BootId>,
+    clean_stop: bool,
+) -> madfs_kv::Result<bool> {
+    let Some(boot) = boot else {
+        return Ok(false);
+    };
+    let last = kv.get(keys::META_SERVED_IN_BOOT)?;
+    if last.as_deref() == Some(&boot[..]) {
+        return Ok(false);
+    }
+    let lost = last.is_some() && !clean_stop;
+    if !lost {
+        note_boot(kv, boot)?;
+    }
+    Ok(lost)
+}
+
+/// Note `boot` as the one `kv` is served in (synced).
+pub(crate) fn note_boot(kv: &dyn KvStore, boot: crate::replica::BootId) -> madfs_kv::Result<()> {
+    let mut b = WriteBatch::new();
+    b.put(keys::META_SERVED_IN_BOOT, &boot);
+    kv.write(b, true)
+}
+
 /// Step 1, for a server this process served until its clean stop, after
 /// the runtime has shut down. Whether the stream may be continued.
 pub(crate) fn note_clean_stop(server: &Server) -> bool {
@@ -108,5 +149,40 @@ mod tests {
         assert_eq!(kv.get(keys::META_REPLICA_POSITION).unwrap(), None);
         assert_eq!(kv.get(keys::META_REPLICA_LOADING).unwrap(), None);
         assert_eq!(kv.get(b"other").unwrap(), Some(b"kept".to_vec()));
+    }
+
+    #[test]
+    fn only_a_store_served_in_another_boot_and_not_stopped_cleanly_is_after_a_power_loss() {
+        let kv = MemStore::new();
+        let (a, b) = (Some([1u8; 16]), Some([2u8; 16]));
+        assert!(
+            !opened_after_power_loss(&kv, a, false).unwrap(),
+            "new store"
+        );
+        assert!(
+            !opened_after_power_loss(&kv, a, false).unwrap(),
+            "same boot"
+        );
+        assert!(
+            opened_after_power_loss(&kv, b, false).unwrap(),
+            "another boot"
+        );
+        // Not noted until served: a kill before the hand-over, restarted
+        // in the same boot, finds it held again.
+        assert!(opened_after_power_loss(&kv, b, false).unwrap());
+        note_boot(&kv, [2; 16]).unwrap();
+        assert!(!opened_after_power_loss(&kv, b, false).unwrap());
+        assert!(
+            !opened_after_power_loss(&kv, a, true).unwrap(),
+            "clean stop"
+        );
+        assert!(
+            !opened_after_power_loss(&kv, a, false).unwrap(),
+            "noted at the clean start"
+        );
+        assert!(
+            !opened_after_power_loss(&kv, None, false).unwrap(),
+            "no boot id"
+        );
     }
 }

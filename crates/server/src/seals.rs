@@ -1,66 +1,142 @@
 //! Seals of directories being removed: rmdir seals an empty directory on
-//! every server so no entry appears in it while its owner removes it; a seal
-//! its rmdir never lifted expires after `SEAL_LEASE`.
+//! every server so no entry appears in it while its owner removes it. A
+//! seal its rmdir neither lifted nor turned into "removed" lapses after
+//! `SEAL_LEASE`; the next entry into the directory then asks the removed
+//! name's server how the removal ended (`SealAction::Settle`), which
+//! answers from its DIR_REMOVAL record once its set's replicas have it.
 
 use crate::errors::{err, io_err, kv_err, OpResult};
 use crate::keys;
 use crate::service::{blocking, Server};
 use madfs_proto::message::{Op, Reply, SealAction};
 use madfs_proto::{ErrorCode, WireError};
-use madfs_types::InodeId;
+use madfs_types::{FileName, InodeId};
 use std::time::Duration;
 // tokio's clock: the simulation (crates/sim) runs it paused and advances it.
 use tokio::time::Instant;
 
-/// A seal that its rmdir never lifted expires (the rmdir's server died).
+/// A seal that its rmdir never lifted lapses (the rmdir's server died, or
+/// its removal is not yet on its set's replicas and it could not renew).
 pub(crate) const SEAL_LEASE: Duration = Duration::from_secs(30);
+/// An rmdir writes its removal within this of sealing, or gives up: every
+/// seal it took then outlives the write, so a server whose seal lapsed
+/// settles it after the removal, if any, is in the name's store.
+pub(crate) const SEAL_WRITE_WITHIN: Duration = Duration::from_secs(15);
 pub(crate) const SEALS_MAX: usize = 100_000;
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) enum SealState {
-    Sealed(Instant),
+    /// An rmdir of the directory, named `name` in `parent`, is deciding
+    /// until `until` (renewed while it waits for its replicas).
+    Sealed {
+        until: Instant,
+        parent: InodeId,
+        name: FileName,
+    },
     Removed,
 }
 
 impl Server {
+    /// The seal on `dir` here, lapsed or not.
     pub(crate) fn seal_state(&self, dir: InodeId) -> Option<SealState> {
         let seals = self.seals.lock().unwrap_or_else(|e| e.into_inner());
-        match seals.get(&dir) {
-            Some(SealState::Sealed(until)) if *until <= Instant::now() => None,
-            other => other.copied(),
-        }
+        seals.get(&dir).cloned()
     }
 
     /// Wait while an rmdir of `dir` is deciding; ENOENT once it is removed.
+    /// A seal that lapsed is settled with the removed name's server first.
     pub(crate) async fn wait_unsealed(&self, dir: InodeId) -> Result<(), WireError> {
         loop {
             let notified = self.seal_changed.notified();
             match self.seal_state(dir) {
                 None => return Ok(()),
-                Some(SealState::Removed) => {
-                    return Err(err(
-                        ErrorCode::NotFound,
-                        format!("directory {dir} was removed"),
-                    ))
-                }
-                Some(SealState::Sealed(until)) => {
+                Some(SealState::Removed) => return Err(removed(dir)),
+                Some(SealState::Sealed {
+                    until,
+                    parent,
+                    name,
+                }) => {
                     let left = until.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return self.settle_lapsed_seal(dir, parent, name).await;
+                    }
                     let _ = tokio::time::timeout(left, notified).await;
                 }
             }
         }
     }
 
-    pub(crate) async fn seal(&self, dir: InodeId, action: SealAction) -> OpResult {
+    /// The rmdir that sealed `dir` never said how it ended: ask the server
+    /// of its name. Its answer counts only once its set's replicas have
+    /// it, so a failover cannot undo it; until it can answer, entries into
+    /// `dir` fail with its error rather than land in a directory that may
+    /// be gone (found by the simulation with replicas, seed 5363).
+    async fn settle_lapsed_seal(
+        &self,
+        dir: InodeId,
+        parent: InodeId,
+        name: FileName,
+    ) -> Result<(), WireError> {
+        tracing::info!("the seal of directory {dir} lapsed; asking how its removal ended");
+        let server = madfs_types::dentry_server(parent, &name, self.servers);
+        let op = Op::Seal {
+            dir,
+            parent,
+            name,
+            action: SealAction::Settle,
+        };
+        let removed_there = match self.call_peer(server, op).await? {
+            Reply::RemovalSettled { removed } => removed,
+            other => {
+                return Err(err(
+                    ErrorCode::Protocol,
+                    format!("a seal's settlement answered {other:?}"),
+                ))
+            }
+        };
+        let mut seals = self.seals.lock().unwrap_or_else(|e| e.into_inner());
+        if removed_there {
+            seals.insert(dir, SealState::Removed);
+        } else if matches!(seals.get(&dir), Some(SealState::Sealed { until, .. }) if *until <= Instant::now())
+        {
+            seals.remove(&dir);
+        }
+        drop(seals);
+        self.seal_changed.notify_waiters();
+        if removed_there {
+            self.dir_cache.forget(dir);
+            return Err(removed(dir));
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn seal(
+        &self,
+        dir: InodeId,
+        parent: InodeId,
+        name: FileName,
+        action: SealAction,
+    ) -> OpResult {
         match action {
             SealAction::Seal => {
                 // Exclusive gate: no create into `dir` is between its check
                 // and its write while we look.
                 let _gate = self.locks.gate(dir).write().await;
-                self.seals
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(dir, SealState::Sealed(Instant::now() + SEAL_LEASE));
+                {
+                    let mut seals = self.seals.lock().unwrap_or_else(|e| e.into_inner());
+                    if matches!(seals.get(&dir), Some(SealState::Removed)) {
+                        // A renewal that came after the outcome.
+                        return Ok((Reply::Sealed { empty: true }, Vec::new()));
+                    }
+                    seals.insert(
+                        dir,
+                        SealState::Sealed {
+                            until: Instant::now() + SEAL_LEASE,
+                            parent,
+                            name,
+                        },
+                    );
+                }
                 let prefix = keys::dentry_prefix(dir);
                 let empty = self
                     .kv
@@ -80,7 +156,7 @@ impl Server {
             }
             SealAction::Unseal => {
                 let mut seals = self.seals.lock().unwrap_or_else(|e| e.into_inner());
-                if matches!(seals.get(&dir), Some(SealState::Sealed(_))) {
+                if matches!(seals.get(&dir), Some(SealState::Sealed { .. })) {
                     seals.remove(&dir);
                 }
                 drop(seals);
@@ -91,7 +167,7 @@ impl Server {
                 let mut seals = self.seals.lock().unwrap_or_else(|e| e.into_inner());
                 if seals.len() >= SEALS_MAX {
                     // The owner's records answer for forgotten tombstones.
-                    seals.retain(|_, s| matches!(s, SealState::Sealed(_)));
+                    seals.retain(|_, s| matches!(s, SealState::Sealed { .. }));
                 }
                 seals.insert(dir, SealState::Removed);
                 drop(seals);
@@ -99,18 +175,28 @@ impl Server {
                 self.seal_changed.notify_waiters();
                 Ok((Reply::Sealed { empty: true }, Vec::new()))
             }
+            SealAction::Settle => {
+                // Asked of the name's server: its DIR_REMOVAL record is
+                // written with the removal and kept until every server
+                // heard the outcome. Not before the set's replicas have
+                // what this store holds, or a failover could undo it.
+                self.must_be_replicated("the directory's removal").await?;
+                let removed = self
+                    .kv
+                    .get(&keys::dir_removal(dir))
+                    .map_err(kv_err)?
+                    .is_some();
+                Ok((Reply::RemovalSettled { removed }, Vec::new()))
+            }
         }
     }
 
-    /// Seal `dir` on every server; Ok if it is empty everywhere, else the
-    /// seals are lifted again and the error says why.
-    pub(crate) async fn seal_empty_dir(&self, dir: InodeId) -> Result<(), WireError> {
-        let results = self
-            .broadcast(Op::Seal {
-                dir,
-                action: SealAction::Seal,
-            })
-            .await;
+    /// Seal `r.dir` on every server; Ok if it is empty everywhere, else the
+    /// seals are lifted again and the error says why. Also renews seals
+    /// (a seal on a server that heard the outcome is left alone).
+    pub(crate) async fn seal_empty_dir(&self, r: &DirRemoval) -> Result<Sealed, WireError> {
+        let at = Instant::now();
+        let results = self.broadcast(r.op(SealAction::Seal)).await;
         let mut failure = None;
         for (s, r) in results {
             match r {
@@ -127,33 +213,127 @@ impl Server {
             }
         }
         match failure {
-            None => Ok(()),
+            None => Ok(Sealed {
+                removal: r.clone(),
+                at,
+            }),
             Some(e) => {
-                self.unseal(dir).await;
+                self.unseal(r).await;
                 Err(e)
             }
         }
     }
 
-    pub(crate) async fn unseal(&self, dir: InodeId) {
-        self.broadcast(Op::Seal {
-            dir,
-            action: SealAction::Unseal,
-        })
-        .await;
-    }
-
-    pub(crate) async fn announce_removed(&self, dir: InodeId) {
-        for (s, r) in self
-            .broadcast(Op::Seal {
-                dir,
-                action: SealAction::Removed,
-            })
-            .await
-        {
-            if let Err(e) = r {
-                tracing::warn!("telling server {s} that directory {dir} is gone: {e}");
+    /// Push the lapse of `r`'s seals back (best effort: a server that
+    /// misses it settles its seal once it lapses).
+    pub(crate) async fn renew_seals(&self, r: &DirRemoval) {
+        for (s, res) in self.broadcast(r.op(SealAction::Seal)).await {
+            if let Err(e) = res {
+                tracing::debug!(
+                    "renewing the seal of directory {} on server {s}: {e}",
+                    r.dir
+                );
             }
         }
+    }
+
+    pub(crate) async fn unseal(&self, r: &DirRemoval) {
+        self.broadcast(r.op(SealAction::Unseal)).await;
+    }
+
+    /// Tell every server the directory is gone; true if all of them heard.
+    pub(crate) async fn announce_removed(&self, r: &DirRemoval) -> bool {
+        let mut all = true;
+        for (s, res) in self.broadcast(r.op(SealAction::Removed)).await {
+            if let Err(e) = res {
+                tracing::warn!("telling server {s} that directory {} is gone: {e}", r.dir);
+                all = false;
+            }
+        }
+        all
+    }
+}
+
+fn removed(dir: InodeId) -> WireError {
+    err(ErrorCode::NotFound, format!("directory {dir} was removed"))
+}
+
+/// Seals an rmdir (or a rename onto an empty directory) took, and when.
+pub(crate) struct Sealed {
+    pub(crate) removal: DirRemoval,
+    at: Instant,
+}
+
+impl Sealed {
+    /// The removal may still be written: every seal outlives the write
+    /// (`SEAL_WRITE_WITHIN`). Else the caller lifts them and starts over.
+    pub(crate) fn check_in_time(&self) -> Result<(), WireError> {
+        if self.at.elapsed() > SEAL_WRITE_WITHIN {
+            return Err(err(
+                ErrorCode::TryAgain,
+                "the directory's seals are too old to remove it under",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A directory being removed: `dir`, named `name` in `parent`.
+#[derive(Clone, Debug)]
+pub(crate) struct DirRemoval {
+    pub(crate) dir: InodeId,
+    pub(crate) parent: InodeId,
+    pub(crate) name: FileName,
+}
+
+impl DirRemoval {
+    /// The DIR_REMOVAL record's value: parent (u64 BE), then the name.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(8 + self.name.as_bytes().len());
+        v.extend_from_slice(&self.parent.0.to_be_bytes());
+        v.extend_from_slice(self.name.as_bytes());
+        v
+    }
+
+    pub(crate) fn decode(dir: InodeId, v: &[u8]) -> Option<DirRemoval> {
+        let (parent, name) = v.split_at_checked(8)?;
+        Some(DirRemoval {
+            dir,
+            parent: InodeId(u64::from_be_bytes(parent.try_into().ok()?)),
+            name: FileName::new(name).ok()?,
+        })
+    }
+
+    fn op(&self, action: SealAction) -> Op {
+        Op::Seal {
+            dir: self.dir,
+            parent: self.parent,
+            name: self.name.clone(),
+            action,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_removal_record_decodes_to_what_was_encoded_and_a_short_one_to_nothing() {
+        let r = DirRemoval {
+            dir: InodeId(77),
+            parent: InodeId(1 << 48 | 5),
+            name: FileName::new(b"some dir").unwrap(),
+        };
+        let back = DirRemoval::decode(r.dir, &r.encode()).unwrap();
+        assert_eq!(
+            (back.dir, back.parent, back.name),
+            (r.dir, r.parent, r.name)
+        );
+        assert!(DirRemoval::decode(InodeId(77), &[0; 7]).is_none());
+        assert!(
+            DirRemoval::decode(InodeId(77), &[0; 8]).is_none(),
+            "no name"
+        );
     }
 }

@@ -43,6 +43,10 @@ const SHUTDOWN_REPLICATION_WAIT: std::time::Duration = std::time::Duration::from
 pub struct Server {
     pub(crate) id: ServerId,
     pub(crate) servers: usize,
+    /// With replicas: this store was last opened in another boot of the
+    /// kernel and not stopped cleanly, so a power loss may have taken
+    /// writes its copies acknowledged (restart.rs `opened_after_power_loss`).
+    pub(crate) after_power_loss: bool,
     pub(crate) chunk_size: u64,
     /// Free space of the data directory's file system.
     pub(crate) space: SpaceGauge,
@@ -144,6 +148,13 @@ impl Server {
         // clean stop, the same stream, continued (restart.rs).
         let stopped = crate::restart::take_stopped_stream(kv.as_ref())
             .map_err(|e| ServerError::Storage(e.to_string()))?;
+        let boot = stores
+            .as_ref()
+            .map_or_else(crate::replica::kernel_boot_id, |s| s.boot());
+        let after_power_loss =
+            crate::restart::opened_after_power_loss(kv.as_ref(), boot, stopped.is_some())
+                .map_err(|e| ServerError::Storage(e.to_string()))?
+                && cfg.replicas > 1;
         let replication = (cfg.replicas > 1 || !replicas.is_empty()).then(|| {
             Arc::new(match stopped {
                 Some((stream, last)) => {
@@ -233,6 +244,7 @@ impl Server {
         let server = Server {
             id,
             servers: cfg.server_count(),
+            after_power_loss,
             chunk_size: cfg.chunk_size,
             space: SpaceGauge::new(data_dir),
             kv: kv.clone(),

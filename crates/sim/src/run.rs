@@ -48,6 +48,11 @@ pub struct SimConfig {
     /// lose a random part of what was not synced). Off replays the
     /// trajectories of seeds from before power cuts existed.
     pub power_cuts: bool,
+    /// With power cuts: a quarter of them end with the server back at
+    /// once, before the group fails its sets over, with a store that may
+    /// lack what its copies acknowledged. Off replays the trajectories of
+    /// seeds from before these existed.
+    pub quick_restarts: bool,
 }
 
 /// Renames the simulation runs at the same time as another rename.
@@ -81,6 +86,7 @@ impl SimConfig {
             },
             replicas: 1,
             power_cuts: true,
+            quick_restarts: true,
         }
     }
 
@@ -126,6 +132,8 @@ pub struct Outcome {
     pub voter_moves: usize,
     /// With replicas: kills that were power cuts (unsynced writes lost).
     pub power_cuts: usize,
+    /// Power cuts whose server came back at once (`quick_restarts`).
+    pub quick_restarts: usize,
 }
 
 /// A broken invariant, with what is needed to replay it.
@@ -305,6 +313,7 @@ struct Sim {
     progress: Arc<AtomicUsize>,
     rename_races: RenameRaces,
     power_cuts: bool,
+    quick_restarts: bool,
     /// Files that may hold chunk bytes past their size (a crash or a
     /// failed write since they were made).
     ghosts: BTreeSet<InodeId>,
@@ -403,6 +412,7 @@ impl Sim {
             progress,
             rename_races: cfg.rename_races,
             power_cuts: cfg.power_cuts,
+            quick_restarts: cfg.quick_restarts,
             ghosts: BTreeSet::new(),
             down: None,
             isolated: None,
@@ -602,6 +612,7 @@ impl Sim {
             // It stays down a while: its set fails over (run_replicated.rs).
             let power_cut = self.power_cuts && self.rng.random_bool(0.5);
             self.kill_replicated(id, power_cut);
+            // A quick restart comes at the next step's start.
             return Ok(());
         }
         let disk = self.cluster.disks[id.0 as usize].clone();

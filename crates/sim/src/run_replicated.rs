@@ -50,7 +50,9 @@ impl Sim {
     /// host's power (its disks keep what was synced and a random prefix of
     /// the rest). Either way every acknowledged operation is on its set's
     /// other copies, and the checks after the step ask for all of them.
-    pub(super) fn kill_replicated(&mut self, id: ServerId, power_cut: bool) {
+    /// Whether the server is to come back at once (a quick restart after
+    /// a power cut, before any failover).
+    pub(super) fn kill_replicated(&mut self, id: ServerId, power_cut: bool) -> bool {
         drop(self.cluster.net.kill(id));
         let home = self.cluster.disks[id.0 as usize].clone();
         let keep = if power_cut {
@@ -63,6 +65,18 @@ impl Sim {
         self.out.crashes += 1;
         self.out.lost_batches += lost;
         let back = self.step + self.rng.random_range(1..=3);
+        let quick = power_cut && self.quick_restarts && self.rng.random_bool(0.25);
+        if quick {
+            // Back at the first moment the run can start it (a crash in
+            // the middle of an operation: at the next step).
+            self.down = Some((id, self.step));
+            self.out.power_cuts += 1;
+            self.out.quick_restarts += 1;
+            self.note(format!(
+                "power cut of server {id}: {lost} unsynced batches lost; back at once"
+            ));
+            return true;
+        }
         self.down = Some((id, back));
         if power_cut {
             self.out.power_cuts += 1;
@@ -72,6 +86,7 @@ impl Sim {
         } else {
             self.note(format!("kill server {id} (down until step {back})"));
         }
+        false
     }
 
     /// A fault or a recovery between operations; whether it took the step.
@@ -105,7 +120,14 @@ impl Sim {
         let id = ServerId(self.rng.random_range(0..self.cluster.disks.len() as u16));
         if roll < 4 {
             let power_cut = self.power_cuts && self.rng.random_bool(0.5);
-            self.kill_replicated(id, power_cut);
+            if self.kill_replicated(id, power_cut) {
+                self.down = None;
+                self.out.restarts += 1;
+                self.cluster
+                    .start_replicated(id)
+                    .await
+                    .map_err(|m| self.fail(m))?;
+            }
         } else {
             let heal = self.step + self.rng.random_range(1..=3);
             self.isolated = Some((id, heal));

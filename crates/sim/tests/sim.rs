@@ -121,7 +121,7 @@ fn replicated_cluster_loses_nothing_acknowledged() {
     let started = std::time::Instant::now();
     let (mut ops, mut failed, mut crashes, mut failovers, mut partitions, mut restarts) =
         (0, 0, 0, 0, 0, 0);
-    let (mut dropped, mut power_cuts, mut lost, mut voter_moves) = (0, 0, 0, 0);
+    let (mut dropped, mut power_cuts, mut lost, mut voter_moves, mut quick) = (0, 0, 0, 0, 0);
     for &seed in &seeds {
         let mut cfg = SimConfig::replicated(seed, steps);
         cfg.verbose = replay;
@@ -140,14 +140,15 @@ fn replicated_cluster_loses_nothing_acknowledged() {
                 power_cuts += o.power_cuts;
                 lost += o.lost_batches;
                 voter_moves += o.voter_moves;
+                quick += o.quick_restarts;
             }
             Err(f) => panic!("{f}"),
         }
     }
     eprintln!(
         "simulation: replicated, {} seeds x {steps} steps in {:.1?}: {ops} operations succeeded, \
-         {failed} failed, {crashes} servers killed ({power_cuts} by a power cut, {lost} unsynced \
-         batches lost), {restarts} restarted, {partitions} partitions, {failovers} sets failed \
+         {failed} failed, {crashes} servers killed ({power_cuts} by a power cut, {quick} of them \
+         back at once, {lost} unsynced batches lost), {restarts} restarted, {partitions} partitions, {failovers} sets failed \
          over, {voter_moves} voter moves, {dropped} messages lost",
         seeds.len(),
         started.elapsed()
@@ -175,14 +176,16 @@ fn a_replicated_seed_replays_identically() {
 }
 
 /// Seeds of the replicated cluster that a soak found broken: seed, steps, servers,
-/// whether power cuts were on (they change the trajectory), the bug. A
+/// whether power cuts and quick restarts were on (they change the
+/// trajectory), the bug. A
 /// seed's trajectory moves as the code changes, so a bug with a test of
 /// its own names it.
-const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, &str)] = &[
+const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, &str)] = &[
     (
         229,
         60,
         3,
+        false,
         false,
         "an rmdir of a rename's source while the rename's outcome was unknown \
          freed the inode its new name got (server locks.rs tests)",
@@ -192,6 +195,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, &str)] = &[
         60,
         3,
         false,
+        false,
         "a mkdir answered by a primary whose set had moved away during its wait for \
          its replica was missing from the new primary",
     ),
@@ -200,6 +204,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, &str)] = &[
         60,
         3,
         true,
+        false,
         "an rmdir whose name's removal was not yet on the copy told the directory's \
          owner to free it; a failover then served the name without its inode",
     ),
@@ -208,6 +213,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, &str)] = &[
         60,
         3,
         true,
+        false,
         "a mkdir whose primary died before its reply ran again on the new primary after \
          a concurrent rmdir removed its directory: both answered ok and the directory \
          existed (server once.rs)",
@@ -217,6 +223,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, &str)] = &[
         60,
         3,
         true,
+        false,
         "a rename's look at its source name, while another rename replaced that name, \
          found the name, then its inode freed: NotFound for a name that always existed \
          (client Vanished)",
@@ -226,6 +233,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, &str)] = &[
         60,
         3,
         true,
+        false,
         "a cross-server rename's install, waiting for its locks on the destination's \
          server, was aborted by the settling of the coordinator's copy after a failover, \
          then wrote its name anyway: both names stayed (server rename.rs, marker lock)",
@@ -235,6 +243,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, &str)] = &[
         60,
         3,
         true,
+        false,
         "a client whose route to a set was stale asked for the routes, and the server cut \
          off from the others answered first every time, with an older map that routed the \
          set elsewhere: taken as news, it ended the ask before the others were asked \
@@ -245,6 +254,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, &str)] = &[
         60,
         4,
         true,
+        false,
         "a replica taken out of a set and let back in to catch up in two maps its \
          primary skipped (it applies the newest only) was never resynced nor counted in \
          sync again: the set stayed short of a copy (server members.rs apply)",
@@ -254,6 +264,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, &str)] = &[
         60,
         4,
         true,
+        false,
         "a cross-server rename waited 20 s for an unsettled rename of its source and, \
          refused, went on without its locks: it moved the source while the first's \
          outcome was unknown, and both new names stayed (server rename.rs)",
@@ -263,9 +274,49 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, &str)] = &[
         60,
         3,
         true,
+        false,
         "on a lossy network the detector took a set's only other member out while the \
          primary was down too; the primary, back from a power cut, was all the set had, \
          and an acknowledged file was gone (membership detector.rs plan)",
+    ),
+    (
+        5363,
+        60,
+        3,
+        true,
+        false,
+        "an rmdir on a lossy network answered TimedOut with its removal not yet on the \
+         copy and its seals left to lapse; a mkdir waiting on a seal then created its \
+         entry in the directory the removal took away (server seals.rs Settle)",
+    ),
+    (
+        9371,
+        60,
+        3,
+        true,
+        true,
+        "a server restarted after its own set moved away ran its start-up recoveries on \
+         that stale store: it finished an rmdir that had timed out there and that the new \
+         primary never had, freeing a live directory (server failover.rs Router::new)",
+    ),
+    (
+        5011,
+        60,
+        3,
+        true,
+        true,
+        "a server back at once from a power cut promoted its copy of a set it had served \
+         before, which lost what the cut took: an acknowledged create was gone (server \
+         restart.rs opened_after_power_loss, members.rs hand_over)",
+    ),
+    (
+        5231,
+        60,
+        3,
+        true,
+        true,
+        "a primary back at once from a power cut served its set from its own store, \
+         without the writes its copy had acknowledged (server restart.rs, members.rs)",
     ),
 ];
 
@@ -275,10 +326,11 @@ fn replicated_seeds_that_once_failed_pass() {
     if env("MADFS_SIM_REPLICAS").is_some() {
         return;
     }
-    for &(seed, steps, servers, power_cuts, what) in REPLICATED_REGRESSIONS {
+    for &(seed, steps, servers, power_cuts, quick_restarts, what) in REPLICATED_REGRESSIONS {
         let cfg = SimConfig {
             power_cuts,
             servers,
+            quick_restarts,
             ..SimConfig::replicated(seed, steps)
         };
         if let Err(f) = run(&cfg) {

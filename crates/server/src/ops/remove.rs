@@ -6,6 +6,7 @@ use crate::inode::Inode;
 use crate::keys;
 use crate::locks::LockKey;
 use crate::perm::{self};
+use crate::seals::DirRemoval;
 use crate::service::{blocking, Server};
 use crate::touch::DirChanges;
 use madfs_kv::WriteBatch;
@@ -218,29 +219,43 @@ impl Server {
             let victim = self.attr_of(ino).await?;
             perm::check_sticky(&dir, victim.uid, c)?;
         }
-        if want_dir {
-            // Seal first, with no lock held: sealing takes the directory's
-            // gate, which creators take before their dentry locks.
-            self.seal_empty_dir(ino).await?;
-        }
+        let removal = want_dir.then(|| DirRemoval {
+            dir: ino,
+            parent,
+            name: name.clone(),
+        });
+        // Seal first, with no lock held: sealing takes the directory's gate,
+        // which creators take before their dentry locks.
+        let sealed = match &removal {
+            Some(r) => Some(self.seal_empty_dir(r).await?),
+            None => None,
+        };
         let changes = DirChanges::one(parent, -i64::from(kind == FileKind::Dir));
         let mut lock_keys = vec![LockKey::Dentry(parent, name), LockKey::Inode(ino)];
         lock_keys.extend(changes.local_keys(self.id));
         let guard = self.locks.lock(&lock_keys).await?;
         let now = self.load_dentry(parent, name)?;
-        if now != Some((kind, ino)) {
-            drop(guard);
-            if want_dir {
-                self.unseal(ino).await;
+        // Gone: a racing unlink won. Replaced: look again from the top.
+        // Late: a seal may lapse before the write (seals.rs); again.
+        let refused = match now {
+            None => Some(err(ErrorCode::NotFound, "")),
+            Some(e) if e != (kind, ino) => {
+                Some(err(ErrorCode::TryAgain, "the entry changed during removal"))
             }
-            // Gone: a racing unlink won. Replaced: look again from the top.
-            return Err(match now {
-                None => err(ErrorCode::NotFound, ""),
-                Some(_) => err(ErrorCode::TryAgain, "the entry changed during removal"),
-            });
+            Some(_) => sealed.as_ref().and_then(|s| s.check_in_time().err()),
+        };
+        if let Some(e) = refused {
+            drop(guard);
+            if let Some(r) = &removal {
+                self.unseal(r).await;
+            }
+            return Err(e);
         }
         let mut b = WriteBatch::new();
         b.delete(&keys::dentry(parent, name));
+        if let Some(r) = &removal {
+            b.put(&keys::dir_removal(ino), &r.encode());
+        }
         let mut freed = None;
         let hold = !want_dir && hold.covers(ino);
         let mut held = false;
@@ -273,12 +288,17 @@ impl Server {
         let touched = self.touch_queued(&changes, time);
         // ... and it must be on the set's copies: a failover would bring
         // the name back there.
-        if remote {
+        if let Some(r) = &removal {
+            self.must_be_replicated_dir_removal(r).await?;
+        } else if remote {
             self.must_be_replicated("the removal of the name").await?;
         }
         if let Some(inode) = &freed {
             self.after_free(inode);
-        } else if ino.owner() != self.id {
+        }
+        if let Some(r) = &removal {
+            self.finish_dir_removal(r).await;
+        } else if freed.is_none() && ino.owner() != self.id {
             // The name is gone; a failure here only leaks the inode.
             match self
                 .call_peer(
@@ -297,15 +317,96 @@ impl Server {
                 Err(e) => tracing::warn!("dropping a link of {ino} on its owner: {e}"),
             }
         }
-        if want_dir {
-            self.announce_removed(ino).await;
-        }
         Ok(Reply::Removed {
             ino,
             kind,
             held,
             touched,
         })
+    }
+
+    /// The rest of an rmdir once its removal is on the set's replicas:
+    /// the directory's owner drops it (again, after a crash: a directory
+    /// has one name, so this is idempotent), every server hears it is
+    /// gone, and then its DIR_REMOVAL record goes. What fails is left to
+    /// this server's next start (`recover_dir_removals`); until then, a
+    /// server that missed it settles its lapsed seal from the record.
+    pub(crate) async fn finish_dir_removal(&self, r: &DirRemoval) {
+        if r.dir.owner() != self.id {
+            let op = Op::AdjustLinks {
+                ino: r.dir,
+                delta: -1,
+                hold: false,
+            };
+            match self.call_peer(r.dir.owner(), op).await {
+                Ok(_) => {}
+                // Dropped before a crash cut this short.
+                Err(e) if e.code == ErrorCode::NotFound => {}
+                Err(e) => {
+                    tracing::warn!("dropping directory {} on its owner: {e}", r.dir);
+                    return;
+                }
+            }
+        }
+        if !self.announce_removed(r).await {
+            return;
+        }
+        let mut b = WriteBatch::new();
+        b.delete(&keys::dir_removal(r.dir));
+        if let Err(e) = self.kv.write(b, false) {
+            tracing::warn!("clearing the removal record of directory {}: {e}", r.dir);
+        }
+    }
+
+    /// `must_be_replicated` for a write that removed directory `r.dir`: if
+    /// it fails (TimedOut, outcome unknown), the seals are kept from
+    /// lapsing and the removal finished in the background once it is.
+    pub(crate) async fn must_be_replicated_dir_removal(
+        self: &Arc<Self>,
+        r: &DirRemoval,
+    ) -> Result<(), WireError> {
+        let e = match self.must_be_replicated("the removal of the name").await {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        let me = self.clone();
+        let r = r.clone();
+        tokio::spawn(async move { me.finish_unreplicated_dir_removal(r).await });
+        Err(e)
+    }
+
+    /// An rmdir answered TimedOut: its removal is in this store but not
+    /// yet on every replica. Keep its seals from lapsing while waiting;
+    /// once replicated, finish it. A deposed store stops: the set's new
+    /// primary answers lapsed seals from its own copy (found by the
+    /// simulation with replicas, seed 5363: the seals lapsed and a create
+    /// went into the directory the removal then took away).
+    async fn finish_unreplicated_dir_removal(self: Arc<Self>, r: DirRemoval) {
+        loop {
+            if self.replication.as_ref().is_some_and(|rep| rep.retired()) {
+                return;
+            }
+            // Renew the seals first: each wait may take the longest one.
+            self.renew_seals(&r).await;
+            if self.replicated_now().await {
+                break;
+            }
+        }
+        self.finish_dir_removal(&r).await;
+    }
+
+    /// At start: finish the directory removals a crash or an unreachable
+    /// server cut short.
+    pub(crate) async fn recover_dir_removals(&self) {
+        let Ok(list) = self.kv.scan(keys::DIR_REMOVAL, keys::DIR_REMOVAL, 100_000) else {
+            return;
+        };
+        for (k, v) in list {
+            match keys::ino_from_key(&k).and_then(|dir| DirRemoval::decode(dir, &v)) {
+                Some(r) => self.finish_dir_removal(&r).await,
+                None => tracing::warn!("an unreadable directory removal record: {k:?}"),
+            }
+        }
     }
 
     pub(crate) async fn purge_local(&self, ino: InodeId) -> OpResult {
