@@ -362,6 +362,12 @@ pub fn status(cluster: Option<&Path>) -> Result<ExitCode, String> {
         .as_ref()
         .map(|r| r.in_sync.clone())
         .unwrap_or_default();
+    let mut voters: Vec<u16> = routes
+        .as_ref()
+        .map(|r| r.voters.iter().map(|v| v.0).collect())
+        .unwrap_or_default();
+    voters.sort_unstable();
+    let voters: Vec<String> = voters.iter().map(|v| v.to_string()).collect();
     let routes = routes.map(|r| r.serving);
     if cfg.replicas > 1 {
         println!(
@@ -372,6 +378,10 @@ pub fn status(cluster: Option<&Path>) -> Result<ExitCode, String> {
                 None => " (no server said which serves what)".into(),
             }
         );
+        if !voters.is_empty() {
+            // Who decides failovers: losing a majority of these stops them.
+            println!("membership voters: servers {}", voters.join(", "));
+        }
     }
     let moved = |id: u16| -> String {
         let mut note = match routes.as_ref().and_then(|r| r.get(id as usize)) {

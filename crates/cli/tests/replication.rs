@@ -798,6 +798,21 @@ fn a_voter_lost_for_good_moves_to_a_live_server_and_the_group_survives_the_next_
         std::thread::sleep(std::time::Duration::from_millis(200));
     };
     assert_eq!(promoted, 3, "the lowest live server that is no voter");
+    // The servers say so, and `madfs status` shows it (pings bring the
+    // voters to every server: wait for the one that answers).
+    let wanted = [1u16, 2, 3].map(madfs_types::ServerId).to_vec();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let mut v = rt.block_on(c.cluster_routes()).unwrap().voters;
+        v.sort();
+        if v == wanted {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "voters {v:?}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let status = String::from_utf8_lossy(&tc.madfs(["status"]).stdout).into_owned();
+    assert!(status.contains("membership voters: servers "), "{status}");
 
     // Voter 2 dies: voters 1 and 3 fail set 2 over to server 3.
     tc.kill9(2);

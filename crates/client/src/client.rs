@@ -128,6 +128,8 @@ pub struct ClusterRoutes {
     pub in_sync: Vec<u8>,
     /// Servers that moved from their cluster-file address.
     pub addresses: Vec<(ServerId, std::net::SocketAddr)>,
+    /// The membership group's voters (empty: no replicas).
+    pub voters: Vec<ServerId>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -1028,6 +1030,7 @@ impl Client {
                         serving,
                         in_sync,
                         addresses,
+                        voters,
                     } => {
                         self.pool.set_addresses(&addresses).await;
                         self.pool.set_routes(epoch, &serving).await;
@@ -1035,6 +1038,7 @@ impl Client {
                             serving,
                             in_sync,
                             addresses,
+                            voters,
                         });
                     }
                     other => return Err(ClientError::unexpected("routes", &other)),

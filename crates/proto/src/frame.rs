@@ -32,8 +32,9 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"MDFS");
 /// touches to wait for, FsStats carries why a server failed (a store
 /// poisoned by a failed fsync). 5: ReplicaApply between servers. 6: map
 /// addresses (a replacement at a new address). 7: requests carry an
-/// `OpId` for those that must run once.
-pub const PROTOCOL_VERSION: u8 = 7;
+/// `OpId` for those that must run once. 8: Seal carries the removed name
+/// (and settles lapsed seals), Routes carries the membership voters.
+pub const PROTOCOL_VERSION: u8 = 8;
 /// Largest message body: a full readdir page of long names fits.
 pub const BODY_MAX_BYTES: u32 = 2 * 1024 * 1024;
 /// Largest bulk payload: one whole chunk at the largest chunk size.

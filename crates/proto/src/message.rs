@@ -643,12 +643,14 @@ pub enum Reply {
     /// GetRoutes: `serving[s]` serves replica set s, as of map `epoch`,
     /// and `in_sync[s]` servers keep it in sync (empty: not known);
     /// `addresses` are where servers moved (replacements on other hosts),
-    /// overriding the cluster file.
+    /// overriding the cluster file; `voters` are the membership group's
+    /// voters as the answering server knows them (empty: no group).
     Routes {
         epoch: u64,
         serving: Vec<ServerId>,
         in_sync: Vec<u8>,
         addresses: Vec<(ServerId, std::net::SocketAddr)>,
+        voters: Vec<ServerId>,
     },
     Installed {
         replaced: Option<(InodeId, FileKind)>,
@@ -1372,6 +1374,7 @@ impl Reply {
                 serving,
                 in_sync,
                 addresses,
+                voters,
             } => {
                 e.u8(tag::ROUTES);
                 e.u64(*epoch);
@@ -1385,6 +1388,10 @@ impl Reply {
                 for (server, addr) in addresses {
                     e.u16(server.0);
                     e.str16(&addr.to_string());
+                }
+                e.u16(voters.len() as u16);
+                for v in voters {
+                    e.u16(v.0);
                 }
             }
             Reply::Installed { replaced, held } => {
@@ -1522,11 +1529,18 @@ impl Reply {
                         .map_err(|_| ProtoError::BadValue("server address"))?;
                     addresses.push((server, addr));
                 }
+                let n = d.u16()? as usize;
+                let n = d.list_len(n, limits::SERVERS_MAX, 2, "voter count")?;
+                let mut voters = Vec::with_capacity(n);
+                for _ in 0..n {
+                    voters.push(ServerId(d.u16()?));
+                }
                 Reply::Routes {
                     epoch,
                     serving,
                     in_sync,
                     addresses,
+                    voters,
                 }
             }
             tag::INSTALLED => Reply::Installed {
@@ -1932,6 +1946,7 @@ mod tests {
                 serving: vec![ServerId(0), ServerId(0), ServerId(2)],
                 in_sync: vec![2, 1, 2],
                 addresses: vec![(ServerId(1), "10.0.0.9:7001".parse().unwrap())],
+                voters: vec![ServerId(0), ServerId(2), ServerId(3)],
             },
             Reply::Installed {
                 replaced: Some((InodeId(8), FileKind::File)),

@@ -35,6 +35,7 @@ impl Handler for NewPrimary {
                     serving: vec![ServerId(1), ServerId(1), ServerId(2)],
                     in_sync: Vec::new(),
                     addresses: Vec::new(),
+                    voters: Vec::new(),
                 },
                 Vec::new(),
             )),

@@ -360,6 +360,7 @@ impl Server {
                     .collect(),
                 in_sync: Vec::new(),
                 addresses: Vec::new(),
+                voters: Vec::new(),
             }),
             op @ (Op::Seal { .. } | Op::PurgeChunks { .. } | Op::InvalidateDir { .. }) => {
                 debug_assert_eq!(ctx.role, Role::Peer);

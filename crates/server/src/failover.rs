@@ -402,6 +402,7 @@ impl Handler for Router {
                     serving: r.serving,
                     in_sync: r.in_sync,
                     addresses: r.addresses,
+                    voters: self.group.get().map(|g| g.voters()).unwrap_or_default(),
                 },
                 Vec::new(),
             ));
