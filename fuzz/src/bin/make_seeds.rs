@@ -232,6 +232,7 @@ fn main() {
                     serving: vec![ServerId(0), ServerId(0), ServerId(2)],
                     in_sync: vec![2, 1, 2],
                     addresses: vec![(ServerId(1), "10.0.0.7:7001".parse().unwrap())],
+                    voters: vec![ServerId(0), ServerId(1), ServerId(2)],
                 }
                 .encode(),
                 &[],
