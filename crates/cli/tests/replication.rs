@@ -32,9 +32,13 @@ fn all_keys(dir: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
     let kv = RocksStore::open(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     let mut out = BTreeMap::new();
     kv.scan_visit(b"", b"", &mut |k, v| {
-        // The copy's position and the primary's clean-stop marker are
-        // each store's own bookkeeping (restart.rs).
-        if k != b"METAreplica_position" && k != b"METAstream_stopped" {
+        // The copy's position, the primary's clean-stop marker and the
+        // boot it was served in are each store's own bookkeeping
+        // (restart.rs).
+        if !matches!(
+            k,
+            b"METAreplica_position" | b"METAstream_stopped" | b"METAserved_in_boot"
+        ) {
             out.insert(k.to_vec(), v.to_vec());
         }
         true
