@@ -35,6 +35,7 @@ impl Server {
                 if self.replication.as_ref().is_some_and(|r| r.retired()) {
                     return;
                 }
+                self.clear_removal_records();
                 let kv = self.kv.clone();
                 let now = crate::rename::now_secs();
                 let swept = blocking(move || {

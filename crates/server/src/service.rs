@@ -63,6 +63,10 @@ pub struct Server {
     pub(crate) dir_cache: crate::peers::DirPermCache,
     pub(crate) seals: Mutex<HashMap<InodeId, SealState>>,
     pub(crate) seal_changed: Notify,
+    /// Directories whose removal every server heard: their DIR_REMOVAL
+    /// records go with the next removal's batch (or the periodic sweep),
+    /// not in a write of their own (ops/remove.rs).
+    pub(crate) removals_done: Mutex<Vec<InodeId>>,
     pub(crate) tx_counter: Counter,
     /// Directory times and link counts sent to other servers (touch.rs).
     pub(crate) touches: crate::touch::Touches,
@@ -257,6 +261,7 @@ impl Server {
             inode_count: AtomicU64::new(inodes),
             dir_cache: crate::peers::DirPermCache::from_env(),
             seals: Mutex::new(HashMap::new()),
+            removals_done: Mutex::new(Vec::new()),
             seal_changed: Notify::new(),
             tx_counter,
             touches,

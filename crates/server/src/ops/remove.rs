@@ -21,6 +21,9 @@ use tokio::time::Instant;
 
 /// How long a purge of freed chunks keeps asking servers it cannot reach.
 const PURGE_RETRY_FOR: Duration = Duration::from_secs(600);
+/// Finished removals whose records wait for the next removal's batch; at
+/// this many they are deleted at once.
+const REMOVALS_DONE_MAX: usize = 1024;
 
 impl Server {
     /// Put the records that drop one link of `inode` into `b`; returns the
@@ -255,6 +258,8 @@ impl Server {
         b.delete(&keys::dentry(parent, name));
         if let Some(r) = &removal {
             b.put(&keys::dir_removal(ino), &r.encode());
+            // The records of the removals finished before go with it.
+            self.take_removals_done(&mut b);
         }
         let mut freed = None;
         let hold = !want_dir && hold.covers(ino);
@@ -351,10 +356,37 @@ impl Server {
         if !self.announce_removed(r).await {
             return;
         }
+        let full = {
+            let mut done = self.removals_done.lock().unwrap_or_else(|e| e.into_inner());
+            done.push(r.dir);
+            done.len() >= REMOVALS_DONE_MAX
+        };
+        if full {
+            self.clear_removal_records();
+        }
+    }
+
+    /// Put the deletes of the DIR_REMOVAL records of finished removals into
+    /// `b` (a crash before `b` is written leaves them: the next start
+    /// finishes those removals again, which changes nothing).
+    fn take_removals_done(&self, b: &mut WriteBatch) {
+        let done =
+            std::mem::take(&mut *self.removals_done.lock().unwrap_or_else(|e| e.into_inner()));
+        for dir in done {
+            b.delete(&keys::dir_removal(dir));
+        }
+    }
+
+    /// Delete the records of finished removals now (the periodic sweep,
+    /// or too many waiting).
+    pub(crate) fn clear_removal_records(&self) {
         let mut b = WriteBatch::new();
-        b.delete(&keys::dir_removal(r.dir));
+        self.take_removals_done(&mut b);
+        if b.is_empty() {
+            return;
+        }
         if let Err(e) = self.kv.write(b, false) {
-            tracing::warn!("clearing the removal record of directory {}: {e}", r.dir);
+            tracing::warn!("clearing the records of finished directory removals: {e}");
         }
     }
 
