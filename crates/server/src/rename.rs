@@ -384,6 +384,11 @@ async fn rename_local(
     let result = async {
         srv.wait_unsealed(dp).await?;
         let _gate = srv.locks.gate(dp).read().await;
+        // Again under the gate: a seal taken between the look and the gate
+        // saw the directory empty (the plain simulation, seeds 30462 and
+        // 30624: a rename onto an empty directory replaced it while a file
+        // moved into it).
+        srv.wait_unsealed(dp).await?;
         let mut keys = vec![
             LockKey::Dentry(sp, sn),
             LockKey::Dentry(dp, dn),
@@ -630,6 +635,8 @@ pub(crate) async fn install(
     let result = async {
         srv.wait_unsealed(dp).await?;
         let _gate = srv.locks.gate(dp).read().await;
+        // Again under the gate (as in `rename_local`).
+        srv.wait_unsealed(dp).await?;
         srv.dir_owner(dp).await?;
         let mut keys = vec![LockKey::Dentry(dp, dn)];
         if let Some(t) = target {

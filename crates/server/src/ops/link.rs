@@ -82,6 +82,9 @@ impl Server {
     ) -> Result<Reply, WireError> {
         self.wait_unsealed(parent).await?;
         let gate = self.locks.gate(parent).read().await;
+        // Again under the gate: a seal taken between the look and the gate
+        // saw the directory empty.
+        self.wait_unsealed(parent).await?;
         let dir = self.dir_owner(parent).await?;
         perm::check_dir_write(&dir, c)?;
         let attr = self.attr_of(ino).await?;
