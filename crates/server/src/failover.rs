@@ -119,15 +119,7 @@ impl Router {
 
     /// The sets held after a power loss (see `held`).
     pub fn held(&self) -> Vec<ServerId> {
-        let mut v: Vec<ServerId> = self
-            .held
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .keys()
-            .copied()
-            .collect();
-        v.sort();
-        v
+        sorted_sets(&self.held)
     }
 
     pub fn is_held(&self, set: ServerId) -> bool {
@@ -203,15 +195,7 @@ impl Router {
 
     /// The sets this process serves now.
     pub fn served(&self) -> Vec<ServerId> {
-        let mut v: Vec<ServerId> = self
-            .sets
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .keys()
-            .copied()
-            .collect();
-        v.sort();
-        v
+        sorted_sets(&self.sets)
     }
 
     pub fn routes(&self) -> Routes {
@@ -490,6 +474,18 @@ impl Handler for Router {
                 .unwrap_or_else(|e| e.into_inner())
                 .contains_key(&set)
     }
+}
+
+/// The sets `map` holds, in order.
+fn sorted_sets<V>(map: &RwLock<HashMap<ServerId, V>>) -> Vec<ServerId> {
+    let mut v: Vec<ServerId> = map
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .keys()
+        .copied()
+        .collect();
+    v.sort();
+    v
 }
 
 fn warn_held(home: ServerId, set: ServerId) {

@@ -145,7 +145,7 @@ fn install_into(
     ino: InodeId,
     kind: FileKind,
     noreplace: bool,
-    sealed: Option<&Sealed>,
+    sealed: &Option<Sealed>,
     hold: &Hold,
 ) -> Result<Installed, WireError> {
     let mut out = Installed::default();
@@ -164,7 +164,7 @@ fn install_into(
             return Err(err(ErrorCode::IsDir, ""));
         }
         if dk == FileKind::Dir {
-            let Some(sealed) = sealed.filter(|s| s.removal.dir == dino) else {
+            let Some(sealed) = sealed.as_ref().filter(|s| s.removal.dir == dino) else {
                 return Err(err(ErrorCode::TryAgain, "the target directory changed"));
             };
             sealed.check_in_time()?;
@@ -408,17 +408,7 @@ async fn rename_local(
             return Err(err(ErrorCode::TryAgain, "the target changed during rename"));
         }
         let mut b = WriteBatch::new();
-        let done = install_into(
-            srv,
-            &mut b,
-            dp,
-            dn,
-            ino,
-            kind,
-            noreplace,
-            sealed.as_ref(),
-            hold,
-        )?;
+        let done = install_into(srv, &mut b, dp, dn, ino, kind, noreplace, &sealed, hold)?;
         if done.same {
             return Ok((done, DirChanges::default(), Timestamp::now()));
         }
@@ -650,17 +640,7 @@ pub(crate) async fn install(
             return Err(err(ErrorCode::TryAgain, "the target changed during rename"));
         }
         let mut b = WriteBatch::new();
-        let done = install_into(
-            srv,
-            &mut b,
-            dp,
-            dn,
-            ino,
-            kind,
-            noreplace,
-            sealed.as_ref(),
-            hold,
-        )?;
+        let done = install_into(srv, &mut b, dp, dn, ino, kind, noreplace, &sealed, hold)?;
         let replaced = if done.same {
             Some((ino, kind))
         } else {
