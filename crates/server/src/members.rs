@@ -895,16 +895,13 @@ impl Members {
     /// catches up on the set like any returning server. Alone in the set,
     /// it serves what it has.
     fn hand_over(self: &Arc<Self>, set: ServerId, map: &ClusterMap, router: &Arc<Router>) {
-        match map.sets.get(set.0 as usize) {
-            Some(s) if s.primary != self.me => {
-                router.depose(set);
-                return;
-            }
-            Some(s) if s.members.len() < 2 => {
-                router.release(set);
-                return;
-            }
-            _ => {}
+        if map
+            .sets
+            .get(set.0 as usize)
+            .is_some_and(|s| s.primary != self.me)
+        {
+            router.depose(set);
+            return;
         }
         if !self
             .handing_over
@@ -917,13 +914,24 @@ impl Members {
         let (me, router) = (self.clone(), router.clone());
         tokio::spawn(async move {
             // Until the map moves the set (then `apply` deposes this store)
-            // or leaves it no other copy.
+            // or leaves it no other copy. Decided on the map as the voters
+            // have it, never on the one this server's own node restarted
+            // with, which may be older: a set shown with no other copy
+            // then may have one now (the simulation, seed 12102).
             while router.is_held(set) {
-                let map = me.map();
+                let map = match me.fresh_map().await {
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::info!("server {}: set {set} waits for the map: {e}", me.me);
+                        tokio::time::sleep(HAND_OVER_RETRY).await;
+                        continue;
+                    }
+                };
                 let Some(s) = map.sets.get(set.0 as usize) else {
                     break;
                 };
                 if s.primary != me.me {
+                    router.depose(set);
                     break;
                 }
                 let Some(&next) = s.members.get(1) else {

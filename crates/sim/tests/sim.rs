@@ -300,6 +300,16 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, &str)] = &[
          primary never had, freeing a live directory (server failover.rs Router::new)",
     ),
     (
+        12102,
+        60,
+        3,
+        true,
+        true,
+        "a primary back at once from a power cut decided on the map its own Raft node \
+         restarted with, older than the voters', which showed its set with no other copy: \
+         it served its store without an acknowledged create (server members.rs hand_over)",
+    ),
+    (
         5011,
         60,
         3,
