@@ -9,7 +9,7 @@ use crate::chunk::{clamp_read, fill_piece, split_range};
 use crate::counts::{Counters, RequestCounts};
 use crate::dir::{merge_pages, DirCursor, Page};
 use crate::error::{ClientError, Result};
-use crate::open_files::OpenFiles;
+use crate::open_files::{OpenFiles, TruncationRuns};
 use crate::touched::Touched;
 use crate::writebehind::{self, Budget};
 use madfs_proto::auth::{ClusterKey, Role};
@@ -30,6 +30,10 @@ use std::sync::Arc;
 /// large stripe busy, few enough that one huge call cannot monopolise a
 /// connection's in-flight slots.
 const IN_FLIGHT_PER_CALL: usize = 16;
+
+/// Times `fstat` asks again when truncates through this client keep
+/// running while it asks.
+const FSTAT_TRIES_MAX: u32 = 8;
 
 /// Requests a fan-out to every server keeps in flight at once: all of a
 /// typical cluster, without opening thousands of sockets at once on a huge one.
@@ -445,13 +449,33 @@ impl Client {
     /// with the size grown by this client's writes not yet published
     /// (fstat, and the path-level stat, of a file this process writes).
     pub async fn fstat(&self, ino: InodeId) -> Result<Attr> {
-        // Looked at before and after: a write in flight at the first look
-        // may have landed (and left the table) before the owner answered.
-        let before = self.open_files.unpublished_size(ino);
-        let a = self.getattr(ino).await?;
-        let mut a = self.with_open_writes(a);
-        a.size = a.size.max(before.unwrap_or(0));
-        Ok(a)
+        let mut tries = 0;
+        loop {
+            // Looked at before and after: a write in flight at the first
+            // look may have landed (and left the table) before the owner
+            // answered. A truncate meanwhile makes the first look stale:
+            // then ask again (a truncate through this client is rare; after
+            // a few tries the owner's answer with the table as it is now).
+            let truncations = self.open_files.truncations();
+            let before = self.open_files.unpublished_size(ino);
+            let a = self.getattr(ino).await?;
+            let mut a = self.with_open_writes(a);
+            tries += 1;
+            if self.open_files.truncations() == truncations {
+                a.size = a.size.max(before.unwrap_or(0));
+                return Ok(a);
+            }
+            if tries >= FSTAT_TRIES_MAX {
+                return Ok(a);
+            }
+        }
+    }
+
+    /// The count of truncates through this client started and ended, for a
+    /// caller that overlays sizes of its own (the mount): a size it learned
+    /// while the count moved may be from before a truncate.
+    pub fn truncations(&self) -> u64 {
+        self.open_files.truncations()
     }
 
     /// `attr` with the size grown by this client's unpublished writes.
@@ -491,6 +515,8 @@ impl Client {
             // them (touched.rs).
             self.getattr(ino).await?;
         }
+        // Sizes learned while this runs may be from before it (open_files.rs).
+        let _moving = changes.size.is_some().then(|| TruncationRuns::new(&self.open_files));
         if changes.size.is_some() {
             // A write of another handle landing after the truncate would
             // bring data back.

@@ -570,13 +570,19 @@ impl File {
         let mut size = self.size();
         if offset.saturating_add(len as u64) > size && !self.size_is_recent() {
             let epoch = self.client.cache.epoch();
+            let truncations = self.client.truncations();
             // With what other handles of this client wrote and not yet
             // published (a read after a write in one process sees it).
             let fresh = self.client.fstat(self.attr.ino).await?;
             let mut st = self.state();
-            st.size_hint = st.size_hint.max(fresh.size);
-            st.size_checked = Instant::now();
-            st.size_epoch = epoch;
+            // Unless a truncate through this client ran meanwhile: the size
+            // may be from before it, and kept here it would come back (at
+            // this handle's next close, once it writes past chunk 0).
+            if self.client.truncations() == truncations {
+                st.size_hint = st.size_hint.max(fresh.size);
+                st.size_checked = Instant::now();
+                st.size_epoch = epoch;
+            }
             size = st.size_hint;
         }
         let data = self.client.read(self.attr.ino, offset, len, size).await?;

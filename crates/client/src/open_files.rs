@@ -8,6 +8,13 @@
 //! every handle of the inode, so none publishes its older, larger size at
 //! close (sizes are merged as a maximum on the owner).
 //!
+//! A size learned from the owner, or from the handles' table, while a
+//! truncate of the inode runs may be from before it; stored or answered
+//! after it, it would bring the old size back (and a later close would
+//! publish it). `truncations` counts truncates through this client, once
+//! as each starts and once as it ends: whoever learned a size while the
+//! count moved asks again or drops it (`Client::fstat`, `File::read_at`).
+//!
 //! It also counts every open handle (readers too) per inode, for files
 //! unlinked while open: a removal sends the inodes open here (`hold`), the
 //! owner keeps such an inode when its last name goes (`Hold`), and the
@@ -19,6 +26,7 @@ use crate::writebehind::WriteBehind;
 use madfs_proto::message::{Hold, HOLD_INODES_MAX};
 use madfs_types::InodeId;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 /// Registrations between two sweeps of entries whose files are gone.
@@ -60,6 +68,8 @@ struct Table {
 #[derive(Default)]
 pub(crate) struct OpenFiles {
     table: Mutex<Table>,
+    /// Moves when a truncate through this client starts and when it ends.
+    truncations: AtomicU64,
 }
 
 fn lock_state(state: &Mutex<FileState>) -> MutexGuard<'_, FileState> {
@@ -247,5 +257,33 @@ impl OpenFiles {
             st.size_hint = size;
             st.needs_size_update = false;
         }
+    }
+
+    /// The count of truncate starts and ends (see the file's header). Read
+    /// it before learning a size and again before using it.
+    pub(crate) fn truncations(&self) -> u64 {
+        self.truncations.load(Ordering::SeqCst)
+    }
+
+    /// A truncate starts or ends (its end after `truncated`).
+    pub(crate) fn truncation_moved(&self) {
+        self.truncations.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A truncate in progress: moves the count as it starts and as it is
+/// dropped (on every path out, failures too).
+pub(crate) struct TruncationRuns<'a>(&'a OpenFiles);
+
+impl<'a> TruncationRuns<'a> {
+    pub(crate) fn new(files: &'a OpenFiles) -> TruncationRuns<'a> {
+        files.truncation_moved();
+        TruncationRuns(files)
+    }
+}
+
+impl Drop for TruncationRuns<'_> {
+    fn drop(&mut self) {
+        self.0.truncation_moved();
     }
 }

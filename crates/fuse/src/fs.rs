@@ -50,6 +50,9 @@ pub const MAX_READAHEAD_BYTES: u32 = 1 << 20;
 /// Asynchronous requests (readahead, ...) the kernel keeps in flight to us;
 /// its default of 12 would cap streaming reads below what the cluster serves.
 const MAX_BACKGROUND: u16 = 64;
+/// Times getattr asks the owner again while truncates through this mount
+/// keep running (`fresh_attr`).
+const FRESH_ATTR_TRIES_MAX: u32 = 8;
 /// How long a head piece of a split write waits for the rest
 /// (handles.rs, `HeldWrite`). The kernel sends the rest as soon as the
 /// piece is answered, so it comes within microseconds unless the writer
@@ -338,10 +341,25 @@ impl Inner {
     /// The attributes of `ino` asked of its owner now, with this mount's
     /// writes overlaid (what getattr answers).
     async fn fresh_attr(&self, c: &Client, ino: InodeId) -> R<(Attr, FileAttr)> {
-        let before = self.files.known_size(ino.0);
-        let a = c.getattr(ino).await?;
-        let fa = self.attr_out(a.clone(), before);
-        Ok((a, fa))
+        let mut tries = 0;
+        loop {
+            // A truncate through this mount while the owner is asked makes
+            // the size sampled before stale: ask again (the kernel keeps
+            // what it is answered until its TTL runs out).
+            let truncations = self.client.truncations();
+            let before = self.files.known_size(ino.0);
+            let a = c.getattr(ino).await?;
+            tries += 1;
+            let before = if self.client.truncations() == truncations {
+                before
+            } else if tries < FRESH_ATTR_TRIES_MAX {
+                continue;
+            } else {
+                None
+            };
+            let fa = self.attr_out(a.clone(), before);
+            return Ok((a, fa));
+        }
     }
 
     /// The attributes for an entry reply (lookup, link, ...), whose inode
