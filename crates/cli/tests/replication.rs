@@ -989,6 +989,72 @@ fn a_primary_back_at_once_from_a_power_loss_hands_its_set_to_its_copy() {
     rt.block_on(read_back(&c, &files));
 }
 
+/// A copy back at once from a power loss, at a position no sync wrote,
+/// may lack records it acknowledged: it must not stay counted in sync,
+/// where the next failover of its set would serve it (crates/sim seed
+/// 12107). Server 1 keeps the copy of set 0; a power loss takes what its
+/// chunk files held. It leaves set 0's in-sync members at its start and is
+/// loaded again, so once every set is in sync, its copy equals server 0's
+/// store byte for byte. (Before the fix it stayed in sync with its emptied
+/// chunk files until a record of set 0 came, and none comes here before
+/// the stop.)
+#[test]
+fn a_copy_back_at_once_from_a_power_loss_leaves_the_set_and_is_loaded_again() {
+    let slow_failover = ("MADFS_TEST_DOWN_AFTER_MS", "20000");
+    let (mut tc, rt) = replicated_cluster_with(&[slow_failover]);
+    assert_eq!(
+        tc.config().replica_set(madfs_types::ServerId(0)),
+        vec![madfs_types::ServerId(0), madfs_types::ServerId(1)]
+    );
+    let c = tc.client();
+    let mut files: Expected = Vec::new();
+    rt.block_on(write_round(&c, "/p0", 0, 24, &mut files));
+    tc.kill9(1);
+    let copy = tc.config().servers[1].data_dir.join("replica-of-0");
+    let emptied = empty_files_under(&copy.join("chunks"));
+    assert!(emptied > 0, "server 1 kept no chunk file of set 0");
+    tc.set_server_env(&[slow_failover, ("MADFS_TEST_BOOT_ID", "after a power loss")]);
+    tc.start_again(1);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let log = common::tail(&tc.log_path(1), 400);
+        if log.contains("the copy of set 0 may lack records") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "server 1 stayed in set 0 with a copy that lost {emptied} chunk files:\n{log}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    wait_all_in_sync(&|| copies_in_sync(&rt, &c), 60, "after server 1's return");
+    // Counted in sync again: its chunk files are set 0's, while the
+    // servers run (no write comes, so neither side changes). At a stop,
+    // set 0's last records would have it loaded anyway.
+    let cfg = tc.config().clone();
+    let (primary, copied) = (
+        all_files(&cfg.servers[0].data_dir.join("chunks")),
+        all_files(&copy.join("chunks")),
+    );
+    assert_eq!(
+        primary.keys().collect::<Vec<_>>(),
+        copied.keys().collect::<Vec<_>>()
+    );
+    for (p, bytes) in &primary {
+        assert!(
+            &copied[p] == bytes,
+            "server 1 counted in sync on set 0 with chunk {} of {} bytes (server 0: {})",
+            p.display(),
+            copied[p].len(),
+            bytes.len()
+        );
+    }
+    rt.block_on(read_back(&c, &files));
+    drop(c);
+    stop_all_cleanly(&mut tc);
+    assert_same_store(0, &cfg.servers[0].data_dir, &copy);
+}
+
 /// Truncate every file under `dir` to nothing; how many there were.
 fn empty_files_under(dir: &Path) -> usize {
     let mut n = 0;

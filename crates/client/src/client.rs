@@ -516,7 +516,10 @@ impl Client {
             self.getattr(ino).await?;
         }
         // Sizes learned while this runs may be from before it (open_files.rs).
-        let _moving = changes.size.is_some().then(|| TruncationRuns::new(&self.open_files));
+        let _moving = changes
+            .size
+            .is_some()
+            .then(|| TruncationRuns::new(&self.open_files));
         if changes.size.is_some() {
             // A write of another handle landing after the truncate would
             // bring data back.

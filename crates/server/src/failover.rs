@@ -144,11 +144,7 @@ impl Router {
             "server {}: no other copy of set {set} is in sync: serving it from this store",
             self.home
         );
-        let boot = self
-            .stores
-            .get()
-            .map_or_else(crate::replica::kernel_boot_id, |s| s.boot());
-        if let Some(boot) = boot {
+        if let Some(boot) = self.home_server.copies.boot() {
             if let Err(e) = crate::restart::note_boot(m.server.unreplicated.as_ref(), boot) {
                 tracing::warn!(
                     "server {}: noting the boot set {set} is served in: {e}",

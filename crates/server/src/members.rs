@@ -233,6 +233,9 @@ pub struct Members {
     /// Sets whose hand-over after a power loss is being proposed
     /// (`hand_over`).
     handing_over: Mutex<std::collections::HashSet<ServerId>>,
+    /// Sets whose copy here lacks records while the map counts it in
+    /// sync: taking it out is being proposed (`leave_lacking`).
+    leaving: Mutex<std::collections::HashSet<ServerId>>,
 }
 
 impl Members {
@@ -337,6 +340,7 @@ impl Members {
             applied: AtomicU64::new(0),
             fetching: AtomicBool::new(false),
             handing_over: Mutex::new(std::collections::HashSet::new()),
+            leaving: Mutex::new(std::collections::HashSet::new()),
         });
         match node {
             Some(node) => members.attach(node),
@@ -812,6 +816,19 @@ impl Members {
         for set in router.held() {
             self.hand_over(set, map, router);
         }
+        // A copy here that may lack records it acknowledged (reopened after
+        // a power loss at a position no sync wrote) while the map counts it
+        // in sync: a failover would serve it (crates/sim seed 12107). Its
+        // primary only finds out at its next record, which may never come.
+        for (set, s) in map.sets.iter().enumerate() {
+            let set = ServerId(set as u16);
+            if s.primary != self.me
+                && s.members.contains(&self.me)
+                && router.home_server().copies.lacks(set).await
+            {
+                self.leave_lacking(set);
+            }
+        }
         // A set served here from a copy after a failover, and given to
         // another server since, is no longer served here either: its copy
         // is stale from now on (a client with old routes would read it).
@@ -963,6 +980,41 @@ impl Members {
                 }
             }
             me.handing_over
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&set);
+        });
+    }
+}
+
+impl Members {
+    /// Take this server out of `set`'s in-sync members, its copy lacking
+    /// records (`apply`); it then asks to catch up like any returning
+    /// server, with a load. Once per set at a time.
+    fn leave_lacking(self: &Arc<Self>, set: ServerId) {
+        if !self
+            .leaving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(set)
+        {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            tracing::warn!(
+                "server {}: the copy of set {set} may lack records (reopened after a power loss): \
+                 leaving the set's in-sync members to catch up",
+                me.me
+            );
+            let change = Change::RemoveMember {
+                set: set.0,
+                server: me.me,
+            };
+            if !me.propose_latest(change).await {
+                tokio::time::sleep(HAND_OVER_RETRY).await;
+            }
+            me.leaving
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&set);

@@ -90,6 +90,13 @@ impl ReplicaCopies {
         }
     }
 
+    /// The kernel boot this process runs in (None where unknown), looked
+    /// up once for the whole server: positions, and the boot a served
+    /// store notes (restart.rs).
+    pub(crate) fn boot(&self) -> Option<BootId> {
+        self.boot
+    }
+
     /// How long since the last ReplicaApply came (None: none came).
     pub(crate) fn quiet_for(&self) -> Option<std::time::Duration> {
         let last = *self.last_apply.lock().unwrap_or_else(|e| e.into_inner());
@@ -129,6 +136,41 @@ impl ReplicaCopies {
             .remove(&set);
     }
 
+    /// Whether the copy of `set` kept here may lack records it took: it
+    /// was reopened after a power loss at a position no sync wrote, or a
+    /// load was cut off (`ReplicaCopy::partial`). Opens the copy if no
+    /// record opened it yet. False while a record is being applied (the
+    /// apply refuses records to a partial copy, and its primary takes it
+    /// out then), for a copy served here, and when it cannot be opened
+    /// (the next record reports that).
+    pub(crate) async fn lacks(&self, set: ServerId) -> bool {
+        if !self.sets.contains(&set) || self.is_promoted(set) {
+            return false;
+        }
+        let slot = self.slot(set);
+        let Ok(mut slot) = slot.try_lock_owned() else {
+            return false;
+        };
+        if slot.is_none() {
+            let (dir, stores, boot) = (copy_dir(&self.root, set), self.stores.clone(), self.boot);
+            match crate::service::blocking(move || open_copy(dir, stores.as_deref(), boot)).await {
+                Ok(copy) => *slot = Some(copy),
+                Err(e) => {
+                    tracing::warn!("server {}: opening the copy of set {set}: {e}", self.me);
+                    return false;
+                }
+            }
+        }
+        slot.as_ref().is_some_and(|c| c.partial)
+    }
+
+    fn is_promoted(&self, set: ServerId) -> bool {
+        self.promoted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&set)
+    }
+
     /// Apply records `first_seq..` of `stream` to the copy of `set`.
     pub(crate) async fn apply(
         &self,
@@ -151,12 +193,7 @@ impl ReplicaCopies {
         let slot = self.slot(set);
         // One apply at a time per copy: records go in stream order.
         let mut slot = slot.lock_owned().await;
-        if self
-            .promoted
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&set)
-        {
+        if self.is_promoted(set) {
             return Err(err(
                 ErrorCode::Stale,
                 format!(

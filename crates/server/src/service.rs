@@ -152,9 +152,19 @@ impl Server {
         // clean stop, the same stream, continued (restart.rs).
         let stopped = crate::restart::take_stopped_stream(kv.as_ref())
             .map_err(|e| ServerError::Storage(e.to_string()))?;
-        let boot = stores
-            .as_ref()
-            .map_or_else(crate::replica::kernel_boot_id, |s| s.boot());
+        let copies = crate::replica::ReplicaCopies::new(
+            id,
+            data_dir.clone(),
+            cfg.servers
+                .iter()
+                .map(|s| ServerId(s.id))
+                // Its own set too: after a failover it catches up on it
+                // as another server's replica.
+                .filter(|&s| cfg.replicas > 1 && cfg.replica_set(s).contains(&id))
+                .collect(),
+            stores,
+        );
+        let boot = copies.boot();
         let after_power_loss =
             crate::restart::opened_after_power_loss(kv.as_ref(), boot, stopped.is_some())
                 .map_err(|e| ServerError::Storage(e.to_string()))?
@@ -175,18 +185,6 @@ impl Server {
             Some(r) => Arc::new(crate::replication::ReplicatedKv::new(kv, r.clone())),
             None => kv,
         };
-        let copies = crate::replica::ReplicaCopies::new(
-            id,
-            data_dir.clone(),
-            cfg.servers
-                .iter()
-                .map(|s| ServerId(s.id))
-                // Its own set too: after a failover it catches up on it
-                // as another server's replica.
-                .filter(|&s| cfg.replicas > 1 && cfg.replica_set(s).contains(&id))
-                .collect(),
-            stores,
-        );
         // Every write from here on goes through the index's wrapper.
         let indexed = Arc::new(IndexedKv::new(kv, opts.find_index_bytes));
         let kv: Arc<dyn KvStore> = indexed.clone();

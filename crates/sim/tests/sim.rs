@@ -310,6 +310,16 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, &str)] = &[
          it served its store without an acknowledged create (server members.rs hand_over)",
     ),
     (
+        12107,
+        60,
+        3,
+        true,
+        true,
+        "a copy back at once from a power cut, at a position no sync wrote, stayed counted \
+         in sync until a record came; its primary was cut next and the set failed over to \
+         the copy, which had lost an acknowledged file (server members.rs leave_lacking)",
+    ),
+    (
         5011,
         60,
         3,
