@@ -2,7 +2,8 @@
 //! directory lose nothing and duplicate nothing; racing exclusive creates
 //! (and mkdirs, and unlinks) of one name have exactly one winner; racing
 //! renames onto one name all succeed and leave exactly one entry; concurrent
-//! writes to disjoint ranges of one file all land.
+//! writes to disjoint ranges of one file all land; a close racing with a
+//! truncate through another handle never grows the file back.
 
 mod common;
 
@@ -287,6 +288,51 @@ async fn parallel_writes_to_disjoint_ranges_all_land() {
             "piece {i} differs"
         );
     }
+}
+
+/// A handle that wrote past chunk 0 publishes its size at close; a
+/// truncate through another handle of the same client at the same moment
+/// must win whichever goes first: the close's size is from before the
+/// truncate (published before it, the truncate cuts it; read before it and
+/// published after, the owner, merging sizes as a maximum, would grow the
+/// file back to it). Every round ends at the truncated size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_racing_with_a_truncate_never_grows_the_file_back() {
+    let tc = TestCluster::start(SERVERS);
+    let c = tc.client();
+    let chunk = common::CHUNK;
+    let (long, short) = (2 * chunk + 4096, chunk / 2);
+    let mut grown = Vec::new();
+    for round in 0..160u64 {
+        let path = format!("/race-{round}");
+        let rw = OpenOptions::new().read(true).write(true).create(true);
+        let writer = c.open(path.as_str(), rw.clone()).await.unwrap();
+        let cutter = c.open(path.as_str(), rw).await.unwrap();
+        // Past chunk 0: its size is published only at close.
+        writer.write_at(long - 4096, &[7u8; 4096]).await.unwrap();
+        // The close starts a little later each round (0 to 4 ms), so some
+        // rounds read the size while the truncate's requests are out.
+        let late = std::time::Duration::from_micros(50 * (round % 80));
+        let close_late = async {
+            let until = std::time::Instant::now() + late;
+            while std::time::Instant::now() < until {
+                tokio::task::yield_now().await;
+            }
+            writer.close().await
+        };
+        let (closed, cut) = tokio::join!(close_late, cutter.set_len(short));
+        closed.unwrap();
+        cut.unwrap();
+        cutter.close().await.unwrap();
+        let size = c.stat(path.as_str()).await.unwrap().size;
+        if size != short {
+            grown.push(format!("round {round}: {size}"));
+        }
+    }
+    assert!(
+        grown.is_empty(),
+        "the file grew back past the truncate to {short}: {grown:?}"
+    );
 }
 
 /// Count every inode reachable from the root (no hard links here).

@@ -515,7 +515,12 @@ impl Client {
             // them (touched.rs).
             self.getattr(ino).await?;
         }
-        // Sizes learned while this runs may be from before it (open_files.rs).
+        // No handle publishes a size read before this truncate after it, and
+        // sizes learned while it runs may be from before it (open_files.rs).
+        let _turn = match changes.size {
+            Some(_) => Some(self.open_files.truncating(ino).await),
+            None => None,
+        };
         let _moving = changes
             .size
             .is_some()

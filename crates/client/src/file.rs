@@ -686,6 +686,8 @@ impl File {
         // wrote must be durable too.
         self.client.open_files.drain_writes(self.attr.ino).await;
         let others = self.client.open_files.dirty_servers(self.attr.ino);
+        // From reading the size to the owner's taking it, no truncate.
+        let _turn = self.client.open_files.publishing(self.attr.ino).await;
         let (dirty, size, update) = {
             let st = self.state();
             let mut dirty = st.dirty.clone();
@@ -751,6 +753,8 @@ impl File {
     /// before dropping the handle (dropping cannot send requests).
     pub async fn close(&self) -> Result<()> {
         self.drain().await?;
+        // From reading the size to the owner's taking it, no truncate.
+        let _turn = self.client.open_files.publishing(self.attr.ino).await;
         let (size, update) = {
             let st = self.state();
             (st.size_hint, st.needs_size_update)
@@ -819,12 +823,15 @@ impl Drop for File {
             if let Some(wb) = wb {
                 wb.drain().await;
             }
-            let (update, size) = {
-                let st = lock_state(&state);
-                (st.needs_size_update, st.size_hint)
-            };
-            if update {
-                let _ = client.update_size(ino, size, Timestamp::now()).await;
+            {
+                let _turn = client.open_files.publishing(ino).await;
+                let (update, size) = {
+                    let st = lock_state(&state);
+                    (st.needs_size_update, st.size_hint)
+                };
+                if update {
+                    let _ = client.update_size(ino, size, Timestamp::now()).await;
+                }
             }
             client.open_files.release(ino, &state);
             if client.open_files.closed(ino) {

@@ -15,6 +15,11 @@
 //! as each starts and once as it ends: whoever learned a size while the
 //! count moved asks again or drops it (`Client::fstat`, `File::read_at`).
 //!
+//! A close or fsync through one handle reads the size it publishes; a
+//! truncate through another handle between that read and the owner's
+//! taking the size would be undone by it. Publications and truncates of
+//! an inode take turns (`publishing`, `truncating`).
+//!
 //! It also counts every open handle (readers too) per inode, for files
 //! unlinked while open: a removal sends the inodes open here (`hold`), the
 //! owner keeps such an inode when its last name goes (`Hold`), and the
@@ -65,11 +70,29 @@ struct Table {
     to_release: Vec<InodeId>,
 }
 
-#[derive(Default)]
+/// Gates between size publications and truncates (`OpenFiles::gate`),
+/// shared by inodes of the same hash.
+const SIZE_GATES: usize = 64;
+
 pub(crate) struct OpenFiles {
     table: Mutex<Table>,
     /// Moves when a truncate through this client starts and when it ends.
     truncations: AtomicU64,
+    /// A close or fsync publishes the size its handle read under a shared
+    /// hold; a truncate runs under an exclusive one. A size read before a
+    /// truncate through another handle and published after it would grow
+    /// the file back (the owner merges sizes as a maximum).
+    size_gates: [tokio::sync::RwLock<()>; SIZE_GATES],
+}
+
+impl Default for OpenFiles {
+    fn default() -> OpenFiles {
+        OpenFiles {
+            table: Mutex::default(),
+            truncations: AtomicU64::new(0),
+            size_gates: std::array::from_fn(|_| tokio::sync::RwLock::new(())),
+        }
+    }
 }
 
 fn lock_state(state: &Mutex<FileState>) -> MutexGuard<'_, FileState> {
@@ -257,6 +280,23 @@ impl OpenFiles {
             st.size_hint = size;
             st.needs_size_update = false;
         }
+    }
+
+    /// Held while a handle of `ino` reads the size it publishes and
+    /// publishes it (close, fsync).
+    pub(crate) async fn publishing(&self, ino: InodeId) -> tokio::sync::RwLockReadGuard<'_, ()> {
+        self.gate(ino).read().await
+    }
+
+    /// Held while `ino` is truncated through this client, up to every
+    /// handle's taking the new size (`truncated`).
+    pub(crate) async fn truncating(&self, ino: InodeId) -> tokio::sync::RwLockWriteGuard<'_, ()> {
+        self.gate(ino).write().await
+    }
+
+    fn gate(&self, ino: InodeId) -> &tokio::sync::RwLock<()> {
+        let at = (ino.0 ^ (ino.0 >> 32)) as usize % SIZE_GATES;
+        &self.size_gates[at]
     }
 
     /// The count of truncate starts and ends (see the file's header). Read
