@@ -306,7 +306,7 @@ async fn a_close_racing_with_a_truncate_never_grows_the_file_back() {
     for round in 0..160u64 {
         let path = format!("/race-{round}");
         let rw = OpenOptions::new().read(true).write(true).create(true);
-        let writer = c.open(path.as_str(), rw.clone()).await.unwrap();
+        let writer = c.open(path.as_str(), rw).await.unwrap();
         let cutter = c.open(path.as_str(), rw).await.unwrap();
         // Past chunk 0: its size is published only at close.
         writer.write_at(long - 4096, &[7u8; 4096]).await.unwrap();
