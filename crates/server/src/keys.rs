@@ -9,7 +9,6 @@
 //! ORPH ino                      -> freed inode whose chunk files still need purging
 //! HELD ino                      -> unlinked inode kept for a client that has it open
 //! RMDR dir                      -> directory removed here, not yet known gone everywhere
-//! SEAL dir                      -> an rmdir sealed the (empty) directory here: parent, name
 //! RNTX tx                       -> rename intent, on the coordinating server
 //! RNDN coordinator tx           -> rename installed, on the destination server
 //! DTCH dir sender               -> u64 last directory touch applied from that server
@@ -35,9 +34,6 @@ pub const HELD: &[u8; 4] = b"HELD";
 /// written with the removal, so a seal that lapsed is settled from it
 /// (seals.rs), and what a crash cut short is finished at the next start.
 pub const DIR_REMOVAL: &[u8; 4] = b"RMDR";
-/// A seal of an empty directory, kept with the set so that a failover or
-/// a restart does not forget it (seals.rs).
-pub const SEAL: &[u8; 4] = b"SEAL";
 pub const RENAME_INTENT: &[u8; 4] = b"RNTX";
 pub const RENAME_DONE: &[u8; 4] = b"RNDN";
 pub const DIR_TOUCH: &[u8; 4] = b"DTCH";
@@ -90,10 +86,6 @@ pub fn held(ino: InodeId) -> Vec<u8> {
 
 pub fn dir_removal(dir: InodeId) -> Vec<u8> {
     with_ino(DIR_REMOVAL, dir)
-}
-
-pub fn seal(dir: InodeId) -> Vec<u8> {
-    with_ino(SEAL, dir)
 }
 
 pub fn done(id: OpId) -> Vec<u8> {

@@ -4,18 +4,10 @@
 //! `SEAL_LEASE`; the next entry into the directory then asks the removed
 //! name's server how the removal ended (`SealAction::Settle`), which
 //! answers from its DIR_REMOVAL record once its set's replicas have it.
-//!
-//! A seal of an empty directory is also a SEAL record, written before the
-//! seal is answered, and so on the set's replicas too (dispatch answers
-//! once they have it): a restarted server, or a copy a failover
-//! promoted, takes it up again as a seal with a fresh lease
-//! (`load_seals`), so no entry slips into a directory being removed there.
-//! Lifting the seal, or its outcome, deletes the record.
 
 use crate::errors::{err, io_err, kv_err, OpResult};
 use crate::keys;
 use crate::service::{blocking, Server};
-use madfs_kv::WriteBatch;
 use madfs_proto::message::{Op, Reply, SealAction};
 use madfs_proto::{ErrorCode, WireError};
 use madfs_types::{FileName, InodeId};
@@ -111,54 +103,11 @@ impl Server {
         }
         drop(seals);
         self.seal_changed.notify_waiters();
-        self.forget_seal_record(dir)?;
         if removed_there {
             self.dir_cache.forget(dir);
             return Err(removed(dir));
         }
         Ok(())
-    }
-
-    /// Delete the SEAL record of `dir`, if any (not synced: one that
-    /// comes back after a power cut is taken up as a seal and settled when
-    /// it lapses).
-    fn forget_seal_record(&self, dir: InodeId) -> Result<(), WireError> {
-        let key = keys::seal(dir);
-        if self.kv.get(&key).map_err(kv_err)?.is_none() {
-            return Ok(());
-        }
-        let mut b = WriteBatch::new();
-        b.delete(&key);
-        self.kv.write(b, false).map_err(kv_err)
-    }
-
-    /// Take up the seals this store keeps (SEAL records) as seals with a
-    /// fresh lease: at a start, and when a copy is promoted. Each lapses,
-    /// and is settled with the removed name's server, unless its rmdir
-    /// renews, lifts or ends it first.
-    pub(crate) fn load_seals(&self) -> Result<usize, WireError> {
-        let found = self
-            .kv
-            .scan(keys::SEAL, keys::SEAL, SEALS_MAX)
-            .map_err(kv_err)?;
-        let mut seals = self.seals.lock().unwrap_or_else(|e| e.into_inner());
-        let mut n = 0;
-        for (k, v) in found {
-            let Some(r) = keys::ino_from_key(&k).and_then(|dir| DirRemoval::decode(dir, &v)) else {
-                tracing::warn!("a seal record that does not decode: {k:?}");
-                continue;
-            };
-            seals.insert(
-                r.dir,
-                SealState::Sealed {
-                    until: Instant::now() + SEAL_LEASE,
-                    parent: r.parent,
-                    name: r.name,
-                },
-            );
-            n += 1;
-        }
-        Ok(n)
     }
 
     pub(crate) async fn seal(
@@ -184,7 +133,7 @@ impl Server {
                         SealState::Sealed {
                             until: Instant::now() + SEAL_LEASE,
                             parent,
-                            name: name.clone(),
+                            name,
                         },
                     );
                 }
@@ -202,18 +151,6 @@ impl Server {
                     blocking(move || kv.sync_wal().map_err(std::io::Error::other))
                         .await
                         .map_err(io_err)?;
-                    // Kept with the set (see the header). Not synced: a
-                    // sync of its own cost rmdir 30% (the sync above has
-                    // nothing to write when no removal came since the
-                    // last). A process that dies keeps it (the kernel has
-                    // the WAL's pages); only a power cut of a server with
-                    // no copy of its set loses it, as seals were before.
-                    let r = DirRemoval { dir, parent, name };
-                    let mut b = WriteBatch::new();
-                    b.put(&keys::seal(dir), &r.encode());
-                    self.kv.write(b, false).map_err(kv_err)?;
-                    // Also when asked by this server itself (no dispatch).
-                    self.must_be_replicated("the directory's seal").await?;
                 }
                 Ok((Reply::Sealed { empty }, Vec::new()))
             }
@@ -224,7 +161,6 @@ impl Server {
                 }
                 drop(seals);
                 self.seal_changed.notify_waiters();
-                self.forget_seal_record(dir)?;
                 Ok((Reply::Sealed { empty: true }, Vec::new()))
             }
             SealAction::Removed => {
@@ -237,8 +173,6 @@ impl Server {
                 drop(seals);
                 self.dir_cache.forget(dir);
                 self.seal_changed.notify_waiters();
-                // The owner's DIR_REMOVAL record answers from here on.
-                self.forget_seal_record(dir)?;
                 Ok((Reply::Sealed { empty: true }, Vec::new()))
             }
             SealAction::Settle => {
@@ -383,66 +317,6 @@ impl DirRemoval {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use madfs_kv::{KvStore, MemStore};
-    use madfs_proto::auth::ClusterKey;
-    use madfs_rpc::cluster::{ClusterConfig, ServerEntry};
-    use madfs_types::ServerId;
-    use std::sync::Arc;
-
-    /// A one-server cluster's server over `kv` (what a restart reopens).
-    fn server_over(kv: &Arc<dyn KvStore>, dir: &std::path::Path) -> Server {
-        let cfg = ClusterConfig {
-            cluster_id: "seals".into(),
-            chunk_size: 1 << 20,
-            key_file: dir.join("key"),
-            replicas: 1,
-            servers: vec![ServerEntry {
-                id: 0,
-                address: "127.0.0.1:9".parse().unwrap(),
-                data_dir: dir.to_path_buf(),
-                metrics: None,
-                host: None,
-            }],
-        };
-        let key = ClusterKey::from_hex(&"00".repeat(32)).unwrap();
-        let opts = crate::RunOptions::default();
-        Server::with_store(&cfg, ServerId(0), key, kv.clone(), dir.to_path_buf(), &opts).unwrap()
-    }
-
-    /// A seal outlives a restart of its server (before, it lived in memory
-    /// only, and a create slipped into the directory being removed); lifted,
-    /// it does not come back.
-    #[tokio::test]
-    async fn a_seal_of_an_empty_directory_is_taken_up_again_after_a_restart() {
-        let dir = tempfile::tempdir().unwrap();
-        let kv: Arc<dyn KvStore> = Arc::new(MemStore::new());
-        let (sealed, parent) = (InodeId(1 << 48 | 9), InodeId::ROOT);
-        let name = FileName::new(b"going").unwrap();
-        let server = server_over(&kv, dir.path());
-        server
-            .seal(sealed, parent, name.clone(), SealAction::Seal)
-            .await
-            .unwrap();
-        drop(server);
-        let server = server_over(&kv, dir.path());
-        match server.seal_state(sealed) {
-            Some(SealState::Sealed {
-                until,
-                parent: p,
-                name: n,
-            }) => {
-                assert_eq!((p, &n), (parent, &name));
-                assert!(until > Instant::now() + SEAL_LEASE / 2, "a fresh lease");
-            }
-            other => panic!("the seal did not come back after a restart: {other:?}"),
-        }
-        server
-            .seal(sealed, parent, name, SealAction::Unseal)
-            .await
-            .unwrap();
-        drop(server);
-        assert!(server_over(&kv, dir.path()).seal_state(sealed).is_none());
-    }
 
     #[test]
     fn a_removal_record_decodes_to_what_was_encoded_and_a_short_one_to_nothing() {

@@ -272,14 +272,6 @@ impl Server {
         if unsettled > 0 {
             tracing::info!("server {id}: {unsettled} renames to settle, their source names held");
         }
-        // Seals of directories whose rmdir had not ended (here, or on the
-        // primary this store was a copy of): seals.rs.
-        let sealed = server
-            .load_seals()
-            .map_err(|e| ServerError::Storage(e.message))?;
-        if sealed > 0 {
-            tracing::info!("server {id}: {sealed} directories still sealed by an rmdir");
-        }
         if id == ServerId(0)
             && server
                 .load_inode(InodeId::ROOT)
