@@ -232,10 +232,10 @@ pub struct Members {
     fetching: AtomicBool,
     /// Sets whose hand-over after a power loss is being proposed
     /// (`hand_over`).
-    handing_over: Mutex<std::collections::HashSet<ServerId>>,
+    handing_over: SetsAtWork,
     /// Sets whose copy here lacks records while the map counts it in
     /// sync: taking it out is being proposed (`leave_lacking`).
-    leaving: Mutex<std::collections::HashSet<ServerId>>,
+    leaving: SetsAtWork,
 }
 
 impl Members {
@@ -339,8 +339,8 @@ impl Members {
             replacing: AtomicBool::new(replace),
             applied: AtomicU64::new(0),
             fetching: AtomicBool::new(false),
-            handing_over: Mutex::new(std::collections::HashSet::new()),
-            leaving: Mutex::new(std::collections::HashSet::new()),
+            handing_over: SetsAtWork::default(),
+            leaving: SetsAtWork::default(),
         });
         match node {
             Some(node) => members.attach(node),
@@ -920,16 +920,12 @@ impl Members {
             router.depose(set);
             return;
         }
-        if !self
-            .handing_over
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(set)
-        {
+        let Some(claim) = self.handing_over.claim(set) else {
             return;
-        }
+        };
         let (me, router) = (self.clone(), router.clone());
         tokio::spawn(async move {
+            let _claim = claim;
             // Until the map moves the set (then `apply` deposes this store)
             // or leaves it no other copy. Decided on the map as the voters
             // have it, never on the one this server's own node restarted
@@ -979,10 +975,6 @@ impl Members {
                     tokio::time::sleep(HAND_OVER_RETRY).await;
                 }
             }
-            me.handing_over
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&set);
         });
     }
 }
@@ -992,16 +984,12 @@ impl Members {
     /// records (`apply`); it then asks to catch up like any returning
     /// server, with a load. Once per set at a time.
     fn leave_lacking(self: &Arc<Self>, set: ServerId) {
-        if !self
-            .leaving
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(set)
-        {
+        let Some(claim) = self.leaving.claim(set) else {
             return;
-        }
+        };
         let me = self.clone();
         tokio::spawn(async move {
+            let _claim = claim;
             tracing::warn!(
                 "server {}: the copy of set {set} may lack records (reopened after a power loss): \
                  leaving the set's in-sync members to catch up",
@@ -1014,11 +1002,38 @@ impl Members {
             if !me.propose_latest(change).await {
                 tokio::time::sleep(HAND_OVER_RETRY).await;
             }
-            me.leaving
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&set);
         });
+    }
+}
+
+/// Sets a background task of this server works on, one task per set at a
+/// time (a hand-over, a leave): each new map would otherwise start another.
+#[derive(Default)]
+struct SetsAtWork(Arc<Mutex<std::collections::HashSet<ServerId>>>);
+
+impl SetsAtWork {
+    /// `set`, for the caller until the claim drops; None while another
+    /// task has it.
+    fn claim(&self, set: ServerId) -> Option<SetClaim> {
+        let fresh = self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(set);
+        fresh.then(|| SetClaim {
+            sets: self.0.clone(),
+            set,
+        })
+    }
+}
+
+struct SetClaim {
+    sets: Arc<Mutex<std::collections::HashSet<ServerId>>>,
+    set: ServerId,
+}
+
+impl Drop for SetClaim {
+    fn drop(&mut self) {
+        self.sets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.set);
     }
 }
 
