@@ -3,7 +3,8 @@
 //! (and mkdirs, and unlinks) of one name have exactly one winner; racing
 //! renames onto one name all succeed and leave exactly one entry; concurrent
 //! writes to disjoint ranges of one file all land; a close racing with a
-//! truncate through another handle never grows the file back.
+//! truncate through another handle, or a close after another client's
+//! truncate, never grows the file back.
 
 mod common;
 
@@ -333,6 +334,52 @@ async fn a_close_racing_with_a_truncate_never_grows_the_file_back() {
         grown.is_empty(),
         "the file grew back past the truncate to {short}: {grown:?}"
     );
+}
+
+/// The same across clients (another node): a handle writes past chunk 0,
+/// another client truncates the file, then the handle closes. Its size is
+/// from before the truncate and its bytes past the cut are gone, so the
+/// file keeps the truncated size instead of growing back over zeros. What
+/// the handle writes after the truncate still grows the file, to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_after_another_clients_truncate_keeps_the_truncated_size() {
+    let tc = TestCluster::start(SERVERS);
+    let (a, b) = (tc.client(), tc.client());
+    let chunk = common::CHUNK;
+    let (long, short) = (3 * chunk + 4096, chunk / 2);
+    assert!(short > 100);
+    let rw = OpenOptions::new().read(true).write(true).create(true);
+
+    // Written, cut elsewhere, closed: the cut stands.
+    let writer = a.open("/cut", rw).await.unwrap();
+    writer.write_at(0, &pattern(1, 100)).await.unwrap();
+    writer.write_at(long - 4096, &[7u8; 4096]).await.unwrap();
+    b.truncate("/cut", short).await.unwrap();
+    writer.close().await.unwrap();
+    // Asked through a new client each time: a client's cache may hold a
+    // size it set or read itself.
+    assert_eq!(tc.client().stat("/cut").await.unwrap().size, short);
+
+    // Written, cut elsewhere (an extension from `short` cuts what lies
+    // past it), written again lower than the first end, then closed: the
+    // size is the end of the second write.
+    let writer = a.open("/cut", rw).await.unwrap();
+    writer.write_at(long - 4096, &[7u8; 4096]).await.unwrap();
+    b.truncate("/cut", chunk + 5000).await.unwrap();
+    let again = chunk + 6000;
+    writer.write_at(again, &pattern(2, 100)).await.unwrap();
+    writer.close().await.unwrap();
+    let all = tc.client().read_file("/cut").await.unwrap();
+    assert_eq!(all.len() as u64, again + 100);
+    assert_eq!(&all[..100], &pattern(1, 100)[..]);
+    assert!(all[short as usize..again as usize].iter().all(|&x| x == 0));
+    assert_eq!(&all[again as usize..], &pattern(2, 100)[..]);
+
+    // Nothing cut: a close publishes its end as before.
+    let writer = a.open("/cut", rw).await.unwrap();
+    writer.write_at(long - 4096, &[9u8; 4096]).await.unwrap();
+    writer.close().await.unwrap();
+    assert_eq!(tc.client().stat("/cut").await.unwrap().size, long);
 }
 
 /// Count every inode reachable from the root (no hard links here).

@@ -91,6 +91,7 @@ pub enum Opcode {
     TouchDir = 46,
     ReplicaApply = 47,
     Membership = 48,
+    ChunkExtent = 49,
 }
 
 impl Opcode {
@@ -129,6 +130,7 @@ impl Opcode {
             46 => TouchDir,
             47 => ReplicaApply,
             48 => Membership,
+            49 => ChunkExtent,
             _ => return None,
         })
     }
@@ -454,6 +456,15 @@ pub enum Op {
     Membership {
         msg: Vec<u8>,
     },
+    /// How far `ino`'s chunk data on the server reaches, over its chunks
+    /// `first` to `last`: answered with `Reply::Extent`. The owner asks
+    /// before it takes a size a handle publishes, as that size may be from
+    /// before another client's truncate (server ops/data.rs).
+    ChunkExtent {
+        ino: InodeId,
+        first: ChunkIndex,
+        last: ChunkIndex,
+    },
     /// Records `first_seq`, `first_seq + 1`, ... of the primary's stream
     /// `stream` for replica set `set`, to apply in order: `heads` describes
     /// each record (the server's replication module defines its layout),
@@ -640,6 +651,11 @@ pub enum Reply {
     Membership {
         msg: Vec<u8>,
     },
+    /// ChunkExtent: the file offset just past the last byte of chunk data
+    /// the server holds (0: none).
+    Extent {
+        end: u64,
+    },
     /// GetRoutes: `serving[s]` serves replica set s, as of map `epoch`,
     /// and `in_sync[s]` servers keep it in sync (empty: not known);
     /// `addresses` are where servers moved (replacements on other hosts),
@@ -732,6 +748,7 @@ impl Op {
             Op::ReplicaApply { .. } => Opcode::ReplicaApply,
             Op::GetRoutes => Opcode::GetRoutes,
             Op::Membership { .. } => Opcode::Membership,
+            Op::ChunkExtent { .. } => Opcode::ChunkExtent,
         }
     }
 
@@ -932,6 +949,11 @@ impl Request {
             Op::Membership { msg } => {
                 e.u32(msg.len() as u32);
                 e.raw(msg);
+            }
+            Op::ChunkExtent { ino, first, last } => {
+                e.ino(*ino);
+                e.u32(first.0);
+                e.u32(last.0);
             }
             Op::ReplicaApply {
                 set,
@@ -1153,6 +1175,11 @@ impl Request {
             Opcode::Membership => Op::Membership {
                 msg: decode_bytes32(&mut d, "membership message")?,
             },
+            Opcode::ChunkExtent => Op::ChunkExtent {
+                ino: d.ino()?,
+                first: ChunkIndex(d.u32()?),
+                last: ChunkIndex(d.u32()?),
+            },
             Opcode::ReplicaApply => Op::ReplicaApply {
                 set: ServerId(d.u16()?),
                 stream: d.u64()?,
@@ -1210,6 +1237,7 @@ mod tag {
     pub const ROUTES: u8 = 17;
     pub const MEMBERSHIP: u8 = 18;
     pub const REMOVAL_SETTLED: u8 = 19;
+    pub const EXTENT: u8 = 20;
 }
 
 /// u32-prefixed bytes within a body.
@@ -1369,6 +1397,10 @@ impl Reply {
                 e.u32(msg.len() as u32);
                 e.raw(msg);
             }
+            Reply::Extent { end } => {
+                e.u8(tag::EXTENT);
+                e.u64(*end);
+            }
             Reply::Routes {
                 epoch,
                 serving,
@@ -1504,6 +1536,7 @@ impl Reply {
             tag::REMOVAL_SETTLED => Reply::RemovalSettled { removed: d.bool()? },
             tag::LINKS => Reply::Links { nlink: d.u32()? },
             tag::REPLICA_ACK => Reply::ReplicaAck { applied: d.u64()? },
+            tag::EXTENT => Reply::Extent { end: d.u64()? },
             tag::MEMBERSHIP => Reply::Membership {
                 msg: decode_bytes32(&mut d, "membership message")?,
             },
@@ -1745,6 +1778,11 @@ mod tests {
             Op::StatFs,
             Op::GetRoutes,
             Op::Membership { msg: vec![9; 40] },
+            Op::ChunkExtent {
+                ino,
+                first: ChunkIndex(3),
+                last: ChunkIndex(9),
+            },
             Op::Seal {
                 dir: ino,
                 parent: InodeId::ROOT,
@@ -1941,6 +1979,7 @@ mod tests {
             Reply::Links { nlink: 3 },
             Reply::ReplicaAck { applied: 99 },
             Reply::Membership { msg: vec![1, 2, 3] },
+            Reply::Extent { end: 5 << 20 },
             Reply::Routes {
                 epoch: 7,
                 serving: vec![ServerId(0), ServerId(0), ServerId(2)],
@@ -2108,6 +2147,7 @@ mod tests {
             }
         }
         assert!(Opcode::Seal.is_peer_only());
+        assert!(Opcode::ChunkExtent.is_peer_only());
         assert!(!Opcode::StatFs.is_peer_only());
     }
 }

@@ -590,6 +590,60 @@ impl ChunkStore {
         Ok(())
     }
 
+    /// The file offset just past the last byte of `ino`'s chunk data held
+    /// here among chunks `first..=last` (0: none). A chunk file is exactly
+    /// as long as its data (writes extend it, truncates cut it), so the
+    /// highest non-empty chunk gives the end.
+    pub fn extent(
+        &self,
+        ino: InodeId,
+        first: ChunkIndex,
+        last: ChunkIndex,
+        chunk_size: u64,
+    ) -> io::Result<u64> {
+        /// Up to this many chunks, each is looked at by name; over it, the
+        /// inode's directory is listed once.
+        const BY_NAME_MAX: u32 = 64;
+        let end_of = |index: u32, len: u64| index as u64 * chunk_size + len;
+        if last.0 < first.0 {
+            return Ok(0);
+        }
+        if last.0 - first.0 < BY_NAME_MAX {
+            for index in (first.0..=last.0).rev() {
+                match fs::metadata(self.chunk_path(ino, ChunkIndex(index))) {
+                    Ok(m) if m.len() > 0 => return Ok(end_of(index, m.len())),
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            return Ok(0);
+        }
+        let entries = match fs::read_dir(self.inode_dir(ino)) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        let mut end = 0;
+        for entry in entries {
+            let entry = entry?;
+            let Some(index) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if (first.0..=last.0).contains(&index) {
+                let len = entry.metadata()?.len();
+                if len > 0 {
+                    end = end.max(end_of(index, len));
+                }
+            }
+        }
+        Ok(end)
+    }
+
     /// Drop this server's data of `ino` at and beyond byte `size` of the file.
     pub fn truncate(&self, ino: InodeId, size: u64, chunk_size: u64) -> io::Result<()> {
         self.check_poisoned()?;
@@ -933,6 +987,34 @@ fn du(path: &Path) -> io::Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn extent_is_the_end_of_the_highest_chunk_with_data_in_the_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = ChunkStore::open(dir.path().join("chunks")).unwrap();
+        let (ino, cs) = (InodeId(7), 100);
+        let ext = |first: u32, last: u32| s.extent(ino, ChunkIndex(first), ChunkIndex(last), cs);
+        assert_eq!(ext(0, 10).unwrap(), 0, "no chunk yet");
+        s.write(ino, ChunkIndex(2), 10, b"abc", cs).unwrap();
+        s.write(ino, ChunkIndex(5), 0, b"x", cs).unwrap();
+        assert_eq!(ext(5, 5).unwrap(), 501);
+        assert_eq!(ext(0, 9).unwrap(), 501);
+        assert_eq!(ext(0, 4).unwrap(), 213, "chunk 5 is out of the range");
+        assert_eq!(ext(3, 4).unwrap(), 0);
+        assert_eq!(ext(6, 5).unwrap(), 0, "an empty range");
+        // Over 64 chunks the directory is listed instead: the same answers.
+        assert_eq!(ext(0, 1000).unwrap(), 501);
+        assert_eq!(ext(3, 1000).unwrap(), 501);
+        assert_eq!(ext(6, 1000).unwrap(), 0);
+        // A truncate to 212 leaves chunk 2 two bytes long, chunk 5 gone.
+        s.truncate(ino, 212, cs).unwrap();
+        assert_eq!(ext(0, 9).unwrap(), 212);
+        assert_eq!(ext(0, 1000).unwrap(), 212);
+        // A truncate to 200 removes chunk 2 as well.
+        s.truncate(ino, 200, cs).unwrap();
+        assert_eq!(ext(0, 9).unwrap(), 0);
+        assert_eq!(ext(0, 1000).unwrap(), 0);
+    }
 
     #[test]
     fn write_read_truncate_purge() {

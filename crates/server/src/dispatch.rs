@@ -363,7 +363,10 @@ impl Server {
                 addresses: Vec::new(),
                 voters: Vec::new(),
             }),
-            op @ (Op::Seal { .. } | Op::PurgeChunks { .. } | Op::InvalidateDir { .. }) => {
+            op @ (Op::Seal { .. }
+            | Op::PurgeChunks { .. }
+            | Op::ChunkExtent { .. }
+            | Op::InvalidateDir { .. }) => {
                 debug_assert_eq!(ctx.role, Role::Peer);
                 self.local_peer_op(op).await
             }

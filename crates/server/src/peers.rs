@@ -144,6 +144,7 @@ impl Server {
                 action,
             } => self.seal(dir, parent, name, action).await,
             Op::PurgeChunks { ino } => self.purge_local(ino).await,
+            Op::ChunkExtent { ino, first, last } => self.chunk_extent_local(ino, first, last).await,
             Op::InvalidateDir { dir } => {
                 self.dir_cache.invalidate(dir);
                 Ok((Reply::Empty, Vec::new()))

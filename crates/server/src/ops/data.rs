@@ -6,13 +6,17 @@ use crate::locks::LockKey;
 use crate::replication::SharedBytes;
 use crate::service::{blocking, Server};
 use madfs_kv::WriteBatch;
-use madfs_proto::message::Reply;
+use madfs_proto::message::{Op, Reply};
 use madfs_proto::{ErrorCode, WireError};
 use madfs_types::{limits, Attr, ChunkIndex, FileKind, InodeId, Timestamp};
 
 /// Reads served from the chunk cache on the runtime thread at most this
 /// long (a copy of about 0.4 ms); longer ones copy on the blocking pool.
 const CACHED_READ_INLINE_MAX_BYTES: u32 = 4 << 20;
+
+/// Longest the owner waits for chunk servers to say how far a file's data
+/// reaches before it takes a published size as sent (`size_reached`).
+const EXTENT_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Server {
     pub(crate) async fn read(
@@ -158,6 +162,13 @@ impl Server {
         let _g = self.locks.lock(&[LockKey::Inode(ino)]).await?;
         let mut inode = self.must_inode(ino)?;
         let before = inode.attr.size;
+        // Under the inode's lock: a truncate's new size (set after its
+        // chunks were cut) cannot come between the check and the update.
+        let size = if size > before {
+            self.size_reached(ino, before, size).await
+        } else {
+            size
+        };
         inode.attr.size = inode.attr.size.max(size);
         assert!(inode.attr.size >= before && inode.attr.size >= size);
         inode.attr.mtime = inode.attr.mtime.max(mtime);
@@ -166,5 +177,83 @@ impl Server {
         b.put(&keys::inode(ino), &inode.encode());
         self.kv.write(b, false).map_err(kv_err)?;
         Ok(inode.attr)
+    }
+
+    /// How much of `claimed`, a size a handle publishes (the end of its
+    /// writes), its data still reaches: another client may have truncated
+    /// the file after those writes and before this publication, and a
+    /// size merged as a maximum would then grow the file back over zeros
+    /// (the handle's bytes past the cut are gone). Chunk data is the
+    /// proof: the server of the chunk `claimed` ends in is asked first
+    /// (one call when nothing was cut); when its data stops short, every
+    /// server is asked how far the file's chunks above `known` (the
+    /// owner's size) reach. A server that cannot answer leaves `claimed`
+    /// as it is, as before this check. Chunk 0 lives here and its writes
+    /// set the size themselves: a size within it is taken as it is.
+    async fn size_reached(&self, ino: InodeId, known: u64, claimed: u64) -> u64 {
+        let cs = self.chunk_size;
+        let last = ChunkIndex(((claimed - 1) / cs).min(u32::MAX as u64) as u32);
+        if last.0 == 0 {
+            return claimed;
+        }
+        let server = madfs_types::chunk_server(ino, last, self.servers);
+        let one = Op::ChunkExtent {
+            ino,
+            first: last,
+            last,
+        };
+        match tokio::time::timeout(EXTENT_WAIT_MAX, self.call_peer(server, one)).await {
+            Ok(Ok(Reply::Extent { end })) if end >= claimed => return claimed,
+            Ok(Ok(Reply::Extent { .. })) => {}
+            other => {
+                tracing::debug!(
+                    "extent of {ino} on server {server}: {other:?}; size taken as sent"
+                );
+                return claimed;
+            }
+        }
+        let every = Op::ChunkExtent {
+            ino,
+            first: ChunkIndex((known / cs).min(u32::MAX as u64) as u32),
+            last,
+        };
+        let answers = match tokio::time::timeout(EXTENT_WAIT_MAX, self.broadcast(every)).await {
+            Ok(a) => a,
+            Err(_) => return claimed,
+        };
+        let mut reached = known;
+        for (server, answer) in answers {
+            match answer {
+                Ok(Reply::Extent { end }) => reached = reached.max(end),
+                other => {
+                    tracing::debug!(
+                        "extent of {ino} on server {server}: {other:?}; size taken as sent"
+                    );
+                    return claimed;
+                }
+            }
+        }
+        if reached < claimed {
+            tracing::debug!(
+                "size {claimed} published for {ino}, but its chunks reach {reached}: \
+                 truncated after those writes"
+            );
+        }
+        reached.min(claimed)
+    }
+
+    /// Answer a `ChunkExtent` from this server's chunk store.
+    pub(crate) async fn chunk_extent_local(
+        &self,
+        ino: InodeId,
+        first: ChunkIndex,
+        last: ChunkIndex,
+    ) -> OpResult {
+        let chunks = self.chunks.clone();
+        let cs = self.chunk_size;
+        let end = blocking(move || chunks.extent(ino, first, last, cs))
+            .await
+            .map_err(io_err)?;
+        Ok((Reply::Extent { end }, Vec::new()))
     }
 }
