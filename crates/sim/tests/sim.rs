@@ -338,6 +338,16 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, &str)] = &[
         "a primary back at once from a power cut served its set from its own store, \
          without the writes its copy had acknowledged (server restart.rs, members.rs)",
     ),
+    (
+        16118,
+        60,
+        3,
+        true,
+        true,
+        "a server back at once from a power cut served a set from its copy because the \
+         map its node restarted with showed no other copy in sync; the voters' map had one, \
+         and an acknowledged create was gone (server failover.rs promote)",
+    ),
 ];
 
 #[test]
