@@ -98,6 +98,26 @@ impl Action {
     /// `before` (as a client does, to an inode, before the server acts)
     /// and named as it is in `now`; Err if such a directory is gone.
     pub fn rebased(&self, before: &Model, now: &Model) -> Result<Action, String> {
+        self.rebased_in(before, now, true)
+    }
+
+    /// A rename with only its source's parent resolved in `before`: a
+    /// client resolves the source's directory, then the target's (client
+    /// path.rs `rename_with_flags`), and another operation may move things
+    /// in between, as with rename(2) on Linux (plain simulation, seed
+    /// 41337: `rename /b -> /a` ran between them, and `rename /b/c/e ->
+    /// /a/a` moved the file from the directory once named /b/c into the
+    /// one now named /a). None for other actions.
+    pub fn rebased_source(&self, before: &Model, now: &Model) -> Option<Result<Action, String>> {
+        match self {
+            Action::Rename(..) => Some(self.rebased_in(before, now, false)),
+            _ => None,
+        }
+    }
+
+    /// `rebased`; with `target_too` false a rename's target path is left
+    /// as named in `now`.
+    fn rebased_in(&self, before: &Model, now: &Model, target_too: bool) -> Result<Action, String> {
         let re = |p: &String| -> Result<String, String> {
             let parent = parent_of(p);
             if parent.is_empty() {
@@ -132,6 +152,7 @@ impl Action {
                 fsync: *fsync,
             },
             Action::Truncate(p, n) => Action::Truncate(re(p)?, *n),
+            Action::Rename(a, b) if !target_too => Action::Rename(re(a)?, b.clone()),
             Action::Rename(a, b) => Action::Rename(re(a)?, re(b)?),
             Action::Link(a, b) => Action::Link(re(a)?, re(b)?),
             Action::Unlink(p) => Action::Unlink(re(p)?),

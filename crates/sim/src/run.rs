@@ -1012,6 +1012,9 @@ impl Sim {
                             // Its directories resolved before the other
                             // operation moved them.
                             outcomes.push(action.rebased(&old, &m).and_then(|a| m.apply(&a)));
+                            if let Some(a) = action.rebased_source(&old, &m) {
+                                outcomes.push(a.and_then(|a| m.apply(&a)));
+                            }
                         }
                         let mut kept_unchanged = false;
                         for applied in outcomes {
