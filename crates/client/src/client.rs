@@ -9,7 +9,7 @@ use crate::chunk::{clamp_read, fill_piece, split_range};
 use crate::counts::{Counters, RequestCounts};
 use crate::dir::{merge_pages, DirCursor, Page};
 use crate::error::{ClientError, Result};
-use crate::open_files::{OpenFiles, TruncationRuns};
+use crate::open_files::OpenFiles;
 use crate::touched::Touched;
 use crate::writebehind::{self, Budget};
 use madfs_proto::auth::{ClusterKey, Role};
@@ -521,10 +521,6 @@ impl Client {
             Some(_) => Some(self.open_files.truncating(ino).await),
             None => None,
         };
-        let _moving = changes
-            .size
-            .is_some()
-            .then(|| TruncationRuns::new(&self.open_files));
         if changes.size.is_some() {
             // A write of another handle landing after the truncate would
             // bring data back.

@@ -289,9 +289,16 @@ impl OpenFiles {
     }
 
     /// Held while `ino` is truncated through this client, up to every
-    /// handle's taking the new size (`truncated`).
-    pub(crate) async fn truncating(&self, ino: InodeId) -> tokio::sync::RwLockWriteGuard<'_, ()> {
-        self.gate(ino).write().await
+    /// handle's taking the new size (`truncated`): publications of `ino`
+    /// wait for it, and the count of truncations moves as it starts and
+    /// as it ends.
+    pub(crate) async fn truncating(&self, ino: InodeId) -> Truncation<'_> {
+        let turn = self.gate(ino).write().await;
+        self.truncation_moved();
+        Truncation {
+            files: self,
+            _turn: turn,
+        }
     }
 
     fn gate(&self, ino: InodeId) -> &tokio::sync::RwLock<()> {
@@ -306,24 +313,21 @@ impl OpenFiles {
     }
 
     /// A truncate starts or ends (its end after `truncated`).
-    pub(crate) fn truncation_moved(&self) {
+    fn truncation_moved(&self) {
         self.truncations.fetch_add(1, Ordering::SeqCst);
     }
 }
 
-/// A truncate in progress: moves the count as it starts and as it is
-/// dropped (on every path out, failures too).
-pub(crate) struct TruncationRuns<'a>(&'a OpenFiles);
-
-impl<'a> TruncationRuns<'a> {
-    pub(crate) fn new(files: &'a OpenFiles) -> TruncationRuns<'a> {
-        files.truncation_moved();
-        TruncationRuns(files)
-    }
+/// A truncate in progress (`OpenFiles::truncating`): its turn on the
+/// inode, and the count moved again when dropped (on every path out,
+/// failures too), before the turn is given back.
+pub(crate) struct Truncation<'a> {
+    files: &'a OpenFiles,
+    _turn: tokio::sync::RwLockWriteGuard<'a, ()>,
 }
 
-impl Drop for TruncationRuns<'_> {
+impl Drop for Truncation<'_> {
     fn drop(&mut self) {
-        self.0.truncation_moved();
+        self.files.truncation_moved();
     }
 }
