@@ -222,6 +222,11 @@ impl Router {
         {
             return Ok(());
         }
+        // A copy reopened after a power loss at a position no sync wrote
+        // may lack what it acknowledged; until its `leave_lacking` commits
+        // the map still counts it in sync, and a failover may pick it
+        // (the replicated simulation with 4 servers, seed 17005).
+        let lacking = self.home_server.copies.lacks(set).await;
         let dir = self.home_server.copies.close_for_promotion(set).await;
         let mut opts = self.opts.clone();
         opts.data_dir = Some(dir.clone());
@@ -238,7 +243,7 @@ impl Router {
             r.set_group(g.clone());
             r.set_pool(g.direct_pool());
         }
-        if server.after_power_loss {
+        if server.after_power_loss || lacking {
             // Served here before a power loss: its copies may have what
             // it lost (members.rs `hand_over`). Held even where `replicas`
             // is empty: that may be the map this server's node restarted

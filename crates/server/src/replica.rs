@@ -41,6 +41,16 @@ pub(crate) struct ReplicaCopy {
     /// a replay from there would not bring). No numbered record is applied
     /// on top: it needs a resync.
     partial: bool,
+    /// A position that says "not synced" is on disk, synced, since the
+    /// copy's last sync (or since it was opened). Records applied and
+    /// acknowledged after a sync are not synced themselves, and a power
+    /// cut may take them with the positions they wrote: the position left
+    /// would then be the sync's, and the copy would be taken for whole
+    /// without them (the replicated simulation with 4 servers, seed
+    /// 17005: a failover then served it, without an acknowledged write).
+    /// So the first call after a sync that leaves records unsynced writes
+    /// that durable mark first: one synced write per sync.
+    marked: bool,
 }
 
 /// The copies this server keeps, opened at their first record.
@@ -253,18 +263,30 @@ impl ReplicaCopies {
         let (kv, chunks) = (copy.kv.clone(), copy.chunks.clone());
         let (stream, start, boot) = (copy.stream, first_seq + skip as u64, self.boot);
         let todo: Vec<Record> = records.into_iter().skip(skip).collect();
+        // Records this call acknowledges without a sync after them.
+        let leaves_unsynced = todo.last().is_some_and(|r| !matches!(r, Record::Sync));
+        let mark = (leaves_unsynced && !copy.marked)
+            .then(|| Position::new(stream, copy.applied, false, boot));
         // Metadata batches not synced are a memtable insert and a WAL
         // append, which the primary made inline too: a hop to a blocking
         // thread was most of a replicated create's added time (a
         // ReplicaApply took 144 us on average, the whole create 69 us at
         // R = 1). Chunk files and syncs go to a blocking thread.
-        let applied = if todo
-            .iter()
-            .all(|r| matches!(r, Record::Kv { sync: false, .. }))
+        let applied = if mark.is_none()
+            && todo
+                .iter()
+                .all(|r| matches!(r, Record::Kv { sync: false, .. }))
         {
             apply_records(kv.as_ref(), &chunks, (stream, boot), start, todo)
         } else {
             crate::service::blocking(move || {
+                if let Some(at) = mark {
+                    let mut b = WriteBatch::new();
+                    b.put(keys::META_REPLICA_POSITION, &at.encode());
+                    if let Err(e) = kv.write(b, true) {
+                        return Ok(Err((start - 1, format!("marking the copy unsynced: {e}"))));
+                    }
+                }
                 Ok(apply_records(
                     kv.as_ref(),
                     &chunks,
@@ -279,6 +301,7 @@ impl ReplicaCopies {
         match applied {
             Ok(last) => {
                 copy.applied = copy.applied.max(last);
+                copy.marked = leaves_unsynced;
                 ack(copy.applied)
             }
             Err((last, e)) => {
@@ -424,6 +447,7 @@ fn open_copy(
         stream: at.stream,
         applied: at.seq,
         partial: loading || unknown || !at.whole(boot),
+        marked: false,
     })
 }
 
@@ -507,15 +531,18 @@ impl Position {
         })
     }
 
-    /// Whether the copy surely holds every record up to this one: its
-    /// record was a sync (all before it durable), or it was written in
-    /// this boot of the kernel. A process that dies loses nothing the
+    /// Whether the copy surely holds every record up to this one, and
+    /// every record it acknowledged: its record was a sync (all before it
+    /// durable; and records acknowledged after a sync first write a
+    /// durable unsynced position, `ReplicaCopy::marked`, so a sync's
+    /// position left by a power cut means none were), or it was written
+    /// in this boot of the kernel. A process that dies loses nothing the
     /// kernel took (the WAL and chunk files are written to it as each
     /// record is applied); a power cut or a kernel crash may lose chunk
     /// writes before the position, which a replay from there would not
     /// bring back, and a new boot is the mark of those.
     fn whole(&self, boot: Option<BootId>) -> bool {
-        self.seq == 0 || self.synced || (boot.is_some() && self.boot == boot)
+        self.synced || (boot.is_some() && self.boot == boot)
     }
 }
 
