@@ -929,6 +929,15 @@ impl Sim {
                 if let Some(i) = unnamed {
                     self.fsynced.remove(&i);
                 }
+                // Between concurrent renames onto one name, the source of
+                // one may itself be replaced by the other's (seed 42435:
+                // `rename /b -> /a` and `rename /d -> /a`, /b fsynced before
+                // and freed as /d's rename landed last).
+                if let (true, Action::Rename(a, _)) = (concurrent, action) {
+                    if let Some(i) = old.names.get(a).and_then(|e| e.ino) {
+                        self.fsynced.remove(&i);
+                    }
+                }
             }
             for action in actions {
                 if let Action::Write { path, offset, .. } = action {

@@ -88,13 +88,21 @@ fn simulated_cluster_keeps_its_invariants() {
 }
 
 /// Seeds of the plain simulation that once failed (seed, steps, what).
-const REGRESSIONS: &[(u64, usize, &str)] = &[(
-    41337,
-    150,
-    "the model took a rename's two paths as resolved at one moment; the client resolves the \
+const REGRESSIONS: &[(u64, usize, &str)] = &[
+    (
+        41337,
+        150,
+        "the model took a rename's two paths as resolved at one moment; the client resolves the \
      source's directory first, and a rename of an ancestor between the two is explained by \
      no order (sim model.rs `rebased_source`)",
-)];
+    ),
+    (
+        42435,
+        150,
+        "the check of fsynced inodes kept the source of a rename that a concurrent rename onto \
+         the same name replaced, and found it freed after a crash (sim run.rs)",
+    ),
+];
 
 #[test]
 fn seeds_that_once_failed_pass() {
