@@ -93,14 +93,21 @@ const REGRESSIONS: &[(u64, usize, &str)] = &[
         41337,
         150,
         "the model took a rename's two paths as resolved at one moment; the client resolves the \
-     source's directory first, and a rename of an ancestor between the two is explained by \
-     no order (sim model.rs `rebased_source`)",
+         source's directory first, and a rename of an ancestor between the two is explained by \
+         no order (sim model.rs `rebased_source`)",
     ),
     (
         42435,
         150,
         "the check of fsynced inodes kept the source of a rename that a concurrent rename onto \
          the same name replaced, and found it freed after a crash (sim run.rs)",
+    ),
+    (
+        44051,
+        150,
+        "an fsync over a stale hole (the known gap of chunk bytes past an undone size) was \
+         recorded with the model's zeros, not the bytes the file held, and a crash check then \
+         found them changed (sim run.rs)",
     ),
 ];
 
