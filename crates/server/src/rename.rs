@@ -429,7 +429,13 @@ async fn rename_local(
             &mut b,
             &rename_reply(done.replaced.filter(|_| done.held), Vec::new()),
         );
-        srv.kv.write(b, remote).map_err(kv_err)?;
+        // A directory's new place, as a new directory's (ops/create.rs):
+        // other servers may put entries, or move directories, under it at
+        // once, and if a power cut then undid this rename but not theirs,
+        // a directory moved below its old child would close a loop no name
+        // reaches (the plain simulation, seeds 44946 and 47847).
+        let moved_dir = kind == FileKind::Dir && sp != dp;
+        srv.kv.write(b, remote || moved_dir).map_err(kv_err)?;
         drop(guard);
         Ok((done, changes, time))
     }
