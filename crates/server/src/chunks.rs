@@ -619,29 +619,38 @@ impl ChunkStore {
             }
             return Ok(0);
         }
-        let entries = match fs::read_dir(self.inode_dir(ino)) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-            Err(e) => return Err(e),
-        };
         let mut end = 0;
-        for entry in entries {
-            let entry = entry?;
-            let Some(index) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            if (first.0..=last.0).contains(&index) {
+        for (index, entry) in self.chunk_files(ino)?.unwrap_or_default() {
+            if (first.0 as u64..=last.0 as u64).contains(&index) {
                 let len = entry.metadata()?.len();
                 if len > 0 {
-                    end = end.max(end_of(index, len));
+                    end = end.max(end_of(index as u32, len));
                 }
             }
         }
         Ok(end)
+    }
+
+    /// The chunk files of `ino` held here, with their indexes; None if
+    /// the inode has no directory here.
+    fn chunk_files(&self, ino: InodeId) -> io::Result<Option<Vec<(u64, fs::DirEntry)>>> {
+        let entries = match fs::read_dir(self.inode_dir(ino)) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let mut files = Vec::new();
+        for entry in entries {
+            let entry = entry?;
+            if let Some(index) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u64>().ok())
+            {
+                files.push((index, entry));
+            }
+        }
+        Ok(Some(files))
     }
 
     /// Drop this server's data of `ino` at and beyond byte `size` of the file.
@@ -649,21 +658,11 @@ impl ChunkStore {
         self.check_poisoned()?;
         let _turn = self.mirror.get().map(|_| self.order.whole(ino));
         let _ticket = self.cache.begin_truncate(ino, size, chunk_size);
-        let dir = self.inode_dir(ino);
-        let entries = match fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(e),
+        let Some(files) = self.chunk_files(ino)? else {
+            return Ok(());
         };
-        for entry in entries {
-            let entry = entry?;
-            let Some(index) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<u64>().ok())
-            else {
-                continue;
-            };
+        let dir = self.inode_dir(ino);
+        for (index, entry) in files {
             let start = index.saturating_mul(chunk_size);
             let cut = || -> io::Result<()> {
                 let len = entry.metadata()?.len();
