@@ -202,21 +202,23 @@ impl Server {
             first: last,
             last,
         };
-        match tokio::time::timeout(EXTENT_WAIT_MAX, self.call_peer(server, one)).await {
+        let end = match tokio::time::timeout(EXTENT_WAIT_MAX, self.call_peer(server, one)).await {
             Ok(Ok(Reply::Extent { end })) if end >= claimed => return claimed,
-            Ok(Ok(Reply::Extent { .. })) => {}
+            Ok(Ok(Reply::Extent { end })) => end,
             other => {
                 tracing::debug!(
                     "extent of {ino} on server {server}: {other:?}; size taken as sent"
                 );
                 return claimed;
             }
-        }
-        let every = Op::ChunkExtent {
-            ino,
-            first: ChunkIndex((known / cs).min(u32::MAX as u64) as u32),
-            last,
         };
+        let first = ChunkIndex((known / cs).min(u32::MAX as u64) as u32);
+        if first.0 >= last.0 {
+            // The owner's size ends in that very chunk: its server has
+            // answered for the whole range already.
+            return known.max(end).min(claimed);
+        }
+        let every = Op::ChunkExtent { ino, first, last };
         let answers = match tokio::time::timeout(EXTENT_WAIT_MAX, self.broadcast(every)).await {
             Ok(a) => a,
             Err(_) => return claimed,
