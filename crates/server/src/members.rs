@@ -737,10 +737,32 @@ impl Members {
         false
     }
 
-    /// Count `server` in sync on `set` again (its resync is done).
+    /// Count `server` in sync on `set` again (its resync is done); whether
+    /// the map counts it now.
     pub async fn mark_in_sync(&self, set: ServerId, server: ServerId) -> bool {
-        self.propose_latest(Change::MarkInSync { set: set.0, server })
+        if self
+            .propose_latest(Change::MarkInSync { set: set.0, server })
             .await
+        {
+            return true;
+        }
+        // A proposal whose reply was lost may have applied: sent again (to
+        // the next voter, or at the newer epoch) it is refused, the server
+        // no longer catching up. Taken as a failure, the resync would start
+        // over and wipe a copy the map counts in sync, which a failover
+        // would then serve (crates/sim with 4 servers, seed 17305).
+        for _ in 0..PROPOSE_ATTEMPTS {
+            match self.fresh_map().await {
+                Ok(m) => {
+                    return m
+                        .sets
+                        .get(set.0 as usize)
+                        .is_some_and(|s| s.members.contains(&server))
+                }
+                Err(_) => tokio::time::sleep(HAND_OVER_RETRY).await,
+            }
+        }
+        false
     }
 
     pub async fn shutdown(&self) {

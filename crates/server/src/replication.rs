@@ -359,6 +359,11 @@ struct Replica {
     out: Option<String>,
     /// Catching up: records are kept and shipped, but not waited for.
     syncing: bool,
+    /// Caught up, and the group is being asked to count it in sync:
+    /// acknowledgements wait for it already. The map counts it from the
+    /// moment the change applies, before this primary hears so; a
+    /// failover to it in between must find every acknowledged record.
+    awaited: bool,
     /// +1 at each resync: a shipper or an acknowledgement of an earlier
     /// one is ignored.
     generation: u64,
@@ -439,6 +444,7 @@ impl Replicator {
                         acked: last,
                         out: None,
                         syncing: false,
+                        awaited: false,
                         generation: 0,
                         rebuild: None,
                         kept_until: None,
@@ -555,7 +561,7 @@ impl Replicator {
                 let s = self.lock();
                 if s.replicas
                     .iter()
-                    .all(|r| r.out.is_some() || r.syncing || r.acked >= seq)
+                    .all(|r| r.out.is_some() || (r.syncing && !r.awaited) || r.acked >= seq)
                 {
                     return;
                 }
@@ -716,6 +722,7 @@ impl Replicator {
                     acked: 0,
                     out: None,
                     syncing: true,
+                    awaited: false,
                     generation: 0,
                     rebuild: None,
                     kept_until: None,
@@ -728,6 +735,7 @@ impl Replicator {
         let from = if kept { r.acked + 1 } else { from };
         r.out = None;
         r.syncing = true;
+        r.awaited = false;
         r.generation += 1;
         r.acked = from - 1;
         r.rebuild = Some(Rebuild {
@@ -761,11 +769,22 @@ impl Replicator {
         }
     }
 
+    /// Whether acknowledgements wait for replica `i` while its resync of
+    /// `generation` (not a newer one) asks to be counted in sync.
+    fn set_awaited(&self, i: usize, generation: u64, awaited: bool) {
+        let mut s = self.lock();
+        let r = &mut s.replicas[i];
+        if r.generation == generation {
+            r.awaited = awaited;
+        }
+    }
+
     /// `server` counts in the set again.
     pub(crate) fn mark_in_sync(&self, server: ServerId) {
         let mut s = self.lock();
         if let Some(r) = s.replicas.iter_mut().find(|r| r.server == server) {
             r.syncing = false;
+            r.awaited = false;
             r.rebuild = None;
         }
     }
@@ -852,11 +871,15 @@ impl Replicator {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        self.set_awaited(i, generation, true);
         let counted = match self.group.get() {
             Some(g) => g.mark_in_sync(self.set, replica).await,
             None => true,
         };
-        if counted {
+        if !counted {
+            self.set_awaited(i, generation, false);
+            self.acked.notify_waiters();
+        } else {
             self.mark_in_sync(replica);
             tracing::info!("set {}: server {replica} is in sync again", self.set);
         }
@@ -1356,5 +1379,33 @@ mod tests {
         r.acknowledge(0, 0, last);
         assert!(r.lock().pending.is_empty(), "no longer kept");
         assert_eq!(r.add_syncing(ServerId(2)).unwrap().2, last + 1);
+    }
+
+    /// A caught-up replica is waited for before the group is asked to
+    /// count it (the map may count it, and a failover serve it, before
+    /// this primary hears the answer); a refusal stops the wait.
+    #[tokio::test]
+    async fn a_replica_asked_to_be_counted_is_waited_for() {
+        let r = Replicator::new(ServerId(0), &[ServerId(1)]);
+        let (i, generation, _) = r.add_syncing(ServerId(2)).unwrap();
+        let seq = r.record(Record::Sync);
+        r.acknowledge(0, 0, seq);
+        let wait = |r: &Replicator| {
+            futures::FutureExt::now_or_never(Box::pin(r.wait_replicated(seq))).is_some()
+        };
+        assert!(wait(&r), "catching up: not waited for");
+        r.set_awaited(i, generation, true);
+        assert!(!wait(&r), "asked to be counted: waited for");
+        r.set_awaited(i, generation + 1, false);
+        assert!(!wait(&r), "a newer resync's refusal does not apply");
+        r.acknowledge(i, generation, seq);
+        assert!(wait(&r));
+        r.set_awaited(i, generation, false);
+        let next = r.record(Record::Sync);
+        r.acknowledge(0, 0, next);
+        assert!(
+            futures::FutureExt::now_or_never(Box::pin(r.wait_replicated(next))).is_some(),
+            "refused: not waited for"
+        );
     }
 }

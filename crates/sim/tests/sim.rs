@@ -412,6 +412,16 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, &str)] = &[
          without an acknowledged write (server replica.rs ReplicaCopy::marked, failover.rs \
          promote)",
     ),
+    (
+        17305,
+        60,
+        4,
+        true,
+        true,
+        "a resync's request to count its replica in sync applied, its reply was lost, and \
+         the retry was refused: the resync started over and wiped the copy the map counted \
+         in sync, which a failover then served (server members.rs mark_in_sync)",
+    ),
 ];
 
 #[test]
