@@ -308,3 +308,48 @@ async fn rename_after_a_quick_restart_never_loses_the_file() {
         ),
     }
 }
+
+/// A truncate cuts chunk files on every server holding chunks past the new
+/// size, not only on those this client wrote to: an fsync after it syncs
+/// every server, once, so that a power cut cannot bring the cut bytes back
+/// into a hole a later write makes (through a handle and by path).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_fsync_after_a_truncate_syncs_every_server() {
+    use madfs_client::{Opcode, OpenOptions};
+    let tc = TestCluster::start(SERVERS);
+    let c = tc.client();
+    let data = pattern(7, (SERVERS as u64 * CHUNK) as usize);
+    let f = c
+        .open("/cut", OpenOptions::new().write(true).create(true))
+        .await
+        .unwrap();
+    f.write_at(0, &data).await.unwrap();
+    f.fsync().await.unwrap();
+    let fsyncs =
+        |since: &madfs_client::RequestCounts| c.request_counts().since(since).get(Opcode::Fsync);
+
+    let before = c.request_counts();
+    f.set_len(100).await.unwrap();
+    f.fsync().await.unwrap();
+    assert_eq!(
+        fsyncs(&before),
+        SERVERS as u64,
+        "the cut through the handle"
+    );
+    let before = c.request_counts();
+    f.fsync().await.unwrap();
+    assert_eq!(fsyncs(&before), 0, "nothing written or cut since");
+
+    f.write_at(3 * CHUNK, b"far").await.unwrap();
+    f.fsync().await.unwrap();
+    let before = c.request_counts();
+    c.truncate("/cut", 10).await.unwrap();
+    let g = c
+        .open("/cut", OpenOptions::new().write(true))
+        .await
+        .unwrap();
+    g.fsync().await.unwrap();
+    assert_eq!(fsyncs(&before), SERVERS as u64, "the cut by path");
+    f.close().await.unwrap();
+    g.close().await.unwrap();
+}

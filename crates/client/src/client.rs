@@ -573,7 +573,13 @@ impl Client {
         r
     }
 
-    /// Drop chunk data at and beyond `size` on every server.
+    /// Every server of the cluster.
+    pub(crate) fn all_servers(&self) -> Vec<ServerId> {
+        self.pool.servers().collect()
+    }
+
+    /// Drop chunk data at and beyond `size` on every server. The next
+    /// fsync of `ino` syncs every server (open_files.rs `cut`).
     async fn truncate_chunks(&self, ino: InodeId, size: u64) -> Result<()> {
         let calls: Vec<_> = self
             .pool
@@ -581,6 +587,9 @@ impl Client {
             .map(|s| self.call(s, Op::TruncateChunks { ino, size }))
             .collect();
         try_join_bounded(calls, FANOUT_MAX).await?;
+        if !self.open_files.cut(ino) {
+            self.fsync_servers(&self.all_servers()).await?;
+        }
         Ok(())
     }
 

@@ -688,24 +688,38 @@ impl File {
         let others = self.client.open_files.dirty_servers(self.attr.ino);
         // From reading the size to the owner's taking it, no truncate.
         let _turn = self.client.open_files.publishing(self.attr.ino).await;
+        // A truncate's cut reaches every server with chunks past the size.
+        let cut = self.client.open_files.take_cut(self.attr.ino);
         let (dirty, size, update) = {
             let st = self.state();
             let mut dirty = st.dirty.clone();
             dirty.extend(others);
+            if cut {
+                dirty.extend(self.client.all_servers());
+            }
             (dirty, st.size_hint, st.needs_size_update)
         };
         let owner = self.attr.ino.owner();
-        if update {
-            // The owner is synced once, after the size: that covers its data too.
-            let others: Vec<ServerId> = dirty.iter().copied().filter(|&s| s != owner).collect();
-            self.client.fsync_servers(&others).await?;
-            self.client
-                .update_size(self.attr.ino, size, Timestamp::now())
-                .await?;
-            self.client.fsync_servers(&[owner]).await?;
-        } else {
-            let all: Vec<ServerId> = dirty.iter().copied().collect();
-            self.client.fsync_servers(&all).await?;
+        let synced = async {
+            if update {
+                // The owner is synced once, after the size: that covers its data too.
+                let others: Vec<ServerId> = dirty.iter().copied().filter(|&s| s != owner).collect();
+                self.client.fsync_servers(&others).await?;
+                self.client
+                    .update_size(self.attr.ino, size, Timestamp::now())
+                    .await?;
+                self.client.fsync_servers(&[owner]).await
+            } else {
+                let all: Vec<ServerId> = dirty.iter().copied().collect();
+                self.client.fsync_servers(&all).await
+            }
+        }
+        .await;
+        if let Err(e) = synced {
+            if cut {
+                self.client.open_files.cut(self.attr.ino);
+            }
+            return Err(e);
         }
         let mut st = self.state();
         // Writes that raced with this fsync stay pending.

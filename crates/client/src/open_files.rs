@@ -25,12 +25,19 @@
 //! owner keeps such an inode when its last name goes (`Hold`), and the
 //! last handle of a held inode to close queues it for `Op::Release`
 //! (`Client::release_unlinked`).
+//!
+//! And it remembers the inodes whose chunks a truncate through this client
+//! cut and no fsync synced since (`cut`, `take_cut`): the cut happens on
+//! every server holding chunks past the size, not only on those this
+//! client wrote to, and an fsync must make it durable there too. Undone by
+//! a crash, it would bring the old bytes back into a hole a later write
+//! makes.
 
 use crate::file::FileState;
 use crate::writebehind::WriteBehind;
 use madfs_proto::message::{Hold, HOLD_INODES_MAX};
 use madfs_types::InodeId;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
@@ -68,7 +75,13 @@ struct Table {
     opens: HashMap<InodeId, Opens>,
     /// Held inodes whose last handle closed, to release.
     to_release: Vec<InodeId>,
+    /// Inodes whose chunks a truncate cut since their last fsync.
+    cut: HashSet<InodeId>,
 }
+
+/// Inodes remembered as cut and not yet synced; past it a truncate syncs
+/// its cut at once (`Client::truncate_chunks`).
+const CUTS_MAX: usize = 4096;
 
 /// Gates between size publications and truncates (`OpenFiles::gate`),
 /// shared by inodes of the same hash.
@@ -280,6 +293,24 @@ impl OpenFiles {
             st.size_hint = size;
             st.needs_size_update = false;
         }
+    }
+
+    /// A truncate cut `ino`'s chunks on the servers: its next fsync syncs
+    /// them all. False if too many inodes are remembered already (the
+    /// caller then syncs the cut itself).
+    pub(crate) fn cut(&self, ino: InodeId) -> bool {
+        let mut t = self.lock();
+        if t.cut.len() >= CUTS_MAX && !t.cut.contains(&ino) {
+            return false;
+        }
+        t.cut.insert(ino);
+        true
+    }
+
+    /// Whether a truncate cut `ino`'s chunks since its last fsync; forgets
+    /// it (an fsync that then fails remembers it again with `cut`).
+    pub(crate) fn take_cut(&self, ino: InodeId) -> bool {
+        self.lock().cut.remove(&ino)
     }
 
     /// Held while a handle of `ino` reads the size it publishes and
