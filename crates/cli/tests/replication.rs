@@ -989,6 +989,70 @@ fn a_primary_back_at_once_from_a_power_loss_hands_its_set_to_its_copy() {
     rt.block_on(read_back(&c, &files));
 }
 
+/// Two faults inside a hand-over: server 3 is back at once from a power
+/// loss (its chunk files emptied by hand, "another boot"), and server 0,
+/// the copy of its set that has every acknowledged write, is killed before
+/// it can take the set. The group takes server 0 out of set 3 (a short
+/// `down_after`, longer than server 3's restart); server 3, alone in the
+/// set, keeps it unavailable rather than serve what it lost (before:
+/// the files read back as zeros). Once server 0 is back with its copy
+/// whole, server 3 hands the set to it (`HandBack`), and every file reads
+/// back as written.
+#[test]
+fn a_held_set_waits_for_its_copy_taken_out_while_down_and_goes_to_it() {
+    let failover = ("MADFS_TEST_DOWN_AFTER_MS", "8000");
+    let (mut tc, rt) = replicated_cluster_with(&[failover]);
+    let c = tc.client();
+    let mut files: Expected = Vec::new();
+    rt.block_on(write_round(&c, "/held", 0, 12, &mut files));
+    let on_3 = format!("/{}", name_on(3, SERVERS, "h"));
+    let data = pattern(77, 300_000);
+    rt.block_on(c.write_file(on_3.as_str(), &data)).unwrap();
+    files.push((on_3.clone(), data.clone()));
+    tc.kill9(3);
+    tc.kill9(0);
+    let emptied = empty_files_under(&tc.config().servers[3].data_dir.join("chunks"));
+    assert!(emptied > 0, "server 3 kept no chunk file of its own");
+    tc.set_server_env(&[failover, ("MADFS_TEST_BOOT_ID", "after a power loss")]);
+    tc.start_again(3);
+    // Server 0 is taken out of set 3 (and set 0 fails over to server 1).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while copies_in_sync(&rt, &c).get(3) != Some(&1) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "server 0 never left set 3: {:?}",
+            copies_in_sync(&rt, &c)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let out = std::process::Command::new(common::MADFS)
+        .args(["cat", on_3.as_str()])
+        .env("MADFS_CLUSTER", tc.cluster_file())
+        .env("MADFS_FAILOVER_WAIT_MS", "3000")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run madfs");
+    assert!(
+        !out.status.success(),
+        "set 3 was served from the store that lost its chunk files ({} bytes read, {} zero)",
+        out.stdout.len(),
+        out.stdout.iter().filter(|&&b| b == 0).count()
+    );
+    let log = common::tail(&tc.log_path(3), 200);
+    assert!(
+        log.contains("waits for a copy taken out while down"),
+        "{log}"
+    );
+    tc.set_server_env(&[failover]);
+    tc.start_again(0);
+    rt.block_on(read_back(&c, &files));
+    let routes = rt.block_on(c.routes()).unwrap();
+    assert_eq!(routes[3], madfs_types::ServerId(0), "{routes:?}");
+    // Server 3 catches up from there, and every file stays.
+    wait_all_in_sync(&|| copies_in_sync(&rt, &c), 90, "after the hand-back");
+    rt.block_on(read_back(&c, &files));
+}
+
 /// A copy back at once from a power loss, at a position no sync wrote,
 /// may lack records it acknowledged: it must not stay counted in sync,
 /// where the next failover of its set would serve it (crates/sim seed

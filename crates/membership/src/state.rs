@@ -75,6 +75,17 @@ pub enum Change {
         #[serde(with = "server_id")]
         server: ServerId,
     },
+    /// Make `server`, catching up on `set`, its primary and only member.
+    /// For a primary whose store came back from a power loss (it may lack
+    /// writes it acknowledged) and whose in-sync copies were all taken out
+    /// while down: proposed by that primary once such a copy is back and
+    /// found whole (the server's members.rs `hand_over`). Only while the
+    /// primary is the set's one member (with another, `Failover`).
+    HandBack {
+        set: u16,
+        #[serde(with = "server_id")]
+        server: ServerId,
+    },
     /// `server` now runs at `address` ("ip:port"), replacing a dead process
     /// under the same id. Only for a server in no set (the detector removed
     /// it first), so nobody can take over a live server's id.
@@ -128,6 +139,10 @@ pub enum Rejection {
         set: u16,
         server: u16,
     },
+    /// `HandBack` while the primary has other in-sync members.
+    NotAlone {
+        set: u16,
+    },
     /// `MoveServer` to an address that is not "ip:port".
     BadAddress {
         server: u16,
@@ -171,6 +186,10 @@ impl fmt::Display for Rejection {
             Rejection::NotSyncing { set, server } => {
                 write!(f, "server {server} is not catching up on set {set}")
             }
+            Rejection::NotAlone { set } => write!(
+                f,
+                "set {set}'s primary has in-sync members: fail over to one of them instead"
+            ),
             Rejection::BadAddress { server, address } => write!(
                 f,
                 "server {server} cannot move to {address:?}: not an ip:port address"
@@ -268,7 +287,8 @@ impl ClusterMap {
             Change::Failover { set, new_primary } => (*set, *new_primary),
             Change::RemoveMember { set, server }
             | Change::AddSyncing { set, server }
-            | Change::MarkInSync { set, server } => (*set, *server),
+            | Change::MarkInSync { set, server }
+            | Change::HandBack { set, server } => (*set, *server),
             Change::MoveServer { server, address } => return self.with_move(*server, address),
         };
         if server.0 as usize >= self.sets.len() {
@@ -318,6 +338,17 @@ impl ClusterMap {
                 };
                 set.syncing.remove(at);
                 set.members.push(server);
+            }
+            Change::HandBack { .. } => {
+                if set.members.len() > 1 {
+                    return Err(Rejection::NotAlone { set: s });
+                }
+                let Some(at) = set.syncing.iter().position(|m| *m == server) else {
+                    return Err(Rejection::NotSyncing { set: s, server: v });
+                };
+                set.syncing.remove(at);
+                set.members = vec![server];
+                set.primary = server;
             }
             Change::MoveServer { .. } => unreachable!("handled by with_move"),
         }

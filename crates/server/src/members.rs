@@ -33,7 +33,7 @@ use crate::ServerError;
 use futures::future::BoxFuture;
 use madfs_membership::{
     fetch_map, Change, ClusterMap, Detector, LeaseHolder, Membership, MembershipConfig,
-    MembershipError, Ping, PingFn, PromoteFn, Promotion, Rejection, Timing, Transport,
+    MembershipError, Ping, PingFn, PromoteFn, Promotion, Rejection, SetState, Timing, Transport,
 };
 use madfs_proto::auth::{ClusterKey, Role};
 use madfs_proto::message::{Op, Reply};
@@ -66,6 +66,9 @@ mod tag {
     /// From the leader's detector: take the place of a voter lost for good
     /// (its server id, u16 LE).
     pub const PROMOTE: u8 = 4;
+    /// From a primary holding a set after a power loss: whether this
+    /// server's copy of the set (u16 LE) is whole. Answered [1] or [0].
+    pub const COPY_WHOLE: u8 = 5;
 }
 
 /// A lease ping's voter list: at most this many (the group's own bound).
@@ -236,6 +239,8 @@ pub struct Members {
     /// Sets whose copy here lacks records while the map counts it in
     /// sync: taking it out is being proposed (`leave_lacking`).
     leaving: SetsAtWork,
+    /// The router `follow` applies maps to: its copies answer `COPY_WHOLE`.
+    router: std::sync::OnceLock<std::sync::Weak<Router>>,
 }
 
 impl Members {
@@ -341,6 +346,7 @@ impl Members {
             fetching: AtomicBool::new(false),
             handing_over: SetsAtWork::default(),
             leaving: SetsAtWork::default(),
+            router: std::sync::OnceLock::new(),
         });
         match node {
             Some(node) => members.attach(node),
@@ -579,6 +585,25 @@ impl Members {
                 };
                 Ok(serde_json::to_vec(&answer).expect("maps and strings encode"))
             }
+            tag::COPY_WHOLE => {
+                let set = rest
+                    .first_chunk::<2>()
+                    .map(|b| ServerId(u16::from_le_bytes(*b)))
+                    .ok_or_else(|| bad("short copy question".into()))?;
+                // Not following a map yet: no answer (asked again), never
+                // "not whole", which would give up on a copy that may be.
+                let router = self
+                    .router
+                    .get()
+                    .and_then(std::sync::Weak::upgrade)
+                    .ok_or_else(|| {
+                        WireError::new(
+                            ErrorCode::Unavailable,
+                            format!("server {} is starting", self.me),
+                        )
+                    })?;
+                Ok(vec![router.home_server().copies.whole(set).await as u8])
+            }
             tag::PROMOTE => {
                 let lost = rest
                     .first_chunk::<2>()
@@ -782,6 +807,7 @@ impl Members {
     /// Apply every map this server learns to `router`, for as long as the
     /// process runs.
     pub fn follow(self: &Arc<Self>, router: Arc<Router>) {
+        let _ = self.router.set(Arc::downgrade(&router));
         let (members, mut rx) = (self.clone(), self.subscribe());
         tokio::spawn(async move {
             loop {
@@ -948,6 +974,13 @@ impl Members {
         let (me, router) = (self.clone(), router.clone());
         tokio::spawn(async move {
             let _claim = claim;
+            // The set's other in-sync members when first seen from here:
+            // each has every change this store may have lost. Taken out of
+            // the set while down (a second fault), they are waited for, the
+            // set unavailable meanwhile; the first back with its copy whole
+            // gets the set (`HandBack`). Only once none of them can come
+            // back whole is this store served.
+            let mut owed: Option<Vec<ServerId>> = None;
             // Until the map moves the set (then `apply` deposes this store)
             // or leaves it no other copy. Decided on the map as the voters
             // have it, never on the one this server's own node restarted
@@ -969,35 +1002,98 @@ impl Members {
                     router.depose(set);
                     break;
                 }
-                let Some(&next) = s.members.get(1) else {
-                    router.release(set);
-                    break;
-                };
-                // Not to a server that is down: the set would wait for it.
-                // If it stays down, the group takes it out of the set and
-                // this store, the only copy left, is served.
-                if !me.net.answers(next).await {
-                    tracing::info!(
-                        "server {}: set {set} waits for server {next}, its copy, to answer",
+                let owed = owed.get_or_insert_with(|| s.members[1..].to_vec());
+                if let Some(&next) = s.members.get(1) {
+                    // Not to a server that is down: the set would wait for
+                    // it. If it stays down, the group takes it out of the
+                    // set, and it is waited for below.
+                    if !me.net.answers(next).await {
+                        tracing::info!(
+                            "server {}: set {set} waits for server {next}, its copy, to answer",
+                            me.me
+                        );
+                        tokio::time::sleep(HAND_OVER_RETRY).await;
+                        continue;
+                    }
+                    tracing::warn!(
+                        "server {}: set {set} goes to server {next}, whose copy has every \
+                         acknowledged change (this store came back from a power loss)",
                         me.me
                     );
-                    tokio::time::sleep(HAND_OVER_RETRY).await;
+                    let change = Change::Failover {
+                        set: set.0,
+                        new_primary: next,
+                    };
+                    if !me.propose_latest(change).await {
+                        tokio::time::sleep(HAND_OVER_RETRY).await;
+                    }
                     continue;
                 }
-                tracing::warn!(
-                    "server {}: set {set} goes to server {next}, whose copy has every \
-                     acknowledged change (this store came back from a power loss)",
+                if me.hand_back(set, s, owed).await {
+                    continue;
+                }
+                if owed.is_empty() {
+                    router.release(set);
+                    break;
+                }
+                tracing::info!(
+                    "server {}: set {set} waits for a copy taken out while down ({owed:?}) \
+                     to come back: this store may lack acknowledged writes",
                     me.me
                 );
-                let change = Change::Failover {
-                    set: set.0,
-                    new_primary: next,
-                };
-                if !me.propose_latest(change).await {
-                    tokio::time::sleep(HAND_OVER_RETRY).await;
-                }
+                tokio::time::sleep(HAND_OVER_RETRY).await;
             }
         });
+    }
+
+    /// Held `set`, left with this server alone: give it to a copy of
+    /// `owed` back and catching up whose copy is whole (`HandBack`);
+    /// whether a hand-back applied. A copy back but not whole (a disk
+    /// lost, a power cut of its own) leaves `owed`.
+    async fn hand_back(&self, set: ServerId, s: &SetState, owed: &mut Vec<ServerId>) -> bool {
+        for w in owed.clone() {
+            if !s.syncing.contains(&w) {
+                continue;
+            }
+            let answer = tokio::time::timeout(
+                REMOTE_WAIT,
+                self.net.send(
+                    w,
+                    vec![
+                        tag::COPY_WHOLE,
+                        set.0.to_le_bytes()[0],
+                        set.0.to_le_bytes()[1],
+                    ],
+                ),
+            )
+            .await;
+            match answer {
+                Ok(Ok(b)) if b == [1] => {
+                    tracing::warn!(
+                        "server {}: set {set} goes to server {w}, back with a whole copy \
+                         (this store came back from a power loss)",
+                        self.me
+                    );
+                    let change = Change::HandBack {
+                        set: set.0,
+                        server: w,
+                    };
+                    if self.propose_latest(change).await {
+                        return true;
+                    }
+                }
+                Ok(Ok(_)) => {
+                    tracing::warn!(
+                        "server {}: server {w} is back without a whole copy of set {set}",
+                        self.me
+                    );
+                    owed.retain(|x| *x != w);
+                }
+                // No answer: asked again at the next round.
+                _ => {}
+            }
+        }
+        false
     }
 }
 

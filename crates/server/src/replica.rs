@@ -174,6 +174,36 @@ impl ReplicaCopies {
         slot.as_ref().is_some_and(|c| c.partial)
     }
 
+    /// Whether the copy of `set` kept here has every record it took, so
+    /// that it can serve the set: it took some (a stream), no load was cut
+    /// off and no power loss reopened it at a position no sync wrote. Asked
+    /// by a primary holding the set after a power loss, whose copies were
+    /// taken out while down (members.rs `hand_over`). False for a copy
+    /// served here, one that cannot be opened, and none at all (a disk
+    /// lost, a replacement).
+    pub(crate) async fn whole(&self, set: ServerId) -> bool {
+        if !self.sets.contains(&set) || self.is_promoted(set) {
+            return false;
+        }
+        let dir = copy_dir(&self.root, set);
+        if self.stores.is_none() && !dir.exists() {
+            return false;
+        }
+        let slot = self.slot(set);
+        let mut slot = slot.lock_owned().await;
+        if slot.is_none() {
+            let (stores, boot) = (self.stores.clone(), self.boot);
+            match crate::service::blocking(move || open_copy(dir, stores.as_deref(), boot)).await {
+                Ok(copy) => *slot = Some(copy),
+                Err(e) => {
+                    tracing::warn!("server {}: opening the copy of set {set}: {e}", self.me);
+                    return false;
+                }
+            }
+        }
+        slot.as_ref().is_some_and(|c| !c.partial && c.stream != 0)
+    }
+
     fn is_promoted(&self, set: ServerId) -> bool {
         self.promoted
             .lock()

@@ -610,7 +610,7 @@ impl Sim {
     fn crash(&mut self, id: ServerId) -> Result<(), Failure> {
         if self.cluster.replicated.is_some() {
             // It stays down a while: its set fails over (run_replicated.rs).
-            let power_cut = self.power_cuts && self.rng.random_bool(0.5);
+            let power_cut = self.power_cut_now();
             self.kill_replicated(id, power_cut);
             // A quick restart comes at the next step's start.
             return Ok(());

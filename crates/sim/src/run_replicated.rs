@@ -45,6 +45,17 @@ impl Sim {
             && rep.healthy(self.cluster.cfg.replicas as usize)
     }
 
+    /// Whether the next kill is a power cut: half of them, never while a
+    /// set is held after an earlier one (`Replicated::holding`).
+    pub(super) fn power_cut_now(&mut self) -> bool {
+        let holding = self
+            .cluster
+            .replicated
+            .as_ref()
+            .is_some_and(|r| r.holding());
+        self.power_cuts && self.rng.random_bool(0.5) && !holding
+    }
+
     /// Kill process `id`, to restart it a few steps later: a process kill
     /// (its disks keep everything), or with `power_cut` the loss of its
     /// host's power (its disks keep what was synced and a random prefix of
@@ -119,7 +130,7 @@ impl Sim {
         }
         let id = ServerId(self.rng.random_range(0..self.cluster.disks.len() as u16));
         if roll < 4 {
-            let power_cut = self.power_cuts && self.rng.random_bool(0.5);
+            let power_cut = self.power_cut_now();
             if self.kill_replicated(id, power_cut) {
                 self.down = None;
                 self.out.restarts += 1;

@@ -102,6 +102,46 @@ fn failover_keeps_chain_order_and_drops_the_old_primary() {
     );
 }
 
+/// A hand-back makes a copy catching up the set's only member and primary,
+/// only while the primary is alone (else it is a failover).
+#[test]
+fn hand_back_only_to_a_server_catching_up_on_a_set_left_with_its_primary() {
+    let mut map = ClusterMap::initial(3, 2);
+    let hand_back = |server| Change::HandBack {
+        set: 0,
+        server: ServerId(server),
+    };
+    assert_eq!(
+        change(&mut map, hand_back(1)),
+        Err(Rejection::NotAlone { set: 0 })
+    );
+    change(
+        &mut map,
+        Change::RemoveMember {
+            set: 0,
+            server: ServerId(1),
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        change(&mut map, hand_back(1)),
+        Err(Rejection::NotSyncing { set: 0, server: 1 })
+    );
+    change(
+        &mut map,
+        Change::AddSyncing {
+            set: 0,
+            server: ServerId(1),
+        },
+    )
+    .unwrap();
+    let m = change(&mut map, hand_back(1)).unwrap();
+    assert_eq!(m.sets[0].primary, ServerId(1));
+    assert_eq!(m.sets[0].members, vec![ServerId(1)]);
+    assert!(m.sets[0].syncing.is_empty());
+    assert!(m.check().is_ok());
+}
+
 #[test]
 fn membership_changes_keep_the_invariants() {
     let mut map = ClusterMap::initial(3, 2);
