@@ -53,6 +53,12 @@ pub struct SimConfig {
     /// lack what its copies acknowledged. Off replays the trajectories of
     /// seeds from before these existed.
     pub quick_restarts: bool,
+    /// With quick restarts between steps: half of them also kill (a
+    /// process kill) the set's in-sync copy before the server is back,
+    /// and start it again only once the group took it out of the set: a
+    /// second fault inside the hand-over (server members.rs `hand_back`).
+    /// Off replays the trajectories of seeds from before these existed.
+    pub double_faults: bool,
 }
 
 /// Renames the simulation runs at the same time as another rename.
@@ -87,6 +93,7 @@ impl SimConfig {
             replicas: 1,
             power_cuts: true,
             quick_restarts: true,
+            double_faults: true,
         }
     }
 
@@ -134,6 +141,8 @@ pub struct Outcome {
     pub power_cuts: usize,
     /// Power cuts whose server came back at once (`quick_restarts`).
     pub quick_restarts: usize,
+    /// Of those, the ones whose set's copy was killed too (`double_faults`).
+    pub double_faults: usize,
 }
 
 /// A broken invariant, with what is needed to replay it.
@@ -314,6 +323,7 @@ struct Sim {
     rename_races: RenameRaces,
     power_cuts: bool,
     quick_restarts: bool,
+    double_faults: bool,
     /// Files that may hold chunk bytes past their size (a crash or a
     /// failed write since they were made).
     ghosts: BTreeSet<InodeId>,
@@ -413,6 +423,7 @@ impl Sim {
             rename_races: cfg.rename_races,
             power_cuts: cfg.power_cuts,
             quick_restarts: cfg.quick_restarts,
+            double_faults: cfg.double_faults,
             ghosts: BTreeSet::new(),
             down: None,
             isolated: None,

@@ -100,6 +100,53 @@ impl Sim {
         false
     }
 
+    /// With `double_faults`, half the time: kill (a process kill) the
+    /// in-sync copy of a set server `id` is the primary of, while `id` is
+    /// down from a power cut and about to come back at once: the set is
+    /// then held with its copy down (server members.rs `hand_over`). The
+    /// set and the copy killed.
+    fn kill_copy_too(&mut self, id: ServerId) -> Option<(usize, ServerId)> {
+        if !self.double_faults || !self.rng.random_bool(0.5) {
+            return None;
+        }
+        let rep = self.cluster.replicated.as_ref().expect("replicas");
+        let (_, serving) = rep.routes()?;
+        let sets = rep.newest_sets();
+        let set = serving.iter().position(|&p| p == id)?;
+        let copy = *sets.get(set)?.0.get(1)?;
+        drop(self.cluster.net.kill(copy));
+        let home = self.cluster.disks[copy.0 as usize].clone();
+        let rep = self.cluster.replicated.as_mut().expect("replicas");
+        rep.kill(copy, &home, usize::MAX);
+        self.out.crashes += 1;
+        self.out.double_faults += 1;
+        self.note(format!(
+            "kill server {copy}, set {set}'s copy, before server {id} is back"
+        ));
+        Some((set, copy))
+    }
+
+    /// Start `copy` again once the group took it out of `set` (or after
+    /// `OUT_WAIT`): the held set waits for it and goes to it.
+    async fn restart_once_out(&mut self, set: usize, copy: ServerId) -> Result<(), Failure> {
+        const OUT_WAIT: Duration = Duration::from_secs(20);
+        let deadline = tokio::time::Instant::now() + OUT_WAIT;
+        while tokio::time::Instant::now() < deadline {
+            let rep = self.cluster.replicated.as_ref().expect("replicas");
+            let sets = rep.newest_sets();
+            if sets.get(set).is_some_and(|(m, _)| !m.contains(&copy)) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.out.restarts += 1;
+        self.note(format!("restart server {copy}"));
+        self.cluster
+            .start_replicated(copy)
+            .await
+            .map_err(|m| self.fail(m))
+    }
+
     /// A fault or a recovery between operations; whether it took the step.
     pub(super) async fn replicated_event(&mut self) -> Result<bool, Failure> {
         if let Some((id, at)) = self.down {
@@ -132,12 +179,16 @@ impl Sim {
         if roll < 4 {
             let power_cut = self.power_cut_now();
             if self.kill_replicated(id, power_cut) {
+                let copy = self.kill_copy_too(id);
                 self.down = None;
                 self.out.restarts += 1;
                 self.cluster
                     .start_replicated(id)
                     .await
                     .map_err(|m| self.fail(m))?;
+                if let Some((set, copy)) = copy {
+                    self.restart_once_out(set, copy).await?;
+                }
             }
         } else {
             let heal = self.step + self.rng.random_range(1..=3);

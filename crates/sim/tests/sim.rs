@@ -175,6 +175,7 @@ fn replicated_cluster_loses_nothing_acknowledged() {
     let (mut ops, mut failed, mut crashes, mut failovers, mut partitions, mut restarts) =
         (0, 0, 0, 0, 0, 0);
     let (mut dropped, mut power_cuts, mut lost, mut voter_moves, mut quick) = (0, 0, 0, 0, 0);
+    let mut double = 0;
     for &seed in &seeds {
         let mut cfg = SimConfig::replicated(seed, steps);
         cfg.verbose = replay;
@@ -194,6 +195,7 @@ fn replicated_cluster_loses_nothing_acknowledged() {
                 lost += o.lost_batches;
                 voter_moves += o.voter_moves;
                 quick += o.quick_restarts;
+                double += o.double_faults;
             }
             Err(f) => panic!("{f}"),
         }
@@ -201,7 +203,7 @@ fn replicated_cluster_loses_nothing_acknowledged() {
     eprintln!(
         "simulation: replicated, {} seeds x {steps} steps in {:.1?}: {ops} operations succeeded, \
          {failed} failed, {crashes} servers killed ({power_cuts} by a power cut, {quick} of them \
-         back at once, {lost} unsynced batches lost), {restarts} restarted, {partitions} partitions, {failovers} sets failed \
+         back at once, {double} of these with their copy killed too, {lost} unsynced batches lost), {restarts} restarted, {partitions} partitions, {failovers} sets failed \
          over, {voter_moves} voter moves, {dropped} messages lost",
         seeds.len(),
         started.elapsed()
@@ -435,6 +437,7 @@ fn replicated_seeds_that_once_failed_pass() {
             power_cuts,
             servers,
             quick_restarts,
+            double_faults: false,
             ..SimConfig::replicated(seed, steps)
         };
         if let Err(f) = run(&cfg) {
