@@ -957,8 +957,10 @@ impl Members {
     /// every acknowledged change, and this store may not. Hand the set to
     /// the next of them (`Failover`, as a primary whose disk failed does,
     /// step_down.rs); the map then deposes this store, and the server
-    /// catches up on the set like any returning server. Alone in the set,
-    /// it serves what it has.
+    /// catches up on the set like any returning server. Alone in the set
+    /// because the group took those members out while down, it waits for
+    /// one back with a whole copy and hands the set to it (`hand_back`);
+    /// alone with none owed, it serves what it has.
     fn hand_over(self: &Arc<Self>, set: ServerId, map: &ClusterMap, router: &Arc<Router>) {
         if map
             .sets
