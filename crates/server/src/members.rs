@@ -55,6 +55,8 @@ const PROPOSE_ATTEMPTS: usize = 5;
 const HAND_OVER_RETRY: Duration = Duration::from_millis(500);
 /// How long a server that is not a voter waits for the map or a proposal.
 const REMOTE_WAIT: Duration = Duration::from_secs(5);
+/// How long a promotion waits for the voters' map (`still_primary`).
+const PRIMARY_CHECK_WAIT: Duration = Duration::from_secs(2);
 
 mod tag {
     /// For the voter's node (crates/membership's own protocol).
@@ -847,7 +849,11 @@ impl Members {
             // Another's set, or its own once more after a resync (served
             // then from the copy, like any other). One held after a power
             // loss is handed over below.
-            if s.primary == self.me && router.server_of(set).is_none() && !router.is_held(set) {
+            if s.primary == self.me
+                && router.server_of(set).is_none()
+                && !router.is_held(set)
+                && self.still_primary(set).await
+            {
                 let replicas: Vec<ServerId> = s.members[1..].to_vec();
                 if let Err(e) = router.promote(set, replicas).await {
                     tracing::error!("server {}: cannot serve set {set}: {e}", self.me);
@@ -894,32 +900,7 @@ impl Members {
         // Primaries: resync the servers catching up, stop shipping to those
         // taken out.
         for (set, s) in map.sets.iter().enumerate() {
-            let set = ServerId(set as u16);
-            let Some(server) = router.server_of(set) else {
-                continue;
-            };
-            let Some(rep) = server.replication.clone() else {
-                continue;
-            };
-            for &j in &s.syncing {
-                if !rep.ships_to(j) {
-                    rep.catch_up(server.clone(), j);
-                } else if rep.counts_in_sync(j) && self.map().epoch == map.epoch {
-                    // The group took it out and let it back in to catch
-                    // up in maps this server skipped (it applies the
-                    // newest only), so no catch-up started and nobody
-                    // would ever count it in sync again (crates/sim with
-                    // 4 servers, seed 6137). It has every record it
-                    // acknowledged: a catch-up from there, without a load.
-                    rep.drop_replica(j);
-                    rep.catch_up(server.clone(), j);
-                }
-            }
-            for (j, _, out) in rep.replicas() {
-                if out.is_none() && !s.members.contains(&j) && !s.syncing.contains(&j) {
-                    rep.drop_replica(j);
-                }
-            }
+            self.follow_members(ServerId(set as u16), s, map.epoch, router);
         }
         // A server missing from a set the cluster file puts it in asks to
         // catch up on it (after a restart, or when it was taken out); not
@@ -951,6 +932,54 @@ impl Members {
 }
 
 impl Members {
+    /// Whether the voters' map still names this server `set`'s primary,
+    /// before it starts serving the set: the map its own node restarted
+    /// with may be older, and a copy served once is no copy any more (its
+    /// position is dropped), so a held set waiting for it would find it
+    /// not whole (the simulation with 4 servers, seed 17004). True when
+    /// the voters do not answer within `PRIMARY_CHECK_WAIT`: a failover
+    /// must not wait on them.
+    async fn still_primary(&self, set: ServerId) -> bool {
+        match tokio::time::timeout(PRIMARY_CHECK_WAIT, self.fresh_map()).await {
+            Ok(Ok(m)) => m
+                .sets
+                .get(set.0 as usize)
+                .is_some_and(|s| s.primary == self.me),
+            _ => true,
+        }
+    }
+
+    /// As `set`'s primary here (if this server serves it): resync the
+    /// servers `s` lists as catching up, stop shipping to those it no
+    /// longer lists. `epoch` is the map's that lists them.
+    fn follow_members(&self, set: ServerId, s: &SetState, epoch: u64, router: &Router) {
+        let Some(server) = router.server_of(set) else {
+            return;
+        };
+        let Some(rep) = server.replication.clone() else {
+            return;
+        };
+        for &j in &s.syncing {
+            if !rep.ships_to(j) {
+                rep.catch_up(server.clone(), j);
+            } else if rep.counts_in_sync(j) && self.map().epoch == epoch {
+                // The group took it out and let it back in to catch
+                // up in maps this server skipped (it applies the
+                // newest only), so no catch-up started and nobody
+                // would ever count it in sync again (crates/sim with
+                // 4 servers, seed 6137). It has every record it
+                // acknowledged: a catch-up from there, without a load.
+                rep.drop_replica(j);
+                rep.catch_up(server.clone(), j);
+            }
+        }
+        for (j, _, out) in rep.replicas() {
+            if out.is_none() && !s.members.contains(&j) && !s.syncing.contains(&j) {
+                rep.drop_replica(j);
+            }
+        }
+    }
+
     /// Held `set` (its store here came back from a power loss while the
     /// map still names this server its primary; restart.rs
     /// `opened_after_power_loss`): the set's other in-sync members have
@@ -1036,6 +1065,10 @@ impl Members {
                 }
                 if owed.is_empty() {
                     router.release(set);
+                    // Members that came back meanwhile are catching up:
+                    // no new map may come to start their resyncs (the
+                    // simulation with 4 servers, seed 17004).
+                    me.follow_members(set, s, map.epoch, &router);
                     break;
                 }
                 tracing::info!(
