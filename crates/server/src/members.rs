@@ -55,8 +55,9 @@ const PROPOSE_ATTEMPTS: usize = 5;
 const HAND_OVER_RETRY: Duration = Duration::from_millis(500);
 /// How long a server that is not a voter waits for the map or a proposal.
 const REMOTE_WAIT: Duration = Duration::from_secs(5);
-/// How long a promotion waits for the voters' map (`still_primary`).
-const PRIMARY_CHECK_WAIT: Duration = Duration::from_secs(2);
+/// How long a restarted server asks the voters for the map before it
+/// applies the one its own node restarted with (`follow`).
+const START_MAP_WAIT: Duration = Duration::from_secs(3);
 
 mod tag {
     /// For the voter's node (crates/membership's own protocol).
@@ -741,6 +742,29 @@ impl Members {
         self.me
     }
 
+    /// Learn the voters' map, within `START_MAP_WAIT`: through this
+    /// server's node, or, where that finds no leader (a node whose voter
+    /// place moved while it was away hears from none), from the others.
+    async fn learn_voters_map(&self) {
+        let deadline = tokio::time::Instant::now() + START_MAP_WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            let through_node = left.min(Duration::from_secs(1));
+            if let Ok(Ok(_)) = tokio::time::timeout(through_node, self.fresh_map()).await {
+                return;
+            }
+            let (others, net) = (self.other_voters(), NodeNet(self.net.clone()));
+            if let Ok(Ok(m)) = tokio::time::timeout(left, fetch_map(&others, &net, left)).await {
+                self.map.send_if_modified(|cur| newer(cur, m));
+                return;
+            }
+            tokio::time::sleep(HAND_OVER_RETRY.min(left)).await;
+        }
+    }
+
     /// Propose `change` against the newest map known, again while the
     /// epoch moved under it; whether it applied (or was applied before).
     pub(crate) async fn propose_latest(&self, change: Change) -> bool {
@@ -812,6 +836,16 @@ impl Members {
         let _ = self.router.set(Arc::downgrade(&router));
         let (members, mut rx) = (self.clone(), self.subscribe());
         tokio::spawn(async move {
+            // A server restarted into a cluster whose map moved on: the map
+            // its own node restarted with may be older than the voters'.
+            // Applied, it may make this server serve a copy of a set that
+            // moved on, and a copy served once is a copy no more (its
+            // position is dropped): a held set waiting for it found it not
+            // whole (the simulation with 4 servers, seed 17004). Ask the
+            // voters first, for a while.
+            if members.map().epoch > 1 {
+                members.learn_voters_map().await;
+            }
             loop {
                 let map = rx.borrow_and_update().clone();
                 if map.epoch > 0 {
@@ -849,11 +883,7 @@ impl Members {
             // Another's set, or its own once more after a resync (served
             // then from the copy, like any other). One held after a power
             // loss is handed over below.
-            if s.primary == self.me
-                && router.server_of(set).is_none()
-                && !router.is_held(set)
-                && self.still_primary(set).await
-            {
+            if s.primary == self.me && router.server_of(set).is_none() && !router.is_held(set) {
                 let replicas: Vec<ServerId> = s.members[1..].to_vec();
                 if let Err(e) = router.promote(set, replicas).await {
                     tracing::error!("server {}: cannot serve set {set}: {e}", self.me);
@@ -932,23 +962,6 @@ impl Members {
 }
 
 impl Members {
-    /// Whether the voters' map still names this server `set`'s primary,
-    /// before it starts serving the set: the map its own node restarted
-    /// with may be older, and a copy served once is no copy any more (its
-    /// position is dropped), so a held set waiting for it would find it
-    /// not whole (the simulation with 4 servers, seed 17004). True when
-    /// the voters do not answer within `PRIMARY_CHECK_WAIT`: a failover
-    /// must not wait on them.
-    async fn still_primary(&self, set: ServerId) -> bool {
-        match tokio::time::timeout(PRIMARY_CHECK_WAIT, self.fresh_map()).await {
-            Ok(Ok(m)) => m
-                .sets
-                .get(set.0 as usize)
-                .is_some_and(|s| s.primary == self.me),
-            _ => true,
-        }
-    }
-
     /// As `set`'s primary here (if this server serves it): resync the
     /// servers `s` lists as catching up, stop shipping to those it no
     /// longer lists. `epoch` is the map's that lists them.
