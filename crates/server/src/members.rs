@@ -836,14 +836,15 @@ impl Members {
         let _ = self.router.set(Arc::downgrade(&router));
         let (members, mut rx) = (self.clone(), self.subscribe());
         tokio::spawn(async move {
-            // A server restarted into a cluster whose map moved on: the map
-            // its own node restarted with may be older than the voters'.
+            // A server restarted (a map before any ping: its own node's,
+            // from its log) into a cluster whose map moved on: that map may
+            // be older than the voters' (the bootstrap one, even).
             // Applied, it may make this server serve a copy of a set that
             // moved on, and a copy served once is a copy no more (its
             // position is dropped): a held set waiting for it found it not
             // whole (the simulation with 4 servers, seed 17004). Ask the
             // voters first, for a while.
-            if members.map().epoch > 1 {
+            if members.map().epoch > 0 {
                 members.learn_voters_map().await;
             }
             loop {

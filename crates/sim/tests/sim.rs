@@ -235,11 +235,12 @@ fn a_replicated_seed_replays_identically() {
 /// trajectory), the bug. A
 /// seed's trajectory moves as the code changes, so a bug with a test of
 /// its own names it.
-const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, &str)] = &[
+const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, bool, &str)] = &[
     (
         229,
         60,
         3,
+        false,
         false,
         false,
         "an rmdir of a rename's source while the rename's outcome was unknown \
@@ -251,6 +252,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, &str)] = &[
         3,
         false,
         false,
+        false,
         "a mkdir answered by a primary whose set had moved away during its wait for \
          its replica was missing from the new primary",
     ),
@@ -260,6 +262,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, &str)] = &[
         3,
         true,
         false,
+        false,
         "an rmdir whose name's removal was not yet on the copy told the directory's \
          owner to free it; a failover then served the name without its inode",
     ),
@@ -268,6 +271,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, &str)] = &[
         60,
         3,
         true,
+        false,
         false,
         "a mkdir whose primary died before its reply ran again on the new primary after \
          a concurrent rmdir removed its directory: both answered ok and the directory \
@@ -279,6 +283,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, &str)] = &[
         3,
         true,
         false,
+        false,
         "a rename's look at its source name, while another rename replaced that name, \
          found the name, then its inode freed: NotFound for a name that always existed \
          (client Vanished)",
@@ -289,6 +294,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, &str)] = &[
         3,
         true,
         false,
+        false,
         "a cross-server rename's install, waiting for its locks on the destination's \
          server, was aborted by the settling of the coordinator's copy after a failover, \
          then wrote its name anyway: both names stayed (server rename.rs, marker lock)",
@@ -298,6 +304,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, &str)] = &[
         60,
         3,
         true,
+        false,
         false,
         "a client whose route to a set was stale asked for the routes, and the server cut \
          off from the others answered first every time, with an older map that routed the \
@@ -310,6 +317,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, &str)] = &[
         4,
         true,
         false,
+        false,
         "a replica taken out of a set and let back in to catch up in two maps its \
          primary skipped (it applies the newest only) was never resynced nor counted in \
          sync again: the set stayed short of a copy (server members.rs apply)",
@@ -319,6 +327,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, &str)] = &[
         60,
         4,
         true,
+        false,
         false,
         "a cross-server rename waited 20 s for an unsettled rename of its source and, \
          refused, went on without its locks: it moved the source while the first's \
@@ -330,6 +339,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, &str)] = &[
         3,
         true,
         false,
+        false,
         "on a lossy network the detector took a set's only other member out while the \
          primary was down too; the primary, back from a power cut, was all the set had, \
          and an acknowledged file was gone (membership detector.rs plan)",
@@ -339,6 +349,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, &str)] = &[
         60,
         3,
         true,
+        false,
         false,
         "an rmdir on a lossy network answered TimedOut with its removal not yet on the \
          copy and its seals left to lapse; a mkdir waiting on a seal then created its \
@@ -350,6 +361,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, &str)] = &[
         3,
         true,
         true,
+        false,
         "a server restarted after its own set moved away ran its start-up recoveries on \
          that stale store: it finished an rmdir that had timed out there and that the new \
          primary never had, freeing a live directory (server failover.rs Router::new)",
@@ -360,6 +372,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, &str)] = &[
         3,
         true,
         true,
+        false,
         "a primary back at once from a power cut decided on the map its own Raft node \
          restarted with, older than the voters', which showed its set with no other copy: \
          it served its store without an acknowledged create (server members.rs hand_over)",
@@ -370,6 +383,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, &str)] = &[
         3,
         true,
         true,
+        false,
         "a copy back at once from a power cut, at a position no sync wrote, stayed counted \
          in sync until a record came; its primary was cut next and the set failed over to \
          the copy, which had lost an acknowledged file (server members.rs leave_lacking)",
@@ -380,6 +394,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, &str)] = &[
         3,
         true,
         true,
+        false,
         "a server back at once from a power cut promoted its copy of a set it had served \
          before, which lost what the cut took: an acknowledged create was gone (server \
          restart.rs opened_after_power_loss, members.rs hand_over)",
@@ -390,6 +405,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, &str)] = &[
         3,
         true,
         true,
+        false,
         "a primary back at once from a power cut served its set from its own store, \
          without the writes its copy had acknowledged (server restart.rs, members.rs)",
     ),
@@ -399,6 +415,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, &str)] = &[
         3,
         true,
         true,
+        false,
         "a server back at once from a power cut served a set from its copy because the \
          map its node restarted with showed no other copy in sync; the voters' map had one, \
          and an acknowledged create was gone (server failover.rs promote)",
@@ -409,6 +426,7 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, &str)] = &[
         4,
         true,
         true,
+        false,
         "a copy back at once from a power cut had lost the batches after its last sync, \
          positions included: the sync's position left said whole, and a failover served it \
          without an acknowledged write (server replica.rs ReplicaCopy::marked, failover.rs \
@@ -420,9 +438,22 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, &str)] = &[
         4,
         true,
         true,
+        false,
         "a resync's request to count its replica in sync applied, its reply was lost, and \
          the retry was refused: the resync started over and wiped the copy the map counted \
          in sync, which a failover then served (server members.rs mark_in_sync)",
+    ),
+    (
+        17004,
+        60,
+        4,
+        true,
+        true,
+        true,
+        "a server restarted with its node's old map served its copy of a set that had moved \
+         on, so the copy a held set waited for was no longer whole; then the held store, \
+         released, never resynced the copy back (server members.rs learn_voters_map, \
+         follow_members)",
     ),
 ];
 
@@ -432,12 +463,14 @@ fn replicated_seeds_that_once_failed_pass() {
     if env("MADFS_SIM_REPLICAS").is_some() {
         return;
     }
-    for &(seed, steps, servers, power_cuts, quick_restarts, what) in REPLICATED_REGRESSIONS {
+    for &(seed, steps, servers, power_cuts, quick_restarts, double_faults, what) in
+        REPLICATED_REGRESSIONS
+    {
         let cfg = SimConfig {
             power_cuts,
             servers,
             quick_restarts,
-            double_faults: false,
+            double_faults,
             ..SimConfig::replicated(seed, steps)
         };
         if let Err(f) = run(&cfg) {
