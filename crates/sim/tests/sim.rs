@@ -7,7 +7,9 @@
 //! The cluster with replicas (`replicated` tests) reads the same variables
 //! with `MADFS_SIM_REPLICAS=2` set (defaults then: 4 seeds of 30 steps),
 //! and `MADFS_SIM_SERVERS=n` (default 3, all of them voters; with 4 or
-//! more, a voter down long enough has its place moved to another server);
+//! more, a voter down long enough has its place moved to another server)
+//! and `MADFS_SIM_DOUBLE_FAULTS=1` (a set's copy killed as its primary
+//! comes back from a power cut; off by default, a known gap);
 //! without it, those tests run their own few seeds.
 
 use madfs_sim::{run, SimConfig};
