@@ -22,6 +22,18 @@ fn change(map: &mut ClusterMap, change: Change) -> Applied {
     applied
 }
 
+/// Take `server` out of `set` (a change that must apply).
+fn remove_member(map: &mut ClusterMap, set: u16, server: u16) {
+    change(
+        map,
+        Change::RemoveMember {
+            set,
+            server: ServerId(server),
+        },
+    )
+    .unwrap();
+}
+
 #[test]
 fn initial_map_chains_the_next_servers() {
     let map = ClusterMap::initial(4, 3);
@@ -115,14 +127,7 @@ fn hand_back_only_to_a_server_catching_up_on_a_set_left_with_its_primary() {
         change(&mut map, hand_back(1)),
         Err(Rejection::NotAlone { set: 0 })
     );
-    change(
-        &mut map,
-        Change::RemoveMember {
-            set: 0,
-            server: ServerId(1),
-        },
-    )
-    .unwrap();
+    remove_member(&mut map, 0, 1);
     assert_eq!(
         change(&mut map, hand_back(1)),
         Err(Rejection::NotSyncing { set: 0, server: 1 })
@@ -220,14 +225,7 @@ fn a_server_moves_only_once_it_is_in_no_set() {
         change(&mut map, move_1("10.0.0.9:7000")),
         Err(Rejection::StillInSet { set: 0, server: 1 })
     );
-    change(
-        &mut map,
-        Change::RemoveMember {
-            set: 0,
-            server: ServerId(1),
-        },
-    )
-    .unwrap();
+    remove_member(&mut map, 0, 1);
     // Still syncing somewhere counts as in a set too.
     change(
         &mut map,
