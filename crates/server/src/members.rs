@@ -589,10 +589,7 @@ impl Members {
                 Ok(serde_json::to_vec(&answer).expect("maps and strings encode"))
             }
             tag::COPY_WHOLE => {
-                let set = rest
-                    .first_chunk::<2>()
-                    .map(|b| ServerId(u16::from_le_bytes(*b)))
-                    .ok_or_else(|| bad("short copy question".into()))?;
+                let set = id_in(rest).ok_or_else(|| bad("short copy question".into()))?;
                 // Not following a map yet: no answer (asked again), never
                 // "not whole", which would give up on a copy that may be.
                 let router = self
@@ -608,10 +605,7 @@ impl Members {
                 Ok(vec![router.home_server().copies.whole(set).await as u8])
             }
             tag::PROMOTE => {
-                let lost = rest
-                    .first_chunk::<2>()
-                    .map(|b| ServerId(u16::from_le_bytes(*b)))
-                    .ok_or_else(|| bad("short promotion".into()))?;
+                let lost = id_in(rest).ok_or_else(|| bad("short promotion".into()))?;
                 self.promote(lost)
                     .map(|()| Vec::new())
                     .map_err(|why| WireError::new(ErrorCode::InvalidArgument, why))
@@ -1104,18 +1098,9 @@ impl Members {
             if !s.syncing.contains(&w) {
                 continue;
             }
-            let answer = tokio::time::timeout(
-                REMOTE_WAIT,
-                self.net.send(
-                    w,
-                    vec![
-                        tag::COPY_WHOLE,
-                        set.0.to_le_bytes()[0],
-                        set.0.to_le_bytes()[1],
-                    ],
-                ),
-            )
-            .await;
+            let mut question = vec![tag::COPY_WHOLE];
+            question.extend_from_slice(&set.0.to_le_bytes());
+            let answer = tokio::time::timeout(REMOTE_WAIT, self.net.send(w, question)).await;
             match answer {
                 Ok(Ok(b)) if b == [1] => {
                     tracing::warn!(
@@ -1220,6 +1205,12 @@ fn reject_code(r: &Rejection) -> String {
         Rejection::StaleEpoch { .. } => format!("stale-epoch: {r}"),
         other => format!("other: {other}"),
     }
+}
+
+/// The server (or set) id a membership message carries first (u16 LE).
+fn id_in(rest: &[u8]) -> Option<ServerId> {
+    rest.first_chunk::<2>()
+        .map(|b| ServerId(u16::from_le_bytes(*b)))
 }
 
 /// Replace `cur` by `m` if `m` is newer; whether it did.

@@ -161,17 +161,26 @@ impl ReplicaCopies {
         let Ok(mut slot) = slot.try_lock_owned() else {
             return false;
         };
-        if slot.is_none() {
-            let (dir, stores, boot) = (copy_dir(&self.root, set), self.stores.clone(), self.boot);
-            match crate::service::blocking(move || open_copy(dir, stores.as_deref(), boot)).await {
-                Ok(copy) => *slot = Some(copy),
-                Err(e) => {
-                    tracing::warn!("server {}: opening the copy of set {set}: {e}", self.me);
-                    return false;
-                }
-            }
+        if let Err(e) = self.open_into(set, &mut slot).await {
+            tracing::warn!("server {}: opening the copy of set {set}: {e}", self.me);
+            return false;
         }
         slot.as_ref().is_some_and(|c| c.partial)
+    }
+
+    /// Open the copy of `set` into `slot` unless it is open already.
+    async fn open_into(
+        &self,
+        set: ServerId,
+        slot: &mut Option<ReplicaCopy>,
+    ) -> std::io::Result<()> {
+        if slot.is_none() {
+            let (dir, stores, boot) = (copy_dir(&self.root, set), self.stores.clone(), self.boot);
+            *slot = Some(
+                crate::service::blocking(move || open_copy(dir, stores.as_deref(), boot)).await?,
+            );
+        }
+        Ok(())
     }
 
     /// Whether the copy of `set` kept here has every record it took, so
@@ -185,21 +194,14 @@ impl ReplicaCopies {
         if !self.sets.contains(&set) || self.is_promoted(set) {
             return false;
         }
-        let dir = copy_dir(&self.root, set);
-        if self.stores.is_none() && !dir.exists() {
+        if self.stores.is_none() && !copy_dir(&self.root, set).exists() {
             return false;
         }
         let slot = self.slot(set);
         let mut slot = slot.lock_owned().await;
-        if slot.is_none() {
-            let (stores, boot) = (self.stores.clone(), self.boot);
-            match crate::service::blocking(move || open_copy(dir, stores.as_deref(), boot)).await {
-                Ok(copy) => *slot = Some(copy),
-                Err(e) => {
-                    tracing::warn!("server {}: opening the copy of set {set}: {e}", self.me);
-                    return false;
-                }
-            }
+        if let Err(e) = self.open_into(set, &mut slot).await {
+            tracing::warn!("server {}: opening the copy of set {set}: {e}", self.me);
+            return false;
         }
         slot.as_ref().is_some_and(|c| !c.partial && c.stream != 0)
     }
@@ -242,16 +244,9 @@ impl ReplicaCopies {
                 ),
             ));
         }
-        if slot.is_none() {
-            let (dir, stores, boot) = (copy_dir(&self.root, set), self.stores.clone(), self.boot);
-            *slot = Some(
-                crate::service::blocking(move || open_copy(dir, stores.as_deref(), boot))
-                    .await
-                    .map_err(|e| {
-                        err(ErrorCode::Io, format!("opening the copy of set {set}: {e}"))
-                    })?,
-            );
-        }
+        self.open_into(set, &mut slot)
+            .await
+            .map_err(|e| err(ErrorCode::Io, format!("opening the copy of set {set}: {e}")))?;
         if first_seq == 0 {
             return self.load(set, stream, records, &mut slot).await;
         }
