@@ -15,10 +15,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 impl Server {
-    /// Background work: finish renames, chunk purges and directory removals
-    /// a crash interrupted.
+    /// The store is served from now on: keep the copies acknowledgements
+    /// wait for in it (`Replicator::start_noting`), and start the background
+    /// work: finish renames, chunk purges and directory removals a crash
+    /// interrupted.
     pub fn start_background(self: Arc<Self>) {
         if let Some(r) = &self.replication {
+            r.start_noting(self.unreplicated.clone());
             r.start_shippers(self.clone());
         }
         let me = self.clone();

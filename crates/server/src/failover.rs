@@ -129,6 +129,17 @@ impl Router {
             .contains_key(&set)
     }
 
+    /// The copies held `set`'s store waited for when it was last served
+    /// (`Server::waited_before`); none if it is not held.
+    pub fn held_waited(&self, set: ServerId) -> Vec<ServerId> {
+        self.held
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&set)
+            .map(|m| m.server.waited_before.clone())
+            .unwrap_or_default()
+    }
+
     /// Serve held `set` from its store after all (no other member of the
     /// set has a copy in sync), noting this boot in it.
     pub fn release(&self, set: ServerId) {

@@ -58,6 +58,12 @@ pub const META_STREAM_STOPPED: &[u8] = b"METAstream_stopped";
 /// (16 bytes), to tell a start after a power loss, which may have lost
 /// unsynced writes, from one after a process crash (restart.rs).
 pub const META_SERVED_IN_BOOT: &[u8] = b"METAserved_in_boot";
+/// In a primary's store while served: the copies its acknowledgements wait
+/// for (u16 LE ids), rewritten synced before that list grows and before an
+/// acknowledgement goes without a copy that left it. After a power loss,
+/// the copies the held store may owe its lost writes to (members.rs
+/// `hand_over`), even if the group took them out meanwhile.
+pub const META_WAITED_COPIES: &[u8] = b"METAwaited_copies";
 /// Bumped when a record layout changes; a server refuses a newer format.
 pub const FORMAT_VERSION: u32 = 1;
 

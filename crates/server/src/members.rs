@@ -1013,12 +1013,17 @@ impl Members {
         let (me, router) = (self.clone(), router.clone());
         tokio::spawn(async move {
             let _claim = claim;
-            // The set's other in-sync members when first seen from here:
-            // each has every change this store may have lost. Taken out of
-            // the set while down (a second fault), they are waited for, the
-            // set unavailable meanwhile; the first back with its copy whole
-            // gets the set (`HandBack`). Only once none of them can come
-            // back whole is this store served.
+            // The copies this store's acknowledgements waited for when
+            // the power went (kept in it, `META_WAITED_COPIES`), and the
+            // set's other in-sync members when first seen from here: each
+            // has every change this store may have lost. Taken out of the
+            // set while down (a second fault; the group may take them out
+            // before this server's first look, seed 17018 with 4 servers,
+            // or before a restart of this server while it waits), they are
+            // waited for, the set unavailable meanwhile; the first back
+            // with its copy whole gets the set (`HandBack`). Only once none
+            // of them can come back whole is this store served.
+            let waited = router.held_waited(set);
             let mut owed: Option<Vec<ServerId>> = None;
             // Until the map moves the set (then `apply` deposes this store)
             // or leaves it no other copy. Decided on the map as the voters
@@ -1041,7 +1046,15 @@ impl Members {
                     router.depose(set);
                     break;
                 }
-                let owed = owed.get_or_insert_with(|| s.members[1..].to_vec());
+                let owed = owed.get_or_insert_with(|| {
+                    let mut o = s.members[1..].to_vec();
+                    for &w in &waited {
+                        if w != me.me && !o.contains(&w) {
+                            o.push(w);
+                        }
+                    }
+                    o
+                });
                 if let Some(&next) = s.members.get(1) {
                     // Not to a server that is down: the set would wait for
                     // it. If it stays down, the group takes it out of the

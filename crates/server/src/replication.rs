@@ -387,6 +387,9 @@ struct Stream {
     last_is_sync: bool,
     /// Payload bytes of `pending`.
     pending_bytes: usize,
+    /// The waited-for copies last written to the store (`note_waited`);
+    /// None before the first write.
+    noted: Option<Vec<ServerId>>,
 }
 
 /// The primary's record stream and what each replica has of it.
@@ -406,6 +409,10 @@ pub struct Replicator {
     /// The set moved away from this store (`retire`): nothing is shipped
     /// from it any more, and no replica leaves on its word.
     retired: std::sync::atomic::AtomicBool,
+    /// The store's own metadata (not shipped), where the copies that
+    /// acknowledgements wait for are kept while it is served
+    /// (`start_noting`).
+    noting: std::sync::OnceLock<Arc<dyn KvStore>>,
 }
 
 impl Replica {
@@ -436,6 +443,7 @@ impl Replicator {
                 next_seq: last + 1,
                 last_is_sync: false,
                 pending_bytes: 0,
+                noted: None,
                 pending: VecDeque::new(),
                 replicas: replicas
                     .iter()
@@ -456,7 +464,52 @@ impl Replicator {
             direct: std::sync::OnceLock::new(),
             group: std::sync::OnceLock::new(),
             retired: std::sync::atomic::AtomicBool::new(false),
+            noting: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The store is served from now on: keep the copies acknowledgements
+    /// wait for in `kv` (`META_WAITED_COPIES`), synced, from now on. Not
+    /// before: a store held after a power loss keeps the list its last
+    /// run left until it is served (members.rs `hand_over` reads it).
+    pub(crate) fn start_noting(&self, kv: Arc<dyn KvStore>) {
+        if self.noting.set(kv).is_err() {
+            return;
+        }
+        let mut s = self.lock();
+        if let Err(e) = self.note_waited(&mut s, None) {
+            tracing::error!("set {}: {e}", self.set);
+        }
+    }
+
+    /// Write the copies acknowledgements wait for now, with `joining`,
+    /// synced, if they differ from the last written (once noting). Called
+    /// with the stream locked, so that no acknowledgement goes out under
+    /// a list the store does not have yet: after a power loss, a copy not
+    /// on it has nothing this store acknowledged and lost, and one on it
+    /// has every such write (the group may have taken it out meanwhile).
+    fn note_waited(&self, s: &mut Stream, joining: Option<ServerId>) -> Result<(), String> {
+        let Some(kv) = self.noting.get() else {
+            return Ok(());
+        };
+        let mut list: Vec<ServerId> = s
+            .replicas
+            .iter()
+            .filter(|r| r.out.is_none() && (!r.syncing || r.awaited))
+            .map(|r| r.server)
+            .chain(joining)
+            .collect();
+        list.sort();
+        list.dedup();
+        if s.noted.as_ref() == Some(&list) {
+            return Ok(());
+        }
+        let mut b = WriteBatch::new();
+        b.put(crate::keys::META_WAITED_COPIES, &encode_ids(&list));
+        kv.write(b, true)
+            .map_err(|e| format!("noting the copies acknowledgements wait for: {e}"))?;
+        s.noted = Some(list);
+        Ok(())
     }
 
     /// Let replicas leave only once `group` has taken them out of the set.
@@ -672,6 +725,10 @@ impl Replicator {
         // nothing but a new load.
         r.kept_until = (keep && !r.syncing).then(|| std::time::Instant::now() + KEPT_FOR);
         r.out = Some(why);
+        // Before any acknowledgement without it (the lock is held).
+        if let Err(e) = self.note_waited(s, None) {
+            tracing::error!("set {}: {e}", self.set);
+        }
         self.trim(s);
         self.acked.notify_waiters();
     }
@@ -770,18 +827,30 @@ impl Replicator {
     }
 
     /// Whether acknowledgements wait for replica `i` while its resync of
-    /// `generation` (not a newer one) asks to be counted in sync.
-    fn set_awaited(&self, i: usize, generation: u64, awaited: bool) {
+    /// `generation` (not a newer one) asks to be counted in sync. False if
+    /// they cannot (its name could not be kept in the store first).
+    fn set_awaited(&self, i: usize, generation: u64, awaited: bool) -> bool {
         let mut s = self.lock();
-        let r = &mut s.replicas[i];
-        if r.generation == generation {
-            r.awaited = awaited;
+        let server = s.replicas[i].server;
+        if s.replicas[i].generation != generation {
+            return true;
         }
+        if awaited {
+            if let Err(e) = self.note_waited(&mut s, Some(server)) {
+                tracing::error!("set {}: {e}", self.set);
+                return false;
+            }
+        }
+        s.replicas[i].awaited = awaited;
+        true
     }
 
     /// `server` counts in the set again.
     pub(crate) fn mark_in_sync(&self, server: ServerId) {
         let mut s = self.lock();
+        if let Err(e) = self.note_waited(&mut s, Some(server)) {
+            tracing::error!("set {}: {e}", self.set);
+        }
         if let Some(r) = s.replicas.iter_mut().find(|r| r.server == server) {
             r.syncing = false;
             r.awaited = false;
@@ -871,7 +940,9 @@ impl Replicator {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        self.set_awaited(i, generation, true);
+        if !self.set_awaited(i, generation, true) {
+            return false;
+        }
         let counted = match self.group.get() {
             Some(g) => g.mark_in_sync(self.set, replica).await,
             None => true,
@@ -980,10 +1051,13 @@ impl Replicator {
             start = last.clone();
             start.push(0);
             let mut b = WriteBatch::new();
-            // The boot a store was served in is the host's, not the set's.
+            // The boot a store was served in is the host's, not the set's;
+            // the copies its acknowledgements waited for are its own.
             for (k, v) in rows
                 .iter()
-                .filter(|(k, _)| k != crate::keys::META_SERVED_IN_BOOT)
+                .filter(|(k, _)| {
+                    k != crate::keys::META_SERVED_IN_BOOT && k != crate::keys::META_WAITED_COPIES
+                })
             {
                 b.put(k, v);
             }
@@ -1148,6 +1222,23 @@ impl Replicator {
 
 /// A stream id no earlier start of this server used (with overwhelming
 /// odds): std's per-process random hash keys, over the time.
+/// Server ids as the store keeps them (u16 LE each).
+fn encode_ids(ids: &[ServerId]) -> Vec<u8> {
+    ids.iter().flat_map(|id| id.0.to_le_bytes()).collect()
+}
+
+/// The copies a store's acknowledgements last waited for
+/// (`META_WAITED_COPIES`), read at its open, before anything rewrites them;
+/// none if it never kept a list (never served with copies).
+pub(crate) fn waited_copies(kv: &dyn KvStore) -> madfs_kv::Result<Vec<ServerId>> {
+    Ok(kv
+        .get(crate::keys::META_WAITED_COPIES)?
+        .unwrap_or_default()
+        .chunks_exact(2)
+        .map(|b| ServerId(u16::from_le_bytes([b[0], b[1]])))
+        .collect())
+}
+
 pub(crate) fn random_stream_id() -> u64 {
     use std::hash::BuildHasher;
     std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now()) | 1
@@ -1407,5 +1498,31 @@ mod tests {
             futures::FutureExt::now_or_never(Box::pin(r.wait_replicated(next))).is_some(),
             "refused: not waited for"
         );
+    }
+
+    /// The store keeps the copies acknowledgements wait for, once served:
+    /// a copy about to be waited for is on the list first, and one that
+    /// leaves is off it before an acknowledgement goes without it. Held
+    /// (not yet noting), the list the last run left stays.
+    #[test]
+    fn the_copies_waited_for_are_kept_in_the_store_while_served() {
+        let kv: Arc<dyn KvStore> = Arc::new(madfs_kv::MemStore::new());
+        let listed = || waited_copies(kv.as_ref()).unwrap();
+        let mut b = WriteBatch::new();
+        b.put(crate::keys::META_WAITED_COPIES, &encode_ids(&[ServerId(3)]));
+        kv.write(b, true).unwrap();
+        let r = Replicator::new(ServerId(0), &[ServerId(1)]);
+        let (i, generation, _) = r.add_syncing(ServerId(2)).unwrap();
+        r.leave(0, "cut off".into(), true);
+        assert_eq!(listed(), [ServerId(3)], "not noting yet: left as it was");
+        r.start_noting(kv.clone());
+        assert_eq!(listed(), [] as [ServerId; 0], "only replica 1, out");
+        assert!(r.set_awaited(i, generation, true));
+        assert_eq!(listed(), [ServerId(2)], "awaited: listed");
+        r.mark_in_sync(ServerId(2));
+        r.add_syncing(ServerId(1)).unwrap();
+        assert_eq!(listed(), [ServerId(2)], "catching up: not waited for");
+        r.drop_replica(ServerId(2));
+        assert_eq!(listed(), [] as [ServerId; 0], "taken out: off the list");
     }
 }

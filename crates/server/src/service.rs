@@ -47,6 +47,10 @@ pub struct Server {
     /// kernel and not stopped cleanly, so a power loss may have taken
     /// writes its copies acknowledged (restart.rs `opened_after_power_loss`).
     pub(crate) after_power_loss: bool,
+    /// The copies this store's acknowledgements waited for when it was
+    /// last served (`META_WAITED_COPIES`, read before anything rewrites
+    /// it): after a power loss, the ones that may have what it lost.
+    pub(crate) waited_before: Vec<ServerId>,
     pub(crate) chunk_size: u64,
     /// Free space of the data directory's file system.
     pub(crate) space: SpaceGauge,
@@ -169,6 +173,8 @@ impl Server {
             crate::restart::opened_after_power_loss(kv.as_ref(), boot, stopped.is_some())
                 .map_err(|e| ServerError::Storage(e.to_string()))?
                 && cfg.replicas > 1;
+        let waited_before = crate::replication::waited_copies(kv.as_ref())
+            .map_err(|e| ServerError::Storage(e.to_string()))?;
         let replication = (cfg.replicas > 1 || !replicas.is_empty()).then(|| {
             Arc::new(match stopped {
                 Some((stream, last)) => {
@@ -247,6 +253,7 @@ impl Server {
             id,
             servers: cfg.server_count(),
             after_power_loss,
+            waited_before,
             chunk_size: cfg.chunk_size,
             space: SpaceGauge::new(data_dir),
             kv: kv.clone(),
