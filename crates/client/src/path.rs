@@ -828,13 +828,33 @@ impl Client {
     /// A new name `new` for what `existing` names (a final symlink is
     /// linked itself, as link(2) does on Linux).
     pub async fn hard_link(&self, existing: impl AsFsPath, new: impl AsFsPath) -> Result<Attr> {
+        self.hard_link_following(existing, new, false).await
+    }
+
+    /// `hard_link`; with `follow`, a final symlink of `existing` is
+    /// followed (linkat's AT_SYMLINK_FOLLOW).
+    pub async fn hard_link_following(
+        &self,
+        existing: impl AsFsPath,
+        new: impl AsFsPath,
+        follow: bool,
+    ) -> Result<Attr> {
         let (existing, new) = (existing.fs_path_bytes(), new.fs_path_bytes());
         async {
-            let attr = self.resolve_bytes(existing, false).await?;
+            let attr = self.resolve_bytes(existing, follow).await?;
             if attr.kind == FileKind::Dir {
                 return Err(ClientError::new(ErrorCode::NotPermitted, ""));
             }
             let (dir, name, _) = self.parent_of(new, ErrorCode::Exists).await?;
+            // The same name twice: it existed when resolved, so the new
+            // name did (EEXIST, as Linux answers). Sent on, an unlink of it
+            // meanwhile would let the link make it again, an outcome no
+            // order of the two gives (the replicated simulation, seed
+            // 18040 with 4 servers).
+            let (src_dir, src_name, _) = self.parent_of(existing, ErrorCode::Exists).await?;
+            if (src_dir, &src_name) == (dir, &name) {
+                return Err(ClientError::new(ErrorCode::Exists, ""));
+            }
             self.link(attr.ino, dir, &name).await
         }
         .await

@@ -202,17 +202,9 @@ pub fn rename(from: &[u8], to: &[u8], flags: u32) -> R<()> {
 pub fn link(existing: &[u8], new: &[u8], follow: bool) -> R<()> {
     not_in_vfork_child()?;
     let c = conn::get()?;
-    if follow {
-        // linkat(AT_SYMLINK_FOLLOW): link what a final symlink points to.
-        let attr = c.block_on(c.client.resolve(existing, true))?;
-        if attr.kind == FileKind::Dir {
-            return Err(Errno(libc::EPERM));
-        }
-        let (dir, name) = c.block_on(c.client.resolve_parent(new))?;
-        c.block_on(c.client.link(attr.ino, dir.ino, &name))?;
-    } else {
-        c.block_on(c.client.hard_link(existing, new))?;
-    }
+    // With `follow` (linkat's AT_SYMLINK_FOLLOW), what a final symlink
+    // points to is linked.
+    c.block_on(c.client.hard_link_following(existing, new, follow))?;
     Ok(())
 }
 
