@@ -57,9 +57,9 @@ pub struct SimConfig {
     /// process kill) the set's in-sync copy before the server is back,
     /// and start it again only once the group took it out of the set: a
     /// second fault inside the hand-over (server members.rs `hand_back`).
-    /// Off by default (`MADFS_SIM_DOUBLE_FAULTS=1` turns it on): seed
-    /// 17018 with 4 servers fails with it, a known gap
-    /// (docs/ARCHITECTURE.md).
+    /// On by default (`MADFS_SIM_DOUBLE_FAULTS=0` turns it off, to replay
+    /// seeds from before it; it was off until the primary kept the copies
+    /// it waits for, which seed 17018 with 4 servers needed).
     pub double_faults: bool,
 }
 
@@ -95,7 +95,7 @@ impl SimConfig {
             replicas: 1,
             power_cuts: true,
             quick_restarts: true,
-            double_faults: std::env::var("MADFS_SIM_DOUBLE_FAULTS").is_ok_and(|v| v == "1"),
+            double_faults: std::env::var("MADFS_SIM_DOUBLE_FAULTS").map_or(true, |v| v != "0"),
         }
     }
 

@@ -8,8 +8,8 @@
 //! with `MADFS_SIM_REPLICAS=2` set (defaults then: 4 seeds of 30 steps),
 //! and `MADFS_SIM_SERVERS=n` (default 3, all of them voters; with 4 or
 //! more, a voter down long enough has its place moved to another server)
-//! and `MADFS_SIM_DOUBLE_FAULTS=1` (a set's copy killed as its primary
-//! comes back from a power cut; off by default, a known gap);
+//! and `MADFS_SIM_DOUBLE_FAULTS=0` (no set's copy killed as its primary
+//! comes back from a power cut; on by default);
 //! without it, those tests run their own few seeds.
 
 use madfs_sim::{run, SimConfig};
