@@ -469,6 +469,16 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, bool, &str)] = &
          store was served without an acknowledged create (server replication.rs \
          META_WAITED_COPIES)",
     ),
+    (
+        18040,
+        50,
+        4,
+        true,
+        true,
+        true,
+        "a link of a name to itself raced with an unlink of that name: both answered ok, \
+         the link making the name again (client path.rs hard_link_following)",
+    ),
 ];
 
 #[test]
