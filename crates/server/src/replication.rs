@@ -50,6 +50,9 @@ const KEPT_RECORDS_MAX: usize = 1 << 18;
 const KEPT_BYTES_MAX: usize = 256 << 20;
 /// ...for at most this long after it left.
 const KEPT_FOR: Duration = Duration::from_secs(120);
+/// How often an acknowledgement tries again to write the list of copies
+/// it waits for, while the store refuses it (`note_waited`).
+const NOTE_RETRY: Duration = Duration::from_millis(100);
 
 /// Records one ReplicaApply carries at most.
 pub(crate) const RECORDS_PER_CALL_MAX: usize = 4096;
@@ -506,8 +509,14 @@ impl Replicator {
         }
         let mut b = WriteBatch::new();
         b.put(crate::keys::META_WAITED_COPIES, &encode_ids(&list));
-        kv.write(b, true)
-            .map_err(|e| format!("noting the copies acknowledgements wait for: {e}"))?;
+        if let Err(e) = kv.write(b, true) {
+            // Unknown now: acknowledgements wait until a write of the
+            // list succeeds (`wait_replicated`).
+            s.noted = None;
+            return Err(format!(
+                "noting the copies acknowledgements wait for (requests wait): {e}"
+            ));
+        }
         s.noted = Some(list);
         Ok(())
     }
@@ -610,16 +619,28 @@ impl Replicator {
     pub(crate) async fn wait_replicated(&self, seq: u64) {
         loop {
             let acked = self.acked.notified();
-            {
-                let s = self.lock();
+            let listed = {
+                let mut s = self.lock();
                 if s.replicas
                     .iter()
                     .all(|r| r.out.is_some() || (r.syncing && !r.awaited) || r.acked >= seq)
                 {
-                    return;
+                    // Not without the list of copies in the store: a copy
+                    // that left may still be on it (a failed write).
+                    Some(
+                        self.noting.get().is_none()
+                            || s.noted.is_some()
+                            || self.note_waited(&mut s, None).is_ok(),
+                    )
+                } else {
+                    None
                 }
+            };
+            match listed {
+                Some(true) => return,
+                Some(false) => tokio::time::sleep(NOTE_RETRY).await,
+                None => acked.await,
             }
-            acked.await;
         }
     }
 
@@ -1053,12 +1074,9 @@ impl Replicator {
             let mut b = WriteBatch::new();
             // The boot a store was served in is the host's, not the set's;
             // the copies its acknowledgements waited for are its own.
-            for (k, v) in rows
-                .iter()
-                .filter(|(k, _)| {
-                    k != crate::keys::META_SERVED_IN_BOOT && k != crate::keys::META_WAITED_COPIES
-                })
-            {
+            for (k, v) in rows.iter().filter(|(k, _)| {
+                k != crate::keys::META_SERVED_IN_BOOT && k != crate::keys::META_WAITED_COPIES
+            }) {
                 b.put(k, v);
             }
             keys += rows.len() as u64;
@@ -1524,5 +1542,62 @@ mod tests {
         assert_eq!(listed(), [ServerId(2)], "catching up: not waited for");
         r.drop_replica(ServerId(2));
         assert_eq!(listed(), [] as [ServerId; 0], "taken out: off the list");
+    }
+
+    /// A store that refuses writes while `full` is set.
+    struct Refusing {
+        inner: madfs_kv::MemStore,
+        full: std::sync::atomic::AtomicBool,
+    }
+
+    impl KvStore for Refusing {
+        fn get(&self, key: &[u8]) -> madfs_kv::Result<Option<Vec<u8>>> {
+            self.inner.get(key)
+        }
+        fn write(&self, batch: WriteBatch, sync: bool) -> madfs_kv::Result<()> {
+            if self.full.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(madfs_kv::KvError::Io("No space left on device".into()));
+            }
+            self.inner.write(batch, sync)
+        }
+        fn scan(
+            &self,
+            prefix: &[u8],
+            start: &[u8],
+            limit: usize,
+        ) -> madfs_kv::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+            self.inner.scan(prefix, start, limit)
+        }
+        fn sync_wal(&self) -> madfs_kv::Result<()> {
+            self.inner.sync_wal()
+        }
+    }
+
+    /// A copy that leaves while the store refuses the new list stays on
+    /// the old one: no acknowledgement goes without it until the list is
+    /// written.
+    #[tokio::test]
+    async fn no_acknowledgement_goes_without_a_copy_still_on_the_stored_list() {
+        let kv = Arc::new(Refusing {
+            inner: madfs_kv::MemStore::new(),
+            full: false.into(),
+        });
+        let r = Replicator::new(ServerId(0), &[ServerId(1)]);
+        r.start_noting(kv.clone());
+        assert_eq!(waited_copies(kv.as_ref()).unwrap(), [ServerId(1)]);
+        let seq = r.record(Record::Sync);
+        kv.full.store(true, std::sync::atomic::Ordering::SeqCst);
+        r.leave(0, "cut off".into(), true);
+        assert_eq!(waited_copies(kv.as_ref()).unwrap(), [ServerId(1)]);
+        let wait = tokio::time::timeout(Duration::from_millis(300), r.wait_replicated(seq));
+        assert!(
+            wait.await.is_err(),
+            "acknowledged with server 1 still listed"
+        );
+        kv.full.store(false, std::sync::atomic::Ordering::SeqCst);
+        tokio::time::timeout(Duration::from_secs(10), r.wait_replicated(seq))
+            .await
+            .expect("acknowledged once the list is written");
+        assert_eq!(waited_copies(kv.as_ref()).unwrap(), [] as [ServerId; 0]);
     }
 }
