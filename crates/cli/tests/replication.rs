@@ -32,12 +32,15 @@ fn all_keys(dir: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
     let kv = RocksStore::open(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     let mut out = BTreeMap::new();
     kv.scan_visit(b"", b"", &mut |k, v| {
-        // The copy's position, the primary's clean-stop marker and the
-        // boot it was served in are each store's own bookkeeping
-        // (restart.rs).
+        // The copy's position, the primary's clean-stop marker, the boot
+        // it was served in (restart.rs) and the copies it waits for
+        // (replication.rs) are each store's own bookkeeping.
         if !matches!(
             k,
-            b"METAreplica_position" | b"METAstream_stopped" | b"METAserved_in_boot"
+            b"METAreplica_position"
+                | b"METAstream_stopped"
+                | b"METAserved_in_boot"
+                | b"METAwaited_copies"
         ) {
             out.insert(k.to_vec(), v.to_vec());
         }

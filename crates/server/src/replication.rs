@@ -863,6 +863,13 @@ impl Replicator {
             }
         }
         s.replicas[i].awaited = awaited;
+        // Refused: off the list before an acknowledgement goes without it
+        // (the lock is held; a failed write holds them, `wait_replicated`).
+        if !awaited {
+            if let Err(e) = self.note_waited(&mut s, None) {
+                tracing::error!("set {}: {e}", self.set);
+            }
+        }
         true
     }
 
@@ -1537,6 +1544,9 @@ mod tests {
         assert_eq!(listed(), [] as [ServerId; 0], "only replica 1, out");
         assert!(r.set_awaited(i, generation, true));
         assert_eq!(listed(), [ServerId(2)], "awaited: listed");
+        assert!(r.set_awaited(i, generation, false));
+        assert_eq!(listed(), [] as [ServerId; 0], "refused: off the list");
+        assert!(r.set_awaited(i, generation, true));
         r.mark_in_sync(ServerId(2));
         r.add_syncing(ServerId(1)).unwrap();
         assert_eq!(listed(), [ServerId(2)], "catching up: not waited for");
