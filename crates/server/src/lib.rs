@@ -33,6 +33,8 @@ mod service;
 mod space;
 mod step_down;
 pub mod sync;
+#[cfg(test)]
+mod test_kv;
 mod touch;
 mod write_order;
 mod writeback;

@@ -1554,49 +1554,17 @@ mod tests {
         assert_eq!(listed(), [] as [ServerId; 0], "taken out: off the list");
     }
 
-    /// A store that refuses writes while `full` is set.
-    struct Refusing {
-        inner: madfs_kv::MemStore,
-        full: std::sync::atomic::AtomicBool,
-    }
-
-    impl KvStore for Refusing {
-        fn get(&self, key: &[u8]) -> madfs_kv::Result<Option<Vec<u8>>> {
-            self.inner.get(key)
-        }
-        fn write(&self, batch: WriteBatch, sync: bool) -> madfs_kv::Result<()> {
-            if self.full.load(std::sync::atomic::Ordering::SeqCst) {
-                return Err(madfs_kv::KvError::Io("No space left on device".into()));
-            }
-            self.inner.write(batch, sync)
-        }
-        fn scan(
-            &self,
-            prefix: &[u8],
-            start: &[u8],
-            limit: usize,
-        ) -> madfs_kv::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-            self.inner.scan(prefix, start, limit)
-        }
-        fn sync_wal(&self) -> madfs_kv::Result<()> {
-            self.inner.sync_wal()
-        }
-    }
-
     /// A copy that leaves while the store refuses the new list stays on
     /// the old one: no acknowledgement goes without it until the list is
     /// written.
     #[tokio::test]
     async fn no_acknowledgement_goes_without_a_copy_still_on_the_stored_list() {
-        let kv = Arc::new(Refusing {
-            inner: madfs_kv::MemStore::new(),
-            full: false.into(),
-        });
+        let kv = Arc::new(crate::test_kv::FaultyKv::default());
         let r = Replicator::new(ServerId(0), &[ServerId(1)]);
         r.start_noting(kv.clone());
         assert_eq!(waited_copies(kv.as_ref()).unwrap(), [ServerId(1)]);
         let seq = r.record(Record::Sync);
-        kv.full.store(true, std::sync::atomic::Ordering::SeqCst);
+        kv.set_full(true);
         r.leave(0, "cut off".into(), true);
         assert_eq!(waited_copies(kv.as_ref()).unwrap(), [ServerId(1)]);
         let wait = tokio::time::timeout(Duration::from_millis(300), r.wait_replicated(seq));
@@ -1604,7 +1572,7 @@ mod tests {
             wait.await.is_err(),
             "acknowledged with server 1 still listed"
         );
-        kv.full.store(false, std::sync::atomic::Ordering::SeqCst);
+        kv.set_full(false);
         tokio::time::timeout(Duration::from_secs(10), r.wait_replicated(seq))
             .await
             .expect("acknowledged once the list is written");

@@ -209,34 +209,9 @@ impl KvStore for PoisonGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_kv::FaultyKv;
     use madfs_kv::MemStore;
     use madfs_types::{ChunkIndex, InodeId};
-
-    /// A metadata store whose log cannot be synced.
-    struct FailingSync(MemStore);
-
-    impl KvStore for FailingSync {
-        fn get(&self, key: &[u8]) -> madfs_kv::Result<Option<Vec<u8>>> {
-            self.0.get(key)
-        }
-        fn write(&self, batch: WriteBatch, sync: bool) -> madfs_kv::Result<()> {
-            if sync {
-                return Err(KvError::Io("IO error: fsync: Input/output error".into()));
-            }
-            self.0.write(batch, false)
-        }
-        fn scan(
-            &self,
-            prefix: &[u8],
-            start: &[u8],
-            limit: usize,
-        ) -> madfs_kv::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-            self.0.scan(prefix, start, limit)
-        }
-        fn sync_wal(&self) -> madfs_kv::Result<()> {
-            Err(KvError::Io("IO error: fsync: Input/output error".into()))
-        }
-    }
 
     fn put(kv: &dyn KvStore, sync: bool) -> madfs_kv::Result<()> {
         let mut b = WriteBatch::new();
@@ -274,11 +249,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let chunks = Arc::new(ChunkStore::open(dir.path().to_path_buf()).unwrap());
         let kv: Arc<dyn KvStore> = Arc::new(PoisonGuard::new(
-            Arc::new(FailingSync(MemStore::new())),
+            Arc::new(FaultyKv::failing_fsync()),
             chunks.clone(),
         ));
         // A full disk is no lost write: it does not poison.
-        let full = PoisonGuard::new(Arc::new(FullDisk), chunks.clone());
+        let full = PoisonGuard::new(Arc::new(FaultyKv::full()), chunks.clone());
         put(&full, true).expect_err("a write to a full disk");
         assert!(chunks.poisoned().is_none());
         put(kv.as_ref(), false).unwrap();
@@ -300,7 +275,7 @@ mod tests {
     fn a_failed_synced_metadata_write_poisons_the_server() {
         let dir = tempfile::tempdir().unwrap();
         let chunks = Arc::new(ChunkStore::open(dir.path().to_path_buf()).unwrap());
-        let kv = PoisonGuard::new(Arc::new(FailingSync(MemStore::new())), chunks.clone());
+        let kv = PoisonGuard::new(Arc::new(FaultyKv::failing_fsync()), chunks.clone());
         put(&kv, false).unwrap();
         put(&kv, true).expect_err("the synced write");
         let why = chunks.poisoned().expect("poisoned");
@@ -309,24 +284,6 @@ mod tests {
             "{why}"
         );
         put(&kv, false).expect_err("later writes are refused");
-    }
-
-    /// A metadata store on a full disk.
-    struct FullDisk;
-
-    impl KvStore for FullDisk {
-        fn get(&self, _: &[u8]) -> madfs_kv::Result<Option<Vec<u8>>> {
-            Ok(None)
-        }
-        fn write(&self, _: WriteBatch, _: bool) -> madfs_kv::Result<()> {
-            Err(KvError::Io("IO error: No space left on device".into()))
-        }
-        fn scan(&self, _: &[u8], _: &[u8], _: usize) -> madfs_kv::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-            Ok(Vec::new())
-        }
-        fn sync_wal(&self) -> madfs_kv::Result<()> {
-            Ok(())
-        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
