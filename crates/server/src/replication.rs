@@ -424,6 +424,12 @@ impl Replica {
     fn wants_records(&self) -> bool {
         self.out.is_none() || self.kept_until.is_some()
     }
+
+    /// Whether acknowledgements wait for it: in the set, and in sync or
+    /// asked to be counted so (`awaited`).
+    fn waited_for(&self) -> bool {
+        self.out.is_none() && (!self.syncing || self.awaited)
+    }
 }
 
 impl Replicator {
@@ -498,7 +504,7 @@ impl Replicator {
         let mut list: Vec<ServerId> = s
             .replicas
             .iter()
-            .filter(|r| r.out.is_none() && (!r.syncing || r.awaited))
+            .filter(|r| r.waited_for())
             .map(|r| r.server)
             .chain(joining)
             .collect();
@@ -621,17 +627,11 @@ impl Replicator {
             let acked = self.acked.notified();
             let listed = {
                 let mut s = self.lock();
-                if s.replicas
-                    .iter()
-                    .all(|r| r.out.is_some() || (r.syncing && !r.awaited) || r.acked >= seq)
-                {
+                if s.replicas.iter().all(|r| !r.waited_for() || r.acked >= seq) {
                     // Not without the list of copies in the store: a copy
-                    // that left may still be on it (a failed write).
-                    Some(
-                        self.noting.get().is_none()
-                            || s.noted.is_some()
-                            || self.note_waited(&mut s, None).is_ok(),
-                    )
+                    // that left may still be on it (a failed write; not
+                    // noting yet, `note_waited` writes nothing).
+                    Some(s.noted.is_some() || self.note_waited(&mut s, None).is_ok())
                 } else {
                     None
                 }
@@ -1245,8 +1245,6 @@ impl Replicator {
     }
 }
 
-/// A stream id no earlier start of this server used (with overwhelming
-/// odds): std's per-process random hash keys, over the time.
 /// Server ids as the store keeps them (u16 LE each).
 fn encode_ids(ids: &[ServerId]) -> Vec<u8> {
     ids.iter().flat_map(|id| id.0.to_le_bytes()).collect()
@@ -1264,6 +1262,8 @@ pub(crate) fn waited_copies(kv: &dyn KvStore) -> madfs_kv::Result<Vec<ServerId>>
         .collect())
 }
 
+/// A stream id no earlier start of this server used (with overwhelming
+/// odds): std's per-process random hash keys, over the time.
 pub(crate) fn random_stream_id() -> u64 {
     use std::hash::BuildHasher;
     std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now()) | 1
