@@ -382,13 +382,6 @@ async fn rename_local(
     let (ino, kind) = (mv.ino, mv.kind);
     let (sealed, target) = seal_target(srv, dp, dn, ino, kind, noreplace).await?;
     let result = async {
-        srv.wait_unsealed(dp).await?;
-        let _gate = srv.locks.gate(dp).read().await;
-        // Again under the gate: a seal taken between the look and the gate
-        // saw the directory empty (the plain simulation, seeds 30462 and
-        // 30624: a rename onto an empty directory replaced it while a file
-        // moved into it).
-        srv.wait_unsealed(dp).await?;
         let mut keys = vec![
             LockKey::Dentry(sp, sn),
             LockKey::Dentry(dp, dn),
@@ -400,7 +393,11 @@ async fn rename_local(
         let mut parents = DirChanges::one(sp, 0);
         parents.add(dp, 0);
         keys.extend(parents.local_keys(srv.id));
-        let guard = srv.locks.lock(&keys).await?;
+        // Unsealed under the gate: a seal taken between a look and the
+        // gate saw the directory empty (the plain simulation, seeds 30462
+        // and 30624: a rename onto an empty directory replaced it while a
+        // file moved into it).
+        let guard = srv.lock_unsealed(dp, &keys).await?;
         if srv.load_dentry(sp, sn)? != Some((kind, ino)) {
             return Err(err(ErrorCode::TryAgain, "the source changed during rename"));
         }
@@ -630,16 +627,14 @@ pub(crate) async fn install(
     let (sealed, target) = seal_target(srv, dp, dn, ino, kind, noreplace).await?;
     let result = async {
         srv.wait_unsealed(dp).await?;
-        let _gate = srv.locks.gate(dp).read().await;
-        // Again under the gate (as in `rename_local`).
-        srv.wait_unsealed(dp).await?;
         srv.dir_owner(dp).await?;
         let mut keys = vec![LockKey::Dentry(dp, dn)];
         if let Some(t) = target {
             keys.push(LockKey::Inode(t));
         }
         keys.extend(DirChanges::one(dp, 0).local_keys(srv.id));
-        let guard = tokio::time::timeout(LOCK_WAIT, srv.locks.lock(&keys))
+        // Unsealed under the gate (as in `rename_local`).
+        let guard = tokio::time::timeout(LOCK_WAIT, srv.lock_unsealed(dp, &keys))
             .await
             .map_err(|_| err(ErrorCode::TryAgain, "destination busy"))??;
         if srv.load_dentry(dp, dn)?.map(|(_, i)| i) != target {

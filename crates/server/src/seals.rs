@@ -7,6 +7,7 @@
 
 use crate::errors::{err, io_err, kv_err, OpResult};
 use crate::keys;
+use crate::locks::{Gated, LockKey};
 use crate::service::{blocking, Server};
 use madfs_proto::message::{Op, Reply, SealAction};
 use madfs_proto::{ErrorCode, WireError};
@@ -62,6 +63,24 @@ impl Server {
                     }
                     let _ = tokio::time::timeout(left, notified).await;
                 }
+            }
+        }
+    }
+
+    /// `keys` and `dir`'s gate (`Locks::lock_gated`), taken once `dir` is
+    /// not sealed: an entry written under them cannot land in a directory
+    /// that an rmdir found empty. A seal is waited for with nothing held.
+    pub(crate) async fn lock_unsealed(
+        &self,
+        dir: InodeId,
+        keys: &[LockKey<'_>],
+    ) -> Result<Gated<'_>, WireError> {
+        loop {
+            self.wait_unsealed(dir).await?;
+            let held = self.locks.lock_gated(dir, keys).await?;
+            // Sealed between the wait and the gate: wait again, unlocked.
+            if self.seal_state(dir).is_none() {
+                return Ok(held);
             }
         }
     }

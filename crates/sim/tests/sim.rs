@@ -87,6 +87,13 @@ fn simulated_cluster_keeps_its_invariants() {
         seeds.len(),
         started.elapsed()
     );
+    // Every wait in the servers is bounded well below the call timeout:
+    // a call that outlived it is servers waiting on each other.
+    assert!(
+        stalled.is_empty(),
+        "calls got no answer within the call timeout in seeds {stalled:?} \
+         (replay one with MADFS_SIM_SEED=... MADFS_SIM_STEPS={steps})"
+    );
 }
 
 /// Seeds of the plain simulation that once failed (seed, steps, what).
@@ -139,6 +146,37 @@ fn seeds_that_once_failed_pass() {
         if let Err(f) = run(&SimConfig::new(seed, steps)) {
             panic!("seed {seed} (once: {what}) fails again:\n{f}");
         }
+    }
+}
+
+/// Seeds of the plain simulation whose calls once waited for the whole
+/// call timeout: servers waiting on each other (seed, steps, what).
+const STALLED: &[(u64, usize, &str)] = &[
+    (
+        49866,
+        25,
+        "a mkdir held its directory's gate while it waited for a lock a cross-server rename \
+         held, and the rename's seal of its target waited for that gate (server locks.rs \
+         lock_gated)",
+    ),
+    (
+        57744,
+        45,
+        "a cross-server rename held its source's lock stripe while the destination's server \
+         dropped a link of the replaced file, whose inode had the same stripe (server locks.rs: \
+         exact keys, not stripes)",
+    ),
+];
+
+#[test]
+fn seeds_that_once_stalled_answer_every_call() {
+    quiet();
+    for &(seed, steps, what) in STALLED {
+        let o = run(&SimConfig::new(seed, steps)).unwrap_or_else(|f| panic!("{f}"));
+        assert_eq!(
+            o.stalls, 0,
+            "seed {seed} (once: {what}) has calls that got no answer again"
+        );
     }
 }
 

@@ -101,13 +101,11 @@ impl Server {
             ));
         }
         self.wait_unsealed(parent).await?;
-        let gate = self.locks.gate(parent).read().await;
-        self.wait_unsealed(parent).await?;
         let dir = self.dir_owner(parent).await?;
         let changes = DirChanges::one(parent, i64::from(kind == FileKind::Dir));
         let mut lock_keys = vec![LockKey::Dentry(parent, name)];
         lock_keys.extend(changes.local_keys(self.id));
-        let g = self.locks.lock(&lock_keys).await?;
+        let held = self.lock_unsealed(parent, &lock_keys).await?;
         if let Some((ekind, eino)) = self.load_dentry(parent, name)? {
             perm::check(&dir, c, perm::EXEC)?;
             if exclusive || kind != FileKind::File {
@@ -178,8 +176,7 @@ impl Server {
         // Other servers may put entries into a new directory at once: it
         // must outlive a power cut first, or they outlive it.
         self.kv.write(b, kind == FileKind::Dir).map_err(kv_err)?;
-        drop(g);
-        drop(gate);
+        drop(held);
         self.inode_count.fetch_add(1, Ordering::Relaxed);
         let touched = self.touch_queued(&changes, now);
         Ok(Reply::Created {

@@ -81,10 +81,6 @@ impl Server {
         name: &FileName,
     ) -> Result<Reply, WireError> {
         self.wait_unsealed(parent).await?;
-        let gate = self.locks.gate(parent).read().await;
-        // Again under the gate: a seal taken between the look and the gate
-        // saw the directory empty.
-        self.wait_unsealed(parent).await?;
         let dir = self.dir_owner(parent).await?;
         perm::check_dir_write(&dir, c)?;
         let attr = self.attr_of(ino).await?;
@@ -94,11 +90,38 @@ impl Server {
                 "hard links to directories are not allowed",
             ));
         }
+        if self.load_dentry(parent, name)?.is_some() {
+            return Err(err(ErrorCode::Exists, ""));
+        }
+        let local = ino.owner() == self.id;
+        if !local {
+            // Count the link first: a crash before the name is written
+            // leaks a link count, never leaves a name without an inode.
+            // And before the locks: a request never waits for another
+            // server while it holds a directory's gate (locks.rs).
+            self.call_peer(ino.owner(), adjust(ino, 1)).await?;
+        }
+        let linked = self.link_locked(ino, attr.kind, parent, name).await;
+        if linked.is_err() && !local {
+            let _ = self.call_peer(ino.owner(), adjust(ino, -1)).await;
+        }
+        linked
+    }
+
+    /// `link`'s name, written under the locks; a remote inode's count is
+    /// already up.
+    async fn link_locked(
+        self: &Arc<Self>,
+        ino: InodeId,
+        kind: FileKind,
+        parent: InodeId,
+        name: &FileName,
+    ) -> Result<Reply, WireError> {
         let local = ino.owner() == self.id;
         let changes = DirChanges::one(parent, 0);
         let mut lock_keys = vec![LockKey::Dentry(parent, name), LockKey::Inode(ino)];
         lock_keys.extend(changes.local_keys(self.id));
-        let g = self.locks.lock(&lock_keys).await?;
+        let held = self.lock_unsealed(parent, &lock_keys).await?;
         if self.load_dentry(parent, name)?.is_some() {
             return Err(err(ErrorCode::Exists, ""));
         }
@@ -118,23 +141,11 @@ impl Server {
             inode.attr.ctime = Timestamp::now();
             b.put(&keys::inode(ino), &inode.encode());
             attr_out = Some(inode.attr);
-        } else {
-            // Count the link first: a crash before the name is written leaks
-            // a link count, never leaves a name without an inode.
-            self.call_peer(
-                ino.owner(),
-                Op::AdjustLinks {
-                    ino,
-                    delta: 1,
-                    hold: false,
-                },
-            )
-            .await?;
         }
-        Self::put_dentry(&mut b, parent, name, attr.kind, ino);
+        Self::put_dentry(&mut b, parent, name, kind, ino);
         let entry = Entry {
             ino,
-            kind: attr.kind,
+            kind,
             attr: attr_out,
         };
         crate::once::record(
@@ -144,24 +155,17 @@ impl Server {
                 touched: Vec::new(),
             },
         );
-        if let Err(e) = self.kv.write(b, false) {
-            if !local {
-                let _ = self
-                    .call_peer(
-                        ino.owner(),
-                        Op::AdjustLinks {
-                            ino,
-                            delta: -1,
-                            hold: false,
-                        },
-                    )
-                    .await;
-            }
-            return Err(kv_err(e));
-        }
-        drop(g);
-        drop(gate);
+        self.kv.write(b, false).map_err(kv_err)?;
+        drop(held);
         let touched = self.touch_queued(&changes, time);
         Ok(Reply::Linked { entry, touched })
+    }
+}
+
+fn adjust(ino: InodeId, delta: i32) -> Op {
+    Op::AdjustLinks {
+        ino,
+        delta,
+        hold: false,
     }
 }
