@@ -1064,6 +1064,19 @@ fn a_held_set_waits_for_its_copy_taken_out_while_down_and_goes_to_it() {
             out.stdout.len(),
             out.stdout.iter().filter(|&&b| b == 0).count()
         );
+        // The operator sees which copy the set waits for.
+        let status = std::process::Command::new(common::MADFS)
+            .arg("status")
+            .env("MADFS_CLUSTER", tc.cluster_file())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run madfs status");
+        let shown = String::from_utf8_lossy(&status.stdout);
+        assert!(
+            shown.contains("server 3 holds set 3")
+                && shown.contains("waits for the copy on server 0"),
+            "madfs status ({run}) does not say what set 3 waits for:\n{shown}"
+        );
         if run == "back" {
             tc.kill9(3);
         }

@@ -62,6 +62,9 @@ pub struct Router {
     /// to an in-sync copy, or released if it has none (members.rs
     /// `hand_over`).
     held: RwLock<HashMap<ServerId, Arc<Metered>>>,
+    /// What each held set waits for, as its clients and `madfs status`
+    /// are told (`note_held`).
+    held_for: std::sync::Mutex<HashMap<ServerId, String>>,
 }
 
 impl Router {
@@ -114,6 +117,7 @@ impl Router {
             stores: std::sync::OnceLock::new(),
             stopping: std::sync::atomic::AtomicBool::new(false),
             held: RwLock::new(held),
+            held_for: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -138,6 +142,35 @@ impl Router {
             .get(&set)
             .map(|m| m.server.waited_before.clone())
             .unwrap_or_default()
+    }
+
+    /// What held `set` waits for now (members.rs `hand_over`): requests
+    /// for it are answered Unavailable with this, so an operator sees
+    /// which copy a set back from a power loss waits for.
+    pub fn note_held(&self, set: ServerId, waits_for: String) {
+        self.held_for
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(set, waits_for);
+    }
+
+    /// Why `set` is not served here, if it is held.
+    fn held_reason(&self, set: ServerId) -> Option<String> {
+        if !self.is_held(set) {
+            return None;
+        }
+        let why = self
+            .held_for
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&set)
+            .cloned()
+            .unwrap_or_else(|| "it waits for the membership map".into());
+        Some(format!(
+            "server {} holds set {set}: its store came back from a power loss and may lack \
+             acknowledged writes; {why}",
+            self.home
+        ))
     }
 
     /// Serve held `set` from its store after all (no other member of the
@@ -476,7 +509,9 @@ impl Handler for Router {
             }
             None => Err(WireError::new(
                 ErrorCode::Unavailable,
-                format!("server {} no longer serves set {}", self.home, ctx.set),
+                self.held_reason(ctx.set).unwrap_or_else(|| {
+                    format!("server {} no longer serves set {}", self.home, ctx.set)
+                }),
             )),
         }
     }

@@ -1034,6 +1034,7 @@ impl Members {
                 let map = match me.fresh_map().await {
                     Ok(m) => m,
                     Err(e) => {
+                        router.note_held(set, format!("it waits for the membership map ({e})"));
                         tracing::info!("server {}: set {set} waits for the map: {e}", me.me);
                         tokio::time::sleep(HAND_OVER_RETRY).await;
                         continue;
@@ -1060,6 +1061,13 @@ impl Members {
                     // it. If it stays down, the group takes it out of the
                     // set, and it is waited for below.
                     if !me.net.answers(next).await {
+                        router.note_held(
+                            set,
+                            format!(
+                                "it goes to server {next}, whose copy has every acknowledged \
+                                 change, once that server answers"
+                            ),
+                        );
                         tracing::info!(
                             "server {}: set {set} waits for server {next}, its copy, to answer",
                             me.me
@@ -1067,6 +1075,10 @@ impl Members {
                         tokio::time::sleep(HAND_OVER_RETRY).await;
                         continue;
                     }
+                    router.note_held(
+                        set,
+                        format!("it is being handed to server {next}, whose copy is in sync"),
+                    );
                     tracing::warn!(
                         "server {}: set {set} goes to server {next}, whose copy has every \
                          acknowledged change (this store came back from a power loss)",
@@ -1092,6 +1104,15 @@ impl Members {
                     me.follow_members(set, s, map.epoch, &router);
                     break;
                 }
+                let names: Vec<String> = owed.iter().map(|w| w.to_string()).collect();
+                router.note_held(
+                    set,
+                    format!(
+                        "it waits for the copy on server {} (out of the set since it went \
+                         down) to come back whole",
+                        names.join(" or ")
+                    ),
+                );
                 tracing::info!(
                     "server {}: set {set} waits for a copy taken out while down ({owed:?}) \
                      to come back: this store may lack acknowledged writes",

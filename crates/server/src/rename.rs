@@ -23,7 +23,7 @@
 //!    Crash before: A's recovery sees "installed" and finishes this step.
 //!    After: only the new name exists. Then, with its locks released, A
 //!    changes the source directory's times and link count (B may have
-//!    touched that directory on A during step 3, so A held no stripe of it):
+//!    touched that directory on A during step 3, so A held no lock of it):
 //!    in a batch if A holds it, else by a queued touch whose token A's
 //!    reply carries (touch.rs).
 //! 5. A tells B to forget the marker (best effort; a stale marker is a few
@@ -474,17 +474,18 @@ async fn rename_remote(
         intent.kind,
     );
     let b_server = dentry_server(dp, dn, srv.servers);
-    // Step 1. Not the source directory's inode stripe: B may touch that
-    // directory (on this server) before it answers step 3.
+    // Step 1. The source name's lock alone: B may touch the source
+    // directory (on this server) before it answers step 3, and drop a link
+    // of the target it replaced, which may be another rename's source
+    // inode here; with the inode's lock held too, two renames onto each
+    // other's names each waited for the other's install until the call
+    // timeout (the plain simulation, seed 62854). Step 4 changes no inode.
     // A name still held by an unsettled rename fails the request (EIO
     // after `UNSETTLED_WAIT`); going on without the locks let a second
     // rename of the source move it while the first's outcome was unknown,
     // and both new names stayed (the replicated simulation with 4 servers,
     // seed 6024).
-    let guard = srv
-        .locks
-        .lock(&[LockKey::Dentry(sp, sn), LockKey::Inode(ino)])
-        .await?;
+    let guard = srv.locks.lock(&[LockKey::Dentry(sp, sn)]).await?;
     if srv.load_dentry(sp, sn)? != Some((kind, ino)) {
         return Err(err(ErrorCode::TryAgain, "the source changed during rename"));
     }

@@ -33,13 +33,12 @@
 //! twice.
 //!
 //! No operation waits for a touch while it holds a lock or gate, and an
-//! owner applies a touch under the directory's inode stripe alone. The one
+//! owner applies a touch under the directory's inode lock alone. The one
 //! wait left is a cross-server rename's step 3 (rename.rs): the destination
 //! server touches its directory before it answers while the coordinator
-//! holds its stripes of the source name and inode; should one of them be
-//! the directory's (same stripe, about 2 in 1024 when that directory lives
-//! on the coordinator), the install replies after `TOUCH_WAIT` and the
-//! touch lands once the coordinator is done: a delay, never a deadlock.
+//! holds the locks of the source name and inode, never the directory's
+//! (locks are per key, locks.rs; were it held, the install would reply
+//! after `TOUCH_WAIT` and the touch land once the coordinator is done).
 //! A GetAttr waiting for tokens holds nothing.
 //!
 //! What a crash leaves: the entry is written before its touch is sent, and
@@ -103,7 +102,7 @@ impl DirChanges {
         }
     }
 
-    /// Inode lock stripes of the directories this server holds: the caller
+    /// Inode locks of the directories this server holds: the caller
     /// takes them with its other locks, before `touch_local`.
     pub(crate) fn local_keys<'k>(&self, me: ServerId) -> Vec<LockKey<'k>> {
         self.items
@@ -183,7 +182,7 @@ impl Touches {
 
 impl Server {
     /// Put the new times and link counts of the directories of `changes`
-    /// this server holds into `b`; their inode stripes must be held. A
+    /// this server holds into `b`; their inode locks must be held. A
     /// directory already gone is skipped.
     pub(crate) fn touch_local(
         &self,
@@ -271,7 +270,7 @@ impl Server {
     }
 
     /// For an operation whose batch is written and whose locks are
-    /// released (it could not hold a directory's stripe while it waited on
+    /// released (it could not hold a directory's lock while it waited on
     /// a peer): apply `changes` to this server's directories in a batch of
     /// their own, and queue touches of the others (`touch_queued`).
     pub(crate) async fn touch_after(

@@ -166,6 +166,13 @@ const STALLED: &[(u64, usize, &str)] = &[
          dropped a link of the replaced file, whose inode had the same stripe (server locks.rs: \
          exact keys, not stripes)",
     ),
+    (
+        62854,
+        16,
+        "two cross-server renames onto one name each held their source inode's lock while \
+         the other's install, replacing it, dropped a link of it (server rename.rs \
+         rename_remote: the source name's lock alone)",
+    ),
 ];
 
 #[test]
