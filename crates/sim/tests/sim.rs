@@ -223,6 +223,7 @@ fn replicated_cluster_loses_nothing_acknowledged() {
         (0, 0, 0, 0, 0, 0);
     let (mut dropped, mut power_cuts, mut lost, mut voter_moves, mut quick) = (0, 0, 0, 0, 0);
     let mut double = 0;
+    let mut stalled = Vec::new();
     for &seed in &seeds {
         let mut cfg = SimConfig::replicated(seed, steps);
         cfg.verbose = replay;
@@ -243,6 +244,9 @@ fn replicated_cluster_loses_nothing_acknowledged() {
                 voter_moves += o.voter_moves;
                 quick += o.quick_restarts;
                 double += o.double_faults;
+                if o.stalls > 0 {
+                    stalled.push(seed);
+                }
             }
             Err(f) => panic!("{f}"),
         }
@@ -251,7 +255,8 @@ fn replicated_cluster_loses_nothing_acknowledged() {
         "simulation: replicated, {} seeds x {steps} steps in {:.1?}: {ops} operations succeeded, \
          {failed} failed, {crashes} servers killed ({power_cuts} by a power cut, {quick} of them \
          back at once, {double} of these with their copy killed too, {lost} unsynced batches lost), {restarts} restarted, {partitions} partitions, {failovers} sets failed \
-         over, {voter_moves} voter moves, {dropped} messages lost",
+         over, {voter_moves} voter moves, {dropped} messages lost; seeds with calls stalled for the \
+         whole call timeout: {stalled:?}",
         seeds.len(),
         started.elapsed()
     );
