@@ -15,7 +15,8 @@ mod run_cmd;
 mod stage;
 
 use clap::{Parser, Subcommand};
-use std::path::PathBuf;
+use madfs_rpc::ClusterConfig;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 fn parse_cache_ttl(s: &str) -> Result<std::time::Duration, String> {
@@ -176,8 +177,11 @@ enum Command {
     },
     /// Stop the cluster started by `madfs up` (on every host).
     Down {
-        #[arg(long, default_value = "madfs-data")]
-        data: PathBuf,
+        /// The directory `madfs up --data` made (default: the one that
+        /// holds the cluster file, --cluster or $MADFS_CLUSTER, else
+        /// madfs-data).
+        #[arg(long)]
+        data: Option<PathBuf>,
         /// Also remove every server's data, logs, the cluster file and key
         /// (on every host).
         #[arg(long)]
@@ -503,6 +507,14 @@ fn main() -> ExitCode {
             wipe,
             stage_out,
         } => {
+            // `up` writes the cluster file into its data directory: a
+            // user who exported MADFS_CLUSTER stops that cluster.
+            let data = data.unwrap_or_else(|| {
+                ClusterConfig::locate(cli.cluster.as_deref())
+                    .parent()
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+            });
             if let Err(e) = stage::stage(&data, &stage_out, false) {
                 return fail(format!(
                     "the stage-out failed, so the cluster is still up with its data \

@@ -248,13 +248,14 @@ fn up_status_file_commands_down() {
         vec!["private", "stdin.txt"]
     );
 
-    // down: the servers are gone and status says so.
-    let out = Command::new(MADFS)
-        .args(["down", "--data"])
-        .arg(&data)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+    // down, told which cluster by $MADFS_CLUSTER alone (as every other
+    // command is): the servers are gone and status says so.
+    let out = run(&cluster, &["down"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("stopped 2 servers"), "{text}");
     for p in &pids {
