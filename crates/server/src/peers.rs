@@ -219,6 +219,34 @@ impl Server {
         join_bounded(futs, BROADCAST_IN_FLIGHT_MAX).await
     }
 
+    /// `broadcast`, each server given at most `limit` to answer (a server
+    /// that did not is answered TimedOut here, and may still act on it).
+    pub(crate) async fn broadcast_within(
+        &self,
+        op: Op,
+        limit: Duration,
+    ) -> Vec<(ServerId, Result<Reply, WireError>)> {
+        let futs: Vec<_> = self
+            .peers
+            .servers()
+            .map(|s| {
+                let op = op.clone();
+                async move {
+                    let answer = tokio::time::timeout(limit, self.call_peer(s, op))
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(WireError::new(
+                                ErrorCode::TimedOut,
+                                format!("server {s} did not answer within {limit:?}"),
+                            ))
+                        });
+                    (s, answer)
+                }
+            })
+            .collect();
+        join_bounded(futs, BROADCAST_IN_FLIGHT_MAX).await
+    }
+
     /// Tell every server that directory `dir`'s permissions changed. Waits
     /// at most one lease: by then every cached copy has expired anyway, so
     /// a dead or slow peer cannot hold up a chmod. Failures are logged and

@@ -187,6 +187,34 @@ fn seeds_that_once_stalled_answer_every_call() {
     }
 }
 
+/// Seeds of the replicated cluster whose calls once waited for the whole
+/// call timeout (seed, steps, servers, what).
+const REPLICATED_STALLED: &[(u64, usize, usize, &str)] = &[(
+    25357,
+    60,
+    4,
+    "an rmdir on a primary cut off from the others waited for each seal as long as a peer \
+     call retries, found the seals too old to write under, and started over (server seals.rs \
+     `SEAL_ANSWER_WITHIN`)",
+)];
+
+#[test]
+fn replicated_seeds_that_once_stalled_answer_every_call() {
+    quiet();
+    if env("MADFS_SIM_REPLICAS").is_some() {
+        return;
+    }
+    for &(seed, steps, servers, what) in REPLICATED_STALLED {
+        let mut cfg = SimConfig::replicated(seed, steps);
+        cfg.servers = servers;
+        let o = run(&cfg).unwrap_or_else(|f| panic!("{f}"));
+        assert_eq!(
+            o.stalls, 0,
+            "replicated seed {seed} (once: {what}) has calls that got no answer again"
+        );
+    }
+}
+
 #[test]
 fn a_seed_replays_identically() {
     quiet();
@@ -259,6 +287,11 @@ fn replicated_cluster_loses_nothing_acknowledged() {
          whole call timeout: {stalled:?}",
         seeds.len(),
         started.elapsed()
+    );
+    assert!(
+        stalled.is_empty(),
+        "calls got no answer within the call timeout in seeds {stalled:?} \
+         (replay one with MADFS_SIM_REPLICAS=2 MADFS_SIM_SEED=... MADFS_SIM_STEPS={steps})"
     );
     // The run must have exercised what it is for.
     if seeds.len() >= 4 {
