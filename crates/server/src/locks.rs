@@ -392,12 +392,7 @@ mod tests {
         let locks = Arc::new(Locks::default());
         let (dir, ino) = (InodeId::new(ServerId(0), 17), InodeId::new(ServerId(0), 18));
         let held = locks.lock(&[LockKey::Inode(ino)]).await.unwrap();
-        let waiter = {
-            let locks = locks.clone();
-            tokio::spawn(async move {
-                let (_g, _s) = locks.lock_gated(dir, &[LockKey::Inode(ino)]).await.unwrap();
-            })
-        };
+        let waiter = gated(&locks, dir, Key::Inode(ino));
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert!(!waiter.is_finished(), "the lock is held");
         // A seal gets the gate although the waiter wants it shared: the
@@ -409,6 +404,22 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert!(!waiter.is_finished(), "it went in under the seal");
         drop(seal);
+        finishes(waiter).await;
+    }
+
+    /// A request that takes `dir`'s gate and `key`'s lock, then lets go.
+    fn gated(locks: &Arc<Locks>, dir: InodeId, key: Key) -> tokio::task::JoinHandle<()> {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            let k = match &key {
+                Key::Dentry(p, n) => LockKey::Dentry(*p, n),
+                Key::Inode(i) => LockKey::Inode(*i),
+            };
+            let _held = locks.lock_gated(dir, &[k]).await.unwrap();
+        })
+    }
+
+    async fn finishes(waiter: tokio::task::JoinHandle<()>) {
         tokio::time::timeout(Duration::from_secs(1), waiter)
             .await
             .expect("the waiter got both once they were free")
@@ -421,15 +432,7 @@ mod tests {
         let dir = InodeId::new(ServerId(2), 5);
         let b = name("b");
         let seal = locks.gate(dir).write().await;
-        let waiter = {
-            let (locks, b) = (locks.clone(), b.clone());
-            tokio::spawn(async move {
-                let (_g, _s) = locks
-                    .lock_gated(dir, &[LockKey::Dentry(dir, &b)])
-                    .await
-                    .unwrap();
-            })
-        };
+        let waiter = gated(&locks, dir, Key::Dentry(dir, b.clone()));
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert!(!waiter.is_finished(), "the gate is held");
         let other = tokio::time::timeout(
@@ -440,10 +443,7 @@ mod tests {
         .expect("a request waiting for the gate held its lock");
         drop(other);
         drop(seal);
-        tokio::time::timeout(Duration::from_secs(1), waiter)
-            .await
-            .expect("the waiter got both once they were free")
-            .unwrap();
+        finishes(waiter).await;
     }
 
     #[tokio::test(start_paused = true)]
