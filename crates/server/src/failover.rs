@@ -154,6 +154,13 @@ impl Router {
             .insert(set, waits_for);
     }
 
+    fn forget_held_reason(&self, set: ServerId) {
+        self.held_for
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&set);
+    }
+
     /// Why `set` is not served here, if it is held.
     fn held_reason(&self, set: ServerId) -> Option<String> {
         if !self.is_held(set) {
@@ -184,6 +191,7 @@ impl Router {
         else {
             return;
         };
+        self.forget_held_reason(set);
         tracing::warn!(
             "server {}: no other copy of set {set} is in sync: serving it from this store",
             self.home
@@ -324,6 +332,7 @@ impl Router {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&set);
+        self.forget_held_reason(set);
         if set == self.home {
             let marker = moved_marker(&self.cfg, &self.opts, set);
             if !marker.exists() {
