@@ -11,8 +11,8 @@ use crate::error::ProtoError;
 use crate::find::{self, FindDir, FindMatch, FindQuery};
 use crate::frame::BODY_MAX_BYTES;
 use madfs_types::{
-    limits, Attr, ChunkIndex, Credentials, FileKind, FileName, InodeId, OpId, ServerId, TimeSet,
-    Timestamp, TxId,
+    limits, Attr, ChunkIndex, Credentials, FileKind, FileName, InodeId, OpId, SealId, ServerId,
+    TimeSet, Timestamp, TxId,
 };
 
 /// `renameat2` flags we support (same values as Linux).
@@ -401,11 +401,13 @@ pub enum Op {
     },
     /// `dir` is being removed as `name` in `parent` (the name's server
     /// settles a seal that expired: `SealAction::Settle`).
+    /// `seal` names the rmdir's attempt (`SealId`).
     Seal {
         dir: InodeId,
         parent: InodeId,
         name: FileName,
         action: SealAction,
+        seal: SealId,
     },
     /// `hold`: the removal's sender holds the inode open (`Hold`).
     AdjustLinks {
@@ -922,11 +924,13 @@ impl Request {
                 parent,
                 name,
                 action,
+                seal,
             } => {
                 e.ino(*dir);
                 e.ino(*parent);
                 e.name(name);
                 e.u8(*action as u8);
+                e.u64(seal.0);
             }
             Op::AdjustLinks { ino, delta, hold } => {
                 e.ino(*ino);
@@ -1159,6 +1163,7 @@ impl Request {
                     4 => SealAction::Settle,
                     _ => return Err(ProtoError::BadValue("seal action")),
                 },
+                seal: SealId(d.u64()?),
             },
             Opcode::AdjustLinks => Op::AdjustLinks {
                 ino: d.ino()?,
@@ -1788,12 +1793,14 @@ mod tests {
                 parent: InodeId::ROOT,
                 name: name("gone"),
                 action: SealAction::Removed,
+                seal: SealId(u64::MAX - 3),
             },
             Op::Seal {
                 dir: ino,
                 parent: ino,
                 name: name("d"),
                 action: SealAction::Settle,
+                seal: SealId(0),
             },
             Op::AdjustLinks {
                 ino,

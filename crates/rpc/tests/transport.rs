@@ -130,6 +130,7 @@ async fn clients_cannot_send_peer_operations() {
         parent: InodeId::ROOT,
         name: FileName::new(b"d").unwrap(),
         action: SealAction::Seal,
+        seal: madfs_types::SealId(1),
     };
     let client = connect(addr, &key, Role::Client).await.unwrap();
     match client.call(&req(op.clone()), &[]).await {

@@ -142,7 +142,8 @@ impl Server {
                 parent,
                 name,
                 action,
-            } => self.seal(dir, parent, name, action).await,
+                seal,
+            } => self.seal(dir, parent, name, action, seal).await,
             Op::PurgeChunks { ino } => self.purge_local(ino).await,
             Op::ChunkExtent { ino, first, last } => self.chunk_extent_local(ino, first, last).await,
             Op::InvalidateDir { dir } => {

@@ -58,7 +58,7 @@ use madfs_proto::codec::{Decoder, Encoder};
 use madfs_proto::message::{Hold, Op, Reply, TouchToken, RENAME_EXCHANGE, RENAME_NOREPLACE};
 use madfs_proto::{ErrorCode, WireError};
 use madfs_types::{
-    dentry_server, Credentials, FileKind, FileName, InodeId, ServerId, Timestamp, TxId,
+    dentry_server, Credentials, FileKind, FileName, InodeId, SealId, ServerId, Timestamp, TxId,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -266,6 +266,7 @@ async fn seal_target(
                 dir: dino,
                 parent: dst_parent,
                 name: dst_name.clone(),
+                seal: SealId::fresh(),
             };
             Ok((Some(srv.seal_empty_dir(&removal).await?), Some(dino)))
         }

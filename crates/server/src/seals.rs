@@ -11,7 +11,7 @@ use crate::locks::{Gated, LockKey};
 use crate::service::{blocking, Server};
 use madfs_proto::message::{Op, Reply, SealAction};
 use madfs_proto::{ErrorCode, WireError};
-use madfs_types::{FileName, InodeId};
+use madfs_types::{FileName, InodeId, SealId};
 use std::time::Duration;
 // tokio's clock: the simulation (crates/sim) runs it paused and advances it.
 use tokio::time::Instant;
@@ -30,14 +30,28 @@ const SEAL_ANSWER_WITHIN: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Debug)]
 pub(crate) enum SealState {
-    /// An rmdir of the directory, named `name` in `parent`, is deciding
-    /// until `until` (renewed while it waits for its replicas).
+    /// Rmdirs of the directory, named `name` in `parent`, are deciding:
+    /// each holder until its own time (renewed while it waits for its
+    /// replicas). Two rmdirs of one directory (two `rm -r`, or an rmdir
+    /// and a rename onto it) each hold their own seal, and an Unseal lifts
+    /// only its sender's (a late one, of an attempt that gave up, cannot
+    /// lift the seal of the attempt that followed it).
     Sealed {
-        until: Instant,
+        holders: Vec<(SealId, Instant)>,
         parent: InodeId,
         name: FileName,
     },
     Removed,
+}
+
+/// The most rmdir attempts that may hold one directory's seal at once;
+/// past it an rmdir is told to try again (a bound, not a case we expect).
+const SEAL_HOLDERS_MAX: usize = 16;
+
+/// When the last of `holders` lapses.
+fn lapses_at(holders: &[(SealId, Instant)]) -> Instant {
+    let latest = holders.iter().map(|&(_, until)| until).max();
+    latest.unwrap_or_else(Instant::now)
 }
 
 impl Server {
@@ -56,11 +70,11 @@ impl Server {
                 None => return Ok(()),
                 Some(SealState::Removed) => return Err(removed(dir)),
                 Some(SealState::Sealed {
-                    until,
+                    holders,
                     parent,
                     name,
                 }) => {
-                    let left = until.saturating_duration_since(Instant::now());
+                    let left = lapses_at(&holders).saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         return self.settle_lapsed_seal(dir, parent, name).await;
                     }
@@ -106,6 +120,7 @@ impl Server {
             parent,
             name,
             action: SealAction::Settle,
+            seal: SealId(0),
         };
         let removed_there = match self.call_peer(server, op).await? {
             Reply::RemovalSettled { removed } => removed,
@@ -119,7 +134,7 @@ impl Server {
         let mut seals = self.seals.lock().unwrap_or_else(|e| e.into_inner());
         if removed_there {
             seals.insert(dir, SealState::Removed);
-        } else if matches!(seals.get(&dir), Some(SealState::Sealed { until, .. }) if *until <= Instant::now())
+        } else if matches!(seals.get(&dir), Some(SealState::Sealed { holders, .. }) if lapses_at(holders) <= Instant::now())
         {
             seals.remove(&dir);
         }
@@ -138,6 +153,7 @@ impl Server {
         parent: InodeId,
         name: FileName,
         action: SealAction,
+        seal: SealId,
     ) -> OpResult {
         match action {
             SealAction::Seal => {
@@ -146,18 +162,36 @@ impl Server {
                 let _gate = self.locks.gate(dir).write().await;
                 {
                     let mut seals = self.seals.lock().unwrap_or_else(|e| e.into_inner());
-                    if matches!(seals.get(&dir), Some(SealState::Removed)) {
+                    let now = Instant::now();
+                    let state = seals.entry(dir).or_insert_with(|| SealState::Sealed {
+                        holders: Vec::new(),
+                        parent,
+                        name: name.clone(),
+                    });
+                    let SealState::Sealed {
+                        holders,
+                        parent: sealed_parent,
+                        name: sealed_name,
+                    } = state
+                    else {
                         // A renewal that came after the outcome.
                         return Ok((Reply::Sealed { empty: true }, Vec::new()));
+                    };
+                    // A renewal replaces its own entry. Lapsed holders
+                    // stay: their rmdirs may have written the removal
+                    // (not yet on their replicas), so the directory is
+                    // settled with its name's server once all lapse.
+                    holders.retain(|&(id, _)| id != seal);
+                    if holders.len() >= SEAL_HOLDERS_MAX {
+                        return Err(err(
+                            ErrorCode::TryAgain,
+                            format!("{} removals of directory {dir} at once", holders.len()),
+                        ));
                     }
-                    seals.insert(
-                        dir,
-                        SealState::Sealed {
-                            until: Instant::now() + SEAL_LEASE,
-                            parent,
-                            name,
-                        },
-                    );
+                    holders.push((seal, now + SEAL_LEASE));
+                    // The latest attempt's name: a lapsed seal is settled
+                    // with that name's server.
+                    (*sealed_parent, *sealed_name) = (parent, name);
                 }
                 let prefix = keys::dentry_prefix(dir);
                 let empty = self
@@ -178,8 +212,11 @@ impl Server {
             }
             SealAction::Unseal => {
                 let mut seals = self.seals.lock().unwrap_or_else(|e| e.into_inner());
-                if matches!(seals.get(&dir), Some(SealState::Sealed { .. })) {
-                    seals.remove(&dir);
+                if let Some(SealState::Sealed { holders, .. }) = seals.get_mut(&dir) {
+                    holders.retain(|&(id, _)| id != seal);
+                    if holders.is_empty() {
+                        seals.remove(&dir);
+                    }
                 }
                 drop(seals);
                 self.seal_changed.notify_waiters();
@@ -307,12 +344,15 @@ impl Sealed {
     }
 }
 
-/// A directory being removed: `dir`, named `name` in `parent`.
+/// A directory being removed: `dir`, named `name` in `parent`, by the
+/// attempt `seal` (a new one for each attempt; none for a removal read
+/// back from its record, which only announces the outcome).
 #[derive(Clone, Debug)]
 pub(crate) struct DirRemoval {
     pub(crate) dir: InodeId,
     pub(crate) parent: InodeId,
     pub(crate) name: FileName,
+    pub(crate) seal: SealId,
 }
 
 impl DirRemoval {
@@ -330,6 +370,7 @@ impl DirRemoval {
             dir,
             parent: InodeId(u64::from_be_bytes(parent.try_into().ok()?)),
             name: FileName::new(name).ok()?,
+            seal: SealId(0),
         })
     }
 
@@ -339,6 +380,7 @@ impl DirRemoval {
             parent: self.parent,
             name: self.name.clone(),
             action,
+            seal: self.seal,
         }
     }
 }
@@ -353,6 +395,7 @@ mod tests {
             dir: InodeId(77),
             parent: InodeId(1 << 48 | 5),
             name: FileName::new(b"some dir").unwrap(),
+            seal: SealId::fresh(),
         };
         let back = DirRemoval::decode(r.dir, &r.encode()).unwrap();
         assert_eq!(

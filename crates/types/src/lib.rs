@@ -149,6 +149,21 @@ pub fn next_op_id() -> OpId {
     IDS.get_or_init(OpIds::new).next()
 }
 
+/// Names one attempt to seal a directory (an rmdir's, or a rename's onto
+/// an empty directory): an Unseal lifts only its own attempt's seal, so a
+/// late one cannot lift the seal of a later attempt (server seals.rs).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct SealId(pub u64);
+
+impl SealId {
+    /// Unique within this process (its counter), and across processes but
+    /// for the chance of two random origins meeting.
+    pub fn fresh() -> SealId {
+        let id = next_op_id();
+        SealId(id.origin.wrapping_add(u64::from(id.seq)))
+    }
+}
+
 /// Id of a cross-server rename, unique per coordinating server.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct TxId(pub u64);

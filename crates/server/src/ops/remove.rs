@@ -12,7 +12,7 @@ use crate::touch::DirChanges;
 use madfs_kv::WriteBatch;
 use madfs_proto::message::{Hold, Op, Reply};
 use madfs_proto::{ErrorCode, WireError};
-use madfs_types::{Credentials, FileKind, FileName, InodeId, ServerId, Timestamp};
+use madfs_types::{Credentials, FileKind, FileName, InodeId, SealId, ServerId, Timestamp};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -226,6 +226,7 @@ impl Server {
             dir: ino,
             parent,
             name: name.clone(),
+            seal: SealId::fresh(),
         });
         // Seal first, with no lock held: sealing takes the directory's gate,
         // which creators take before their dentry locks.
