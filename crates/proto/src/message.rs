@@ -256,6 +256,36 @@ pub enum SealAction {
     /// before it heard the outcome: did the removal happen? Answered with
     /// `RemovalSettled` once the set's replicas agree.
     Settle = 4,
+    /// Asked of every server by one that started (or took a set over)
+    /// less than a seal's lease ago, the first time an entry goes into
+    /// `dir`: which seals of it do you hold? (Seals live in memory; the
+    /// others still hold those taken before this one started.) Answered
+    /// with `SealReport`.
+    Report = 5,
+}
+
+/// Rmdir attempts that may hold one directory's seal at once.
+pub const SEAL_HOLDERS_MAX: usize = 16;
+
+/// One rmdir attempt's seal, and how long its lease has left.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct SealHolder {
+    pub seal: SealId,
+    pub left_ms: u32,
+}
+
+/// What one server holds for a directory (`SealAction::Report`).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum SealReport {
+    Unsealed,
+    /// Sealed by `holders`, the directory named `name` in `parent`.
+    Sealed {
+        parent: InodeId,
+        name: FileName,
+        holders: Vec<SealHolder>,
+    },
+    /// The server heard the directory is gone.
+    Removed,
 }
 
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -642,6 +672,8 @@ pub enum Reply {
     RemovalSettled {
         removed: bool,
     },
+    /// SealAction::Report.
+    SealReport(SealReport),
     Links {
         nlink: u32,
     },
@@ -1161,6 +1193,7 @@ impl Request {
                     2 => SealAction::Unseal,
                     3 => SealAction::Removed,
                     4 => SealAction::Settle,
+                    5 => SealAction::Report,
                     _ => return Err(ProtoError::BadValue("seal action")),
                 },
                 seal: SealId(d.u64()?),
@@ -1243,6 +1276,7 @@ mod tag {
     pub const MEMBERSHIP: u8 = 18;
     pub const REMOVAL_SETTLED: u8 = 19;
     pub const EXTENT: u8 = 20;
+    pub const SEAL_REPORT: u8 = 21;
 }
 
 /// u32-prefixed bytes within a body.
@@ -1388,6 +1422,28 @@ impl Reply {
             Reply::RemovalSettled { removed } => {
                 e.u8(tag::REMOVAL_SETTLED);
                 e.bool(*removed);
+            }
+            Reply::SealReport(report) => {
+                e.u8(tag::SEAL_REPORT);
+                match report {
+                    SealReport::Unsealed => e.u8(0),
+                    SealReport::Sealed {
+                        parent,
+                        name,
+                        holders,
+                    } => {
+                        e.u8(1);
+                        e.ino(*parent);
+                        e.name(name);
+                        let n = holders.len().min(SEAL_HOLDERS_MAX);
+                        e.u8(n as u8);
+                        for h in &holders[..n] {
+                            e.u64(h.seal.0);
+                            e.u32(h.left_ms);
+                        }
+                    }
+                    SealReport::Removed => e.u8(2),
+                }
             }
             Reply::Links { nlink } => {
                 e.u8(tag::LINKS);
@@ -1539,6 +1595,31 @@ impl Reply {
             }),
             tag::SEALED => Reply::Sealed { empty: d.bool()? },
             tag::REMOVAL_SETTLED => Reply::RemovalSettled { removed: d.bool()? },
+            tag::SEAL_REPORT => Reply::SealReport(match d.u8()? {
+                0 => SealReport::Unsealed,
+                1 => {
+                    let parent = d.ino()?;
+                    let name = d.name()?;
+                    let n = d.u8()? as usize;
+                    if n > SEAL_HOLDERS_MAX {
+                        return Err(ProtoError::BadValue("seal holder count"));
+                    }
+                    let mut holders = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        holders.push(SealHolder {
+                            seal: SealId(d.u64()?),
+                            left_ms: d.u32()?,
+                        });
+                    }
+                    SealReport::Sealed {
+                        parent,
+                        name,
+                        holders,
+                    }
+                }
+                2 => SealReport::Removed,
+                _ => return Err(ProtoError::BadValue("seal report")),
+            }),
             tag::LINKS => Reply::Links { nlink: d.u32()? },
             tag::REPLICA_ACK => Reply::ReplicaAck { applied: d.u64()? },
             tag::EXTENT => Reply::Extent { end: d.u64()? },
@@ -1983,6 +2064,22 @@ mod tests {
             }),
             Reply::Sealed { empty: false },
             Reply::RemovalSettled { removed: true },
+            Reply::SealReport(SealReport::Unsealed),
+            Reply::SealReport(SealReport::Removed),
+            Reply::SealReport(SealReport::Sealed {
+                parent: InodeId(1 << 48 | 7),
+                name: name("going"),
+                holders: vec![
+                    SealHolder {
+                        seal: SealId(u64::MAX),
+                        left_ms: 29_999,
+                    },
+                    SealHolder {
+                        seal: SealId(4),
+                        left_ms: 0,
+                    },
+                ],
+            }),
             Reply::Links { nlink: 3 },
             Reply::ReplicaAck { applied: 99 },
             Reply::Membership { msg: vec![1, 2, 3] },

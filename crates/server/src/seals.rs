@@ -9,7 +9,9 @@ use crate::errors::{err, io_err, kv_err, OpResult};
 use crate::keys;
 use crate::locks::{Gated, LockKey};
 use crate::service::{blocking, Server};
-use madfs_proto::message::{Op, Reply, SealAction};
+// Past `SEAL_HOLDERS_MAX` holders of one directory's seal an rmdir is told
+// to try again (a bound, not a case we expect).
+use madfs_proto::message::{Op, Reply, SealAction, SealHolder, SealReport, SEAL_HOLDERS_MAX};
 use madfs_proto::{ErrorCode, WireError};
 use madfs_types::{FileName, InodeId, SealId};
 use std::time::Duration;
@@ -27,6 +29,10 @@ pub(crate) const SEALS_MAX: usize = 100_000;
 /// How long an rmdir waits for each server's seal (a third of
 /// `SEAL_WRITE_WITHIN`; a healthy server answers in milliseconds).
 const SEAL_ANSWER_WITHIN: Duration = Duration::from_secs(5);
+/// How long a restarted server's first entry into a directory waits for
+/// the others' seals of it (`recall_seals`; best effort, each of them
+/// holds the same seals).
+const SEAL_REPORT_WITHIN: Duration = Duration::from_secs(2);
 
 #[derive(Clone, Debug)]
 pub(crate) enum SealState {
@@ -44,10 +50,6 @@ pub(crate) enum SealState {
     Removed,
 }
 
-/// The most rmdir attempts that may hold one directory's seal at once;
-/// past it an rmdir is told to try again (a bound, not a case we expect).
-const SEAL_HOLDERS_MAX: usize = 16;
-
 /// When the last of `holders` lapses.
 fn lapses_at(holders: &[(SealId, Instant)]) -> Instant {
     let latest = holders.iter().map(|&(_, until)| until).max();
@@ -64,6 +66,7 @@ impl Server {
     /// Wait while an rmdir of `dir` is deciding; ENOENT once it is removed.
     /// A seal that lapsed is settled with the removed name's server first.
     pub(crate) async fn wait_unsealed(&self, dir: InodeId) -> Result<(), WireError> {
+        self.recall_seals(dir).await;
         loop {
             let notified = self.seal_changed.notified();
             match self.seal_state(dir) {
@@ -100,6 +103,78 @@ impl Server {
                 return Ok(held);
             }
         }
+    }
+
+    /// Seals live in memory: a server that started (or took a set over)
+    /// less than a lease ago may have lost seals its predecessor took,
+    /// while every other server still holds them (an rmdir seals them
+    /// all). So the first entry into each directory in that time asks
+    /// the others what they hold and takes it up (the plain simulation's
+    /// seed 9134: a server restarted between an rmdir's seal and its
+    /// removal let a create into the directory being removed). Seals
+    /// taken since the start reach this server itself.
+    async fn recall_seals(&self, dir: InodeId) {
+        let Some(until) = self.seals_forgotten_until else {
+            return;
+        };
+        if Instant::now() >= until || self.recalled().contains(&dir) {
+            return;
+        }
+        let op = Op::Seal {
+            dir,
+            // Not read by a Report.
+            parent: InodeId::ROOT,
+            name: FileName::new(b"?").expect("a valid name"),
+            action: SealAction::Report,
+            seal: SealId(0),
+        };
+        let answers = self.broadcast_within(op, SEAL_REPORT_WITHIN).await;
+        let now = Instant::now();
+        let mut seals = self.seals.lock().unwrap_or_else(|e| e.into_inner());
+        for (s, answer) in answers {
+            match answer {
+                Ok(Reply::SealReport(SealReport::Unsealed)) => {}
+                Ok(Reply::SealReport(SealReport::Removed)) => {
+                    seals.insert(dir, SealState::Removed);
+                }
+                Ok(Reply::SealReport(SealReport::Sealed {
+                    parent,
+                    name,
+                    holders,
+                })) => {
+                    let state = seals.entry(dir).or_insert_with(|| SealState::Sealed {
+                        holders: Vec::new(),
+                        parent,
+                        name,
+                    });
+                    if let SealState::Sealed { holders: mine, .. } = state {
+                        for SealHolder { seal, left_ms } in holders {
+                            if mine.len() < SEAL_HOLDERS_MAX && !mine.iter().any(|h| h.0 == seal) {
+                                let left = Duration::from_millis(u64::from(left_ms));
+                                mine.push((seal, now + left.min(SEAL_LEASE)));
+                            }
+                        }
+                    }
+                }
+                // Best effort: the other servers hold the same seals.
+                Ok(other) => tracing::warn!("server {s} reported seals with {other:?}"),
+                Err(e) => tracing::info!("asking server {s} for seals of directory {dir}: {e}"),
+            }
+        }
+        drop(seals);
+        let mut recalled = self.recalled();
+        if recalled.len() >= SEALS_MAX {
+            recalled.clear();
+        }
+        recalled.insert(dir);
+        drop(recalled);
+        self.seal_changed.notify_waiters();
+    }
+
+    fn recalled(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<InodeId>> {
+        self.seals_recalled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// The rmdir that sealed `dir` never said how it ended: ask the server
@@ -233,6 +308,33 @@ impl Server {
                 self.dir_cache.forget(dir);
                 self.seal_changed.notify_waiters();
                 Ok((Reply::Sealed { empty: true }, Vec::new()))
+            }
+            SealAction::Report => {
+                let now = Instant::now();
+                let report = match self.seal_state(dir) {
+                    None => SealReport::Unsealed,
+                    Some(SealState::Removed) => SealReport::Removed,
+                    Some(SealState::Sealed {
+                        holders,
+                        parent,
+                        name,
+                    }) => SealReport::Sealed {
+                        parent,
+                        name,
+                        holders: holders
+                            .iter()
+                            .map(|&(seal, until)| SealHolder {
+                                seal,
+                                left_ms: until
+                                    .saturating_duration_since(now)
+                                    .as_millis()
+                                    .try_into()
+                                    .unwrap_or(u32::MAX),
+                            })
+                            .collect(),
+                    },
+                };
+                Ok((Reply::SealReport(report), Vec::new()))
             }
             SealAction::Settle => {
                 // Asked of the name's server: its DIR_REMOVAL record is

@@ -67,6 +67,12 @@ pub struct Server {
     pub(crate) dir_cache: crate::peers::DirPermCache,
     pub(crate) seals: Mutex<HashMap<InodeId, SealState>>,
     pub(crate) seal_changed: Notify,
+    /// Until when seals taken before this start may be missing here (a
+    /// lease after it; None for a new store, which never had any), and
+    /// the directories whose seals were asked of the others since
+    /// (seals.rs `recall_seals`).
+    pub(crate) seals_forgotten_until: Option<tokio::time::Instant>,
+    pub(crate) seals_recalled: Mutex<std::collections::HashSet<InodeId>>,
     /// Directories whose removal every server heard: their DIR_REMOVAL
     /// records go with the next removal's batch (or the periodic sweep),
     /// not in a write of their own (ops/remove.rs).
@@ -195,7 +201,9 @@ impl Server {
         let indexed = Arc::new(IndexedKv::new(kv, opts.find_index_bytes));
         let kv: Arc<dyn KvStore> = indexed.clone();
         let storage = |e: madfs_kv::KvError| ServerError::Storage(e.to_string());
-        match kv.get(keys::META_FORMAT).map_err(storage)? {
+        let format = kv.get(keys::META_FORMAT).map_err(storage)?;
+        let new_store = format.is_none();
+        match format {
             None => {
                 let mut b = WriteBatch::new();
                 b.put(keys::META_FORMAT, &keys::FORMAT_VERSION.to_le_bytes());
@@ -268,6 +276,9 @@ impl Server {
             seals: Mutex::new(HashMap::new()),
             removals_done: Mutex::new(Vec::new()),
             seal_changed: Notify::new(),
+            seals_forgotten_until: (!new_store)
+                .then(|| tokio::time::Instant::now() + crate::seals::SEAL_LEASE),
+            seals_recalled: Mutex::new(std::collections::HashSet::new()),
             tx_counter,
             touches,
             replication,
