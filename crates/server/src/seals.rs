@@ -33,6 +33,8 @@ const SEAL_ANSWER_WITHIN: Duration = Duration::from_secs(5);
 /// the others' seals of it (`recall_seals`; best effort, each of them
 /// holds the same seals).
 const SEAL_REPORT_WITHIN: Duration = Duration::from_secs(2);
+/// Unseals a restarted server remembers during that time.
+const SEALS_LIFTED_MAX: usize = 4096;
 
 #[derive(Clone, Debug)]
 pub(crate) enum SealState {
@@ -130,6 +132,12 @@ impl Server {
         };
         let answers = self.broadcast_within(op, SEAL_REPORT_WITHIN).await;
         let now = Instant::now();
+        let lifted: Vec<SealId> = (self.seals_lifted.lock())
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|&&(d, _)| d == dir)
+            .map(|&(_, id)| id)
+            .collect();
         let mut seals = self.seals.lock().unwrap_or_else(|e| e.into_inner());
         for (s, answer) in answers {
             match answer {
@@ -149,7 +157,10 @@ impl Server {
                     });
                     if let SealState::Sealed { holders: mine, .. } = state {
                         for SealHolder { seal, left_ms } in holders {
-                            if mine.len() < SEAL_HOLDERS_MAX && !mine.iter().any(|h| h.0 == seal) {
+                            // One lifted here already: that server has
+                            // not heard its Unseal yet.
+                            let known = mine.iter().any(|h| h.0 == seal) || lifted.contains(&seal);
+                            if mine.len() < SEAL_HOLDERS_MAX && !known {
                                 let left = Duration::from_millis(u64::from(left_ms));
                                 mine.push((seal, now + left.min(SEAL_LEASE)));
                             }
@@ -286,6 +297,16 @@ impl Server {
                 Ok((Reply::Sealed { empty }, Vec::new()))
             }
             SealAction::Unseal => {
+                if self
+                    .seals_forgotten_until
+                    .is_some_and(|t| Instant::now() < t)
+                {
+                    let mut lifted = self.seals_lifted.lock().unwrap_or_else(|e| e.into_inner());
+                    if lifted.len() >= SEALS_LIFTED_MAX {
+                        lifted.pop_front();
+                    }
+                    lifted.push_back((dir, seal));
+                }
                 let mut seals = self.seals.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(SealState::Sealed { holders, .. }) = seals.get_mut(&dir) {
                     holders.retain(|&(id, _)| id != seal);

@@ -73,6 +73,10 @@ pub struct Server {
     /// (seals.rs `recall_seals`).
     pub(crate) seals_forgotten_until: Option<tokio::time::Instant>,
     pub(crate) seals_recalled: Mutex<std::collections::HashSet<InodeId>>,
+    /// Seals lifted here in that time, newest last (bounded): a report
+    /// from a server that has not yet heard the same Unseal must not
+    /// bring them back.
+    pub(crate) seals_lifted: Mutex<std::collections::VecDeque<(InodeId, madfs_types::SealId)>>,
     /// Directories whose removal every server heard: their DIR_REMOVAL
     /// records go with the next removal's batch (or the periodic sweep),
     /// not in a write of their own (ops/remove.rs).
@@ -279,6 +283,7 @@ impl Server {
             seals_forgotten_until: (!new_store)
                 .then(|| tokio::time::Instant::now() + crate::seals::SEAL_LEASE),
             seals_recalled: Mutex::new(std::collections::HashSet::new()),
+            seals_lifted: Mutex::new(std::collections::VecDeque::new()),
             tx_counter,
             touches,
             replication,

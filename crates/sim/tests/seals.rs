@@ -217,3 +217,38 @@ fn a_restarted_server_takes_up_the_seals_the_others_hold() {
     });
     rt.shutdown_background();
 }
+
+#[test]
+fn a_seal_lifted_on_a_restarted_server_is_not_brought_back_by_a_slower_one() {
+    let rt = paused_runtime();
+    rt.block_on(async {
+        let s = Cluster::new(2);
+        let d = s.client.mkdir("/d", 0o755).await.unwrap().ino;
+        let rmdir = SealId::fresh();
+        for on in [ServerId(0), ServerId(1)] {
+            seal(&s.peer, on, d, SealAction::Seal, rmdir).await;
+        }
+        // Server 1 restarts and hears the rmdir give up; server 0 has not
+        // heard it yet, and still reports the seal.
+        s.restart(ServerId(1));
+        seal(&s.peer, ServerId(1), d, SealAction::Unseal, rmdir).await;
+        let path = format!("/d/{}", name_on(d, ServerId(1), 2));
+        tokio::time::timeout(Duration::from_secs(5), s.client.write_file(&path, b"x"))
+            .await
+            .expect("a create waited for a seal lifted here before")
+            .unwrap();
+        // Another directory's seal, still held, is taken up as before.
+        let e = s.client.mkdir("/e", 0o755).await.unwrap().ino;
+        for on in [ServerId(0), ServerId(1)] {
+            seal(&s.peer, on, e, SealAction::Seal, SealId::fresh()).await;
+        }
+        s.restart(ServerId(1));
+        let path = format!("/e/{}", name_on(e, ServerId(1), 2));
+        let waited = tokio::time::timeout(Duration::from_secs(5), s.client.write_file(&path, b"y"));
+        assert!(
+            waited.await.is_err(),
+            "a create went into a sealed directory"
+        );
+    });
+    rt.shutdown_background();
+}
