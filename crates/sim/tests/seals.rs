@@ -4,7 +4,7 @@
 //! the rmdir attempt that sent it, and a server restarted while a
 //! directory was sealed takes its seals up again from the others.
 
-use madfs_client::{CacheConfig, Client};
+use madfs_client::{CacheConfig, Client, ClientError};
 use madfs_proto::auth::Role;
 use madfs_proto::message::{Op, Reply, Request, SealAction};
 use madfs_rpc::{ClusterConfig, Pool, ServerEntry};
@@ -12,8 +12,10 @@ use madfs_server::{RunOptions, Server};
 use madfs_sim::disk::SimDisk;
 use madfs_sim::net::{Caller, SimNet};
 use madfs_types::{dentry_server, Credentials, FileName, InodeId, SealId, ServerId};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::task::JoinHandle;
 
 struct Cluster {
     cfg: ClusterConfig,
@@ -88,6 +90,45 @@ impl Cluster {
         server.start_background();
     }
 
+    /// Send `action` of attempt `id` on `dir` to every server; the
+    /// answers must all be `Sealed { empty: true }`.
+    async fn seal_all(&self, dir: InodeId, action: SealAction, id: SealId) {
+        for on in 0..self.disks.len() as u16 {
+            assert_eq!(
+                seal(&self.peer, ServerId(on), dir, action, id).await,
+                Reply::Sealed { empty: true }
+            );
+        }
+    }
+
+    /// Make directory `path` and seal it on every server for a new
+    /// attempt; the directory and the attempt.
+    async fn sealed_dir(&self, path: &str) -> (InodeId, SealId) {
+        let dir = self.client.mkdir(path, 0o755).await.unwrap().ino;
+        let id = SealId::fresh();
+        self.seal_all(dir, SealAction::Seal, id).await;
+        (dir, id)
+    }
+
+    /// Start writing `data` to `path` and see it still waiting after 5 s
+    /// of the simulated clock (a seal's lease is 30 s); the write, to
+    /// await once the seal is lifted.
+    async fn create_waits(
+        &self,
+        path: &str,
+        data: &'static [u8],
+    ) -> JoinHandle<Result<(), ClientError>> {
+        let (client, p) = (self.client.clone(), path.to_string());
+        let create = tokio::spawn(async move { client.write_file(&p, data).await });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(
+            !create.is_finished(),
+            "a create went into a sealed directory: {:?}",
+            create.await
+        );
+        create
+    }
+
     /// Kill server `id` and start it again on its store (all of it kept).
     fn restart(&self, id: ServerId) {
         drop(self.net.kill(id));
@@ -103,12 +144,15 @@ fn name_on(dir: InodeId, on: ServerId, servers: usize) -> String {
         .unwrap()
 }
 
-fn paused_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
+/// Run `test` on a new cluster of `servers` under the simulated clock.
+fn simulated<F: Future<Output = ()>>(servers: u16, test: impl FnOnce(Cluster) -> F) {
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
-        .unwrap()
+        .unwrap();
+    rt.block_on(async { test(Cluster::new(servers)).await });
+    rt.shutdown_background();
 }
 
 async fn seal(peer: &Pool, on: ServerId, dir: InodeId, action: SealAction, seal: SealId) -> Reply {
@@ -126,108 +170,61 @@ async fn seal(peer: &Pool, on: ServerId, dir: InodeId, action: SealAction, seal:
     peer.call(on, &req, &[]).await.unwrap().reply
 }
 
+/// Await `create`, which must finish within 5 s of the simulated clock.
+async fn finishes(create: JoinHandle<Result<(), ClientError>>) {
+    tokio::time::timeout(Duration::from_secs(5), create)
+        .await
+        .expect("the create goes on once the seal is lifted")
+        .unwrap()
+        .unwrap();
+}
+
 #[test]
 fn a_late_unseal_lifts_only_its_own_attempts_seal() {
-    let rt = paused_runtime();
-    rt.block_on(async {
-        let s = Cluster::new(1);
-        let peer = |dir, action, id| seal(&s.peer, ServerId(0), dir, action, id);
-        let d = s.client.mkdir("/d", 0o755).await.unwrap().ino;
+    simulated(1, |s| async move {
         // The first attempt sealed and gave up; its Unseal is late. The
         // second attempt (another rmdir of /d) sealed meanwhile.
-        let (first, second) = (SealId::fresh(), SealId::fresh());
-        assert_eq!(
-            peer(d, SealAction::Seal, first).await,
-            Reply::Sealed { empty: true }
-        );
-        assert_eq!(
-            peer(d, SealAction::Seal, second).await,
-            Reply::Sealed { empty: true }
-        );
-        peer(d, SealAction::Unseal, first).await;
-        // Still sealed by the second attempt: a create into /d waits (the
-        // lease is 30 s of the simulated clock; 5 s pass here).
-        let client = s.client.clone();
-        let create = tokio::spawn(async move { client.write_file("/d/f", b"x").await });
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        assert!(
-            !create.is_finished(),
-            "a create went into a directory that an rmdir holds sealed: {:?}",
-            create.await
-        );
+        let (d, first) = s.sealed_dir("/d").await;
+        let second = SealId::fresh();
+        s.seal_all(d, SealAction::Seal, second).await;
+        s.seal_all(d, SealAction::Unseal, first).await;
+        // Still sealed by the second attempt: a create into /d waits.
+        let create = s.create_waits("/d/f", b"x").await;
         // The second attempt's own Unseal lets it in.
-        peer(d, SealAction::Unseal, second).await;
-        tokio::time::timeout(Duration::from_secs(5), create)
-            .await
-            .expect("the create goes on once the seal is lifted")
-            .unwrap()
-            .unwrap();
+        s.seal_all(d, SealAction::Unseal, second).await;
+        finishes(create).await;
         assert_eq!(s.client.read_file("/d/f").await.unwrap(), b"x");
     });
-    rt.shutdown_background();
 }
 
 #[test]
 fn a_restarted_server_takes_up_the_seals_the_others_hold() {
-    let rt = paused_runtime();
-    rt.block_on(async {
-        let s = Cluster::new(2);
-        let d = s.client.mkdir("/d", 0o755).await.unwrap().ino;
+    simulated(2, |s| async move {
         // An rmdir sealed /d on both servers, then server 1 restarted
         // (its seals were in memory) before the rmdir wrote its removal.
-        let rmdir = SealId::fresh();
-        for on in [ServerId(0), ServerId(1)] {
-            assert_eq!(
-                seal(&s.peer, on, d, SealAction::Seal, rmdir).await,
-                Reply::Sealed { empty: true }
-            );
-        }
+        let (d, rmdir) = s.sealed_dir("/d").await;
         s.restart(ServerId(1));
         // A create of a name on server 1 waits for the seal...
         let path = format!("/d/{}", name_on(d, ServerId(1), 2));
-        let (client, p) = (s.client.clone(), path.clone());
-        let create = tokio::spawn(async move { client.write_file(&p, b"x").await });
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        assert!(
-            !create.is_finished(),
-            "a create went into a directory sealed before its server restarted: {:?}",
-            create.await
-        );
+        let create = s.create_waits(&path, b"x").await;
         // ...and goes on once the rmdir lifts it, everywhere.
-        for on in [ServerId(0), ServerId(1)] {
-            seal(&s.peer, on, d, SealAction::Unseal, rmdir).await;
-        }
-        tokio::time::timeout(Duration::from_secs(5), create)
-            .await
-            .expect("the create goes on once the seal is lifted")
-            .unwrap()
-            .unwrap();
+        s.seal_all(d, SealAction::Unseal, rmdir).await;
+        finishes(create).await;
         assert_eq!(s.client.read_file(&path).await.unwrap(), b"x");
         // Had the rmdir removed it instead, the create would fail.
-        let gone = s.client.mkdir("/e", 0o755).await.unwrap().ino;
-        let rmdir = SealId::fresh();
-        for on in [ServerId(0), ServerId(1)] {
-            seal(&s.peer, on, gone, SealAction::Seal, rmdir).await;
-        }
+        let (gone, rmdir) = s.sealed_dir("/e").await;
         s.restart(ServerId(0));
         seal(&s.peer, ServerId(1), gone, SealAction::Removed, rmdir).await;
         let path = format!("/e/{}", name_on(gone, ServerId(0), 2));
         let e = s.client.write_file(&path, b"y").await.unwrap_err();
         assert_eq!(e.code, madfs_client::ErrorCode::NotFound, "{e}");
     });
-    rt.shutdown_background();
 }
 
 #[test]
 fn a_seal_lifted_on_a_restarted_server_is_not_brought_back_by_a_slower_one() {
-    let rt = paused_runtime();
-    rt.block_on(async {
-        let s = Cluster::new(2);
-        let d = s.client.mkdir("/d", 0o755).await.unwrap().ino;
-        let rmdir = SealId::fresh();
-        for on in [ServerId(0), ServerId(1)] {
-            seal(&s.peer, on, d, SealAction::Seal, rmdir).await;
-        }
+    simulated(2, |s| async move {
+        let (d, rmdir) = s.sealed_dir("/d").await;
         // Server 1 restarts and hears the rmdir give up; server 0 has not
         // heard it yet, and still reports the seal.
         s.restart(ServerId(1));
@@ -238,17 +235,9 @@ fn a_seal_lifted_on_a_restarted_server_is_not_brought_back_by_a_slower_one() {
             .expect("a create waited for a seal lifted here before")
             .unwrap();
         // Another directory's seal, still held, is taken up as before.
-        let e = s.client.mkdir("/e", 0o755).await.unwrap().ino;
-        for on in [ServerId(0), ServerId(1)] {
-            seal(&s.peer, on, e, SealAction::Seal, SealId::fresh()).await;
-        }
+        let (e, _) = s.sealed_dir("/e").await;
         s.restart(ServerId(1));
-        let path = format!("/e/{}", name_on(e, ServerId(1), 2));
-        let waited = tokio::time::timeout(Duration::from_secs(5), s.client.write_file(&path, b"y"));
-        assert!(
-            waited.await.is_err(),
-            "a create went into a sealed directory"
-        );
+        s.create_waits(&format!("/e/{}", name_on(e, ServerId(1), 2)), b"y")
+            .await;
     });
-    rt.shutdown_background();
 }
