@@ -52,6 +52,74 @@ pub(crate) enum SealState {
     Removed,
 }
 
+/// What a server started on an existing store keeps for one lease after
+/// its start, while it may lack seals its predecessor held
+/// (`Server::recall_seals`).
+pub(crate) struct SealRecall {
+    /// None for a new store, which never answered a seal.
+    until: Option<Instant>,
+    seen: std::sync::Mutex<Recalled>,
+}
+
+#[derive(Default)]
+struct Recalled {
+    /// Directories whose seals were asked of the others.
+    asked: std::collections::HashSet<InodeId>,
+    /// Seals lifted here, newest last (bounded): a report from a server
+    /// that has not yet heard the same Unseal must not bring them back.
+    lifted: std::collections::VecDeque<(InodeId, SealId)>,
+}
+
+impl SealRecall {
+    pub(crate) fn after_start(new_store: bool) -> SealRecall {
+        SealRecall {
+            until: (!new_store).then(|| Instant::now() + SEAL_LEASE),
+            seen: Default::default(),
+        }
+    }
+
+    fn open(&self) -> bool {
+        self.until.is_some_and(|t| Instant::now() < t)
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, Recalled> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `dir`'s seals are still to be asked of the others.
+    fn to_ask(&self, dir: InodeId) -> bool {
+        self.open() && !self.seen().asked.contains(&dir)
+    }
+
+    fn asked(&self, dir: InodeId) {
+        let mut seen = self.seen();
+        if seen.asked.len() >= SEALS_MAX {
+            seen.asked.clear();
+        }
+        seen.asked.insert(dir);
+    }
+
+    fn lifted_here(&self, dir: InodeId) -> Vec<SealId> {
+        let seen = self.seen();
+        seen.lifted
+            .iter()
+            .filter(|&&(d, _)| d == dir)
+            .map(|&(_, id)| id)
+            .collect()
+    }
+
+    fn note_lifted(&self, dir: InodeId, seal: SealId) {
+        if !self.open() {
+            return;
+        }
+        let mut seen = self.seen();
+        if seen.lifted.len() >= SEALS_LIFTED_MAX {
+            seen.lifted.pop_front();
+        }
+        seen.lifted.push_back((dir, seal));
+    }
+}
+
 /// When the last of `holders` lapses.
 fn lapses_at(holders: &[(SealId, Instant)]) -> Instant {
     let latest = holders.iter().map(|&(_, until)| until).max();
@@ -116,10 +184,7 @@ impl Server {
     /// removal let a create into the directory being removed). Seals
     /// taken since the start reach this server itself.
     async fn recall_seals(&self, dir: InodeId) {
-        let Some(until) = self.seals_forgotten_until else {
-            return;
-        };
-        if Instant::now() >= until || self.recalled().contains(&dir) {
+        if !self.seal_recall.to_ask(dir) {
             return;
         }
         let op = Op::Seal {
@@ -132,12 +197,7 @@ impl Server {
         };
         let answers = self.broadcast_within(op, SEAL_REPORT_WITHIN).await;
         let now = Instant::now();
-        let lifted: Vec<SealId> = (self.seals_lifted.lock())
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter(|&&(d, _)| d == dir)
-            .map(|&(_, id)| id)
-            .collect();
+        let lifted = self.seal_recall.lifted_here(dir);
         let mut seals = self.seals.lock().unwrap_or_else(|e| e.into_inner());
         for (s, answer) in answers {
             match answer {
@@ -173,19 +233,8 @@ impl Server {
             }
         }
         drop(seals);
-        let mut recalled = self.recalled();
-        if recalled.len() >= SEALS_MAX {
-            recalled.clear();
-        }
-        recalled.insert(dir);
-        drop(recalled);
+        self.seal_recall.asked(dir);
         self.seal_changed.notify_waiters();
-    }
-
-    fn recalled(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<InodeId>> {
-        self.seals_recalled
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// The rmdir that sealed `dir` never said how it ended: ask the server
@@ -297,16 +346,7 @@ impl Server {
                 Ok((Reply::Sealed { empty }, Vec::new()))
             }
             SealAction::Unseal => {
-                if self
-                    .seals_forgotten_until
-                    .is_some_and(|t| Instant::now() < t)
-                {
-                    let mut lifted = self.seals_lifted.lock().unwrap_or_else(|e| e.into_inner());
-                    if lifted.len() >= SEALS_LIFTED_MAX {
-                        lifted.pop_front();
-                    }
-                    lifted.push_back((dir, seal));
-                }
+                self.seal_recall.note_lifted(dir, seal);
                 let mut seals = self.seals.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(SealState::Sealed { holders, .. }) = seals.get_mut(&dir) {
                     holders.retain(|&(id, _)| id != seal);

@@ -67,16 +67,8 @@ pub struct Server {
     pub(crate) dir_cache: crate::peers::DirPermCache,
     pub(crate) seals: Mutex<HashMap<InodeId, SealState>>,
     pub(crate) seal_changed: Notify,
-    /// Until when seals taken before this start may be missing here (a
-    /// lease after it; None for a new store, which never had any), and
-    /// the directories whose seals were asked of the others since
-    /// (seals.rs `recall_seals`).
-    pub(crate) seals_forgotten_until: Option<tokio::time::Instant>,
-    pub(crate) seals_recalled: Mutex<std::collections::HashSet<InodeId>>,
-    /// Seals lifted here in that time, newest last (bounded): a report
-    /// from a server that has not yet heard the same Unseal must not
-    /// bring them back.
-    pub(crate) seals_lifted: Mutex<std::collections::VecDeque<(InodeId, madfs_types::SealId)>>,
+    /// Seals lost with a restart, asked of the others (seals.rs).
+    pub(crate) seal_recall: crate::seals::SealRecall,
     /// Directories whose removal every server heard: their DIR_REMOVAL
     /// records go with the next removal's batch (or the periodic sweep),
     /// not in a write of their own (ops/remove.rs).
@@ -280,10 +272,7 @@ impl Server {
             seals: Mutex::new(HashMap::new()),
             removals_done: Mutex::new(Vec::new()),
             seal_changed: Notify::new(),
-            seals_forgotten_until: (!new_store)
-                .then(|| tokio::time::Instant::now() + crate::seals::SEAL_LEASE),
-            seals_recalled: Mutex::new(std::collections::HashSet::new()),
-            seals_lifted: Mutex::new(std::collections::VecDeque::new()),
+            seal_recall: crate::seals::SealRecall::after_start(new_store),
             tx_counter,
             touches,
             replication,
