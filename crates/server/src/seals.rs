@@ -208,8 +208,15 @@ impl Server {
                 Ok(Reply::SealReport(SealReport::Sealed {
                     parent,
                     name,
-                    holders,
+                    mut holders,
                 })) => {
+                    // One lifted here already: that server has not heard
+                    // its Unseal yet. None left: nothing to take up (a
+                    // seal with no holder would read as lapsed).
+                    holders.retain(|h| !lifted.contains(&h.seal));
+                    if holders.is_empty() {
+                        continue;
+                    }
                     let state = seals.entry(dir).or_insert_with(|| SealState::Sealed {
                         holders: Vec::new(),
                         parent,
@@ -217,10 +224,7 @@ impl Server {
                     });
                     if let SealState::Sealed { holders: mine, .. } = state {
                         for SealHolder { seal, left_ms } in holders {
-                            // One lifted here already: that server has
-                            // not heard its Unseal yet.
-                            let known = mine.iter().any(|h| h.0 == seal) || lifted.contains(&seal);
-                            if mine.len() < SEAL_HOLDERS_MAX && !known {
+                            if mine.len() < SEAL_HOLDERS_MAX && !mine.iter().any(|h| h.0 == seal) {
                                 let left = Duration::from_millis(u64::from(left_ms));
                                 mine.push((seal, now + left.min(SEAL_LEASE)));
                             }
