@@ -268,6 +268,136 @@ async fn a_slow_touch_holds_up_only_its_own_clients_stat() {
     }
 }
 
+/// A touch still unsent when its sender is killed (kill -9) is sent when
+/// that server starts again: the changes were acknowledged to the client
+/// (mkdirs, a create), so the parent's link count and times must show
+/// them. Every touch is held back (`MADFS_TEST_TOUCH_DELAY_MS`) until the
+/// senders die; they start again without the delay. Before, the touches
+/// lived in the sender's memory only and the link count stayed 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_touch_left_unsent_by_a_crash_is_sent_at_the_restart() {
+    let mut tc = TestCluster::start_with(
+        SERVERS,
+        common::Options {
+            server_env: vec![(
+                "MADFS_TEST_TOUCH_DELAY_MS".to_string(),
+                "600000".to_string(),
+            )],
+            ..Default::default()
+        },
+    );
+    let c = tc.client();
+    let other = tc.client().with_cache(CacheConfig::off());
+    let d = c.mkdir("/crash", 0o755).await.unwrap();
+    let names = names_on(&d, "sub", false, 3);
+    let t = age(&c, "/crash").await;
+    for n in &names {
+        c.mkdir(format!("/crash/{n}"), 0o755).await.unwrap();
+    }
+    let file = names_on(&d, "f", false, 1).remove(0);
+    c.write_file(format!("/crash/{file}"), b"x").await.unwrap();
+    // Held back: nobody without the tokens sees the changes yet.
+    let seen = other.stat("/crash").await.unwrap();
+    assert_eq!(
+        (seen.nlink, seen.mtime),
+        (2, PAST),
+        "the touches were not held back"
+    );
+    let mut senders: Vec<usize> = names
+        .iter()
+        .chain([&file])
+        .map(|n| dentry_server(d.ino, &FileName::new(n.as_bytes()).unwrap(), SERVERS).0 as usize)
+        .collect();
+    senders.sort();
+    senders.dedup();
+    assert!(!senders.contains(&(d.ino.owner().0 as usize)));
+    for &i in &senders {
+        tc.kill9(i);
+    }
+    tc.set_server_env(&[]);
+    for &i in &senders {
+        tc.restart(i);
+    }
+    let a = poll(&other, "/crash", |a| a.nlink == 2 + names.len() as u32).await;
+    assert!(a.mtime > PAST && a.ctime > t, "{a:?}");
+    // Each change counted once, whatever was sent twice.
+    let extra = names_on(&d, "more", true, 1).remove(0);
+    c.mkdir(format!("/crash/{extra}"), 0o755).await.unwrap();
+    assert_eq!(
+        other.stat("/crash").await.unwrap().nlink,
+        3 + names.len() as u32
+    );
+}
+
+/// With replicas, a touch its sender had not sent when it was killed is
+/// sent by the copy that takes the sender's set over: the intent came to
+/// the copy with the operation's batch. Only the sender holds its touches
+/// back; the copy's server sends at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_touch_left_unsent_by_a_dead_primary_is_sent_by_its_copy() {
+    // The sender: a server that owns neither the root nor the directory.
+    let sender = 3usize;
+    let mut tc = TestCluster::start_with(
+        SERVERS,
+        common::Options {
+            replicas: 2,
+            server_env_for: vec![(
+                sender,
+                "MADFS_TEST_TOUCH_DELAY_MS".to_string(),
+                "600000".to_string(),
+            )],
+            ..Default::default()
+        },
+    );
+    let c = tc.client();
+    let other = tc.client().with_cache(CacheConfig::off());
+    let dir = (0..100)
+        .map(|i| format!("/failover{i}"))
+        .find(|p| {
+            let n = FileName::new(&p.as_bytes()[1..]).unwrap();
+            dentry_server(madfs_types::InodeId::ROOT, &n, SERVERS).0 as usize != sender
+        })
+        .unwrap();
+    let d = c.mkdir(&dir, 0o755).await.unwrap();
+    assert_ne!(
+        d.ino.owner().0 as usize,
+        sender,
+        "the directory lives with its entry"
+    );
+    let names: Vec<String> = (0..10_000)
+        .map(|i| format!("sub{i}"))
+        .filter(|n| {
+            dentry_server(d.ino, &FileName::new(n.as_bytes()).unwrap(), SERVERS).0 as usize
+                == sender
+        })
+        .take(2)
+        .collect();
+    let t = age(&c, &dir).await;
+    for n in &names {
+        c.mkdir(format!("{dir}/{n}"), 0o755).await.unwrap();
+    }
+    let seen = other.stat(&dir).await.unwrap();
+    assert_eq!(
+        (seen.nlink, seen.mtime),
+        (2, PAST),
+        "the touches were not held back"
+    );
+    tc.kill9(sender);
+    // A failover takes a few seconds; the copy then sends what it found.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let a = loop {
+        match other.stat(&dir).await {
+            Ok(a) if a.nlink == 2 + names.len() as u32 => break a,
+            seen => assert!(
+                std::time::Instant::now() < deadline,
+                "{dir} never showed the mkdirs after the failover: {seen:?}"
+            ),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(a.mtime > PAST && a.ctime > t, "{a:?}");
+}
+
 /// A touch the owner already applied (its answer lost, so the sender sends
 /// it again with the same seq) is not applied twice, nor is an older one;
 /// a touch's time never moves the directory's times back.

@@ -24,6 +24,8 @@ impl Server {
             r.start_noting(self.unreplicated.clone());
             r.start_shippers(self.clone());
         }
+        // Before anything new of those directories: what a crash left unsent.
+        self.resend_touches();
         let me = self.clone();
         tokio::spawn(async move {
             crate::rename::recover(&me).await;

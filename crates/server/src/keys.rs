@@ -12,6 +12,7 @@
 //! RNTX tx                       -> rename intent, on the coordinating server
 //! RNDN coordinator tx           -> rename installed, on the destination server
 //! DTCH dir sender               -> u64 last directory touch applied from that server
+//! TOUT dir seq member           -> a change to another server's directory, not yet applied there
 //! DONE time origin seq          -> the reply of a request that must run once (once.rs)
 //! META "next_inode"             -> u64 inode counter (a high-water mark)
 //! META "next_tx"                -> u64 rename transaction counter (likewise)
@@ -37,6 +38,10 @@ pub const DIR_REMOVAL: &[u8; 4] = b"RMDR";
 pub const RENAME_INTENT: &[u8; 4] = b"RNTX";
 pub const RENAME_DONE: &[u8; 4] = b"RNDN";
 pub const DIR_TOUCH: &[u8; 4] = b"DTCH";
+/// On the sender: one operation's change to a directory another server
+/// owns (time, link delta), written with the operation, deleted once the
+/// touch that carries it (`seq`) is applied (touch_send.rs).
+pub const TOUCH_INTENT: &[u8; 4] = b"TOUT";
 /// A request that runs once (`OpId`, its sender's time first so that old
 /// ones sort first and are swept by a scan from the start): its reply.
 pub const DONE: &[u8; 4] = b"DONE";
@@ -144,6 +149,26 @@ pub fn dir_touch(dir: InodeId, sender: ServerId) -> Vec<u8> {
     k
 }
 
+/// The intent of member `member` of touch `seq` of directory `dir`
+/// (touch_send.rs); a directory's intents sort by seq.
+pub fn touch_intent(dir: InodeId, seq: u64, member: u32) -> Vec<u8> {
+    let mut k = with_ino(TOUCH_INTENT, dir);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k.extend_from_slice(&member.to_be_bytes());
+    k
+}
+
+/// (dir, seq, member) from a TOUT key.
+pub fn touch_intent_parts(key: &[u8]) -> Option<(InodeId, u64, u32)> {
+    if key.len() != 24 || !key.starts_with(TOUCH_INTENT) {
+        return None;
+    }
+    let dir = ino_from_key(key)?;
+    let seq = u64::from_be_bytes(key[12..20].try_into().ok()?);
+    let member = u32::from_be_bytes(key[20..24].try_into().ok()?);
+    Some((dir, seq, member))
+}
+
 /// Inode id from an INOD/ORPH/HELD key.
 pub fn ino_from_key(key: &[u8]) -> Option<InodeId> {
     let b: [u8; 8] = key.get(4..12)?.try_into().ok()?;
@@ -164,5 +189,9 @@ mod tests {
         // Another directory's entries never share the prefix.
         assert!(!dentry(InodeId(6), &FileName::new(b"a").unwrap()).starts_with(&dentry_prefix(p)));
         assert_eq!(ino_from_key(&inode(InodeId(77))), Some(InodeId(77)));
+        let t = touch_intent(InodeId(9), 300, 2);
+        assert_eq!(touch_intent_parts(&t), Some((InodeId(9), 300, 2)));
+        assert!(touch_intent(InodeId(9), 2, 7) < t);
+        assert_eq!(touch_intent_parts(&inode(InodeId(9))), None);
     }
 }

@@ -36,6 +36,7 @@ pub mod sync;
 #[cfg(test)]
 mod test_kv;
 mod touch;
+mod touch_send;
 mod write_order;
 mod writeback;
 

@@ -408,13 +408,13 @@ async fn rename_local(
         let mut b = WriteBatch::new();
         let done = install_into(srv, &mut b, dp, dn, ino, kind, noreplace, &sealed, hold)?;
         if done.same {
-            return Ok((done, DirChanges::default(), Timestamp::now()));
+            return Ok((done, Vec::new()));
         }
         b.delete(&keys::dentry(sp, sn));
         let mut changes = install_changes(dp, kind, &done);
         changes.add(sp, -dir_links(kind));
         let time = Timestamp::now();
-        srv.touch_local(&mut b, &changes, time)?;
+        let tickets = srv.touch_local(&mut b, &changes, time)?;
         // Other servers act on a replaced target next (its owner drops a
         // link, every server forgets a directory): the rename must outlive
         // a power cut first, or the old name comes back without its link.
@@ -435,12 +435,12 @@ async fn rename_local(
         let moved_dir = kind == FileKind::Dir && sp != dp;
         srv.kv.write(b, remote || moved_dir).map_err(kv_err)?;
         drop(guard);
-        Ok((done, changes, time))
+        Ok((done, tickets))
     }
     .await;
     match result {
-        Ok((done, changes, time)) => {
-            let touched = srv.touch_queued(&changes, time);
+        Ok((done, tickets)) => {
+            let touched = srv.touch_queued(tickets);
             let held = after_install(srv, &done, hold).await?;
             Ok((touched, done.replaced.filter(|_| held)))
         }
@@ -656,7 +656,7 @@ pub(crate) async fn install(
             install_changes(dp, kind, &done)
         };
         let time = Timestamp::now();
-        srv.touch_local(&mut b, &changes, time)?;
+        let tickets = srv.touch_local(&mut b, &changes, time)?;
         b.put(&marker, &encode_marker(&Marker::Installed(ino, replaced)));
         {
             // A resolve that came while this install waited for its locks
@@ -670,12 +670,12 @@ pub(crate) async fn install(
             srv.kv.write(b, true).map_err(kv_err)?;
         }
         drop(guard);
-        Ok((done, replaced, changes, time))
+        Ok((done, replaced, tickets))
     }
     .await;
     match result {
-        Ok((done, replaced, changes, time)) => {
-            srv.touch_remote(&changes, time).await;
+        Ok((done, replaced, tickets)) => {
+            srv.touch_remote(tickets).await;
             let held = after_install(srv, &done, hold).await?;
             Ok((replaced, held))
         }
@@ -826,7 +826,7 @@ async fn settle(srv: &Arc<Server>, tx: TxId, intent: Intent) {
                 }
                 let mut b = WriteBatch::new();
                 let time = Timestamp::now();
-                let mut moved = false;
+                let mut tickets = None;
                 if installed
                     && srv
                         .load_dentry(intent.src_parent, &intent.src_name)
@@ -835,15 +835,15 @@ async fn settle(srv: &Arc<Server>, tx: TxId, intent: Intent) {
                         == Some((intent.kind, intent.ino))
                 {
                     b.delete(&keys::dentry(intent.src_parent, &intent.src_name));
-                    moved = srv.touch_local(&mut b, &changes, time).is_ok();
+                    tickets = srv.touch_local(&mut b, &changes, time).ok();
                 }
                 b.delete(&keys::rename_intent(tx));
                 match srv.kv.write(b, true) {
                     Ok(()) => {
                         srv.locks.settle(intent.src_parent, &intent.src_name);
                         drop(g);
-                        if moved {
-                            srv.touch_remote(&changes, time).await;
+                        if let Some(t) = tickets {
+                            srv.touch_remote(t).await;
                         }
                         // As in step 5: not before the replicas have it.
                         if !srv.replicated_now().await {
@@ -955,10 +955,10 @@ async fn exchange(
     let mut changes = DirChanges::one(sp, dir_links(dk) - dir_links(sk));
     changes.add(dp, dir_links(sk) - dir_links(dk));
     let time = Timestamp::now();
-    srv.touch_local(&mut b, &changes, time)?;
+    let tickets = srv.touch_local(&mut b, &changes, time)?;
     srv.kv.write(b, false).map_err(kv_err)?;
     drop(g);
-    Ok(srv.touch_queued(&changes, time))
+    Ok(srv.touch_queued(tickets))
 }
 
 #[cfg(test)]

@@ -55,11 +55,11 @@
 //! Times only move forward (max-merge): touches from several servers may
 //! arrive in any order.
 
-use crate::counter::Counter;
 use crate::errors::{err, kv_err};
 use crate::keys;
 use crate::locks::LockKey;
 use crate::service::Server;
+use crate::touch_send::{SendQueue, TouchTicket};
 use madfs_kv::{KvStore, WriteBatch};
 use madfs_proto::message::{Op, Reply, TouchToken, TouchWait};
 use madfs_proto::{ErrorCode, WireError};
@@ -120,41 +120,16 @@ pub(crate) fn touch_attr(a: &mut Attr, time: Timestamp, nlink_delta: i64) {
     a.nlink = (a.nlink as i64 + nlink_delta).clamp(2, u32::MAX as i64) as u32;
 }
 
-/// An operation's place in a directory's queue, and the seq of the touch
-/// that will carry its change.
-enum Turn {
-    /// Nothing in flight: send the change now, as touch `seq`.
-    Lead(u64),
-    /// Carried by the next touch, `seq`; woken once it was applied if the
-    /// operation asked to wait.
-    Join(u64, Option<oneshot::Receiver<()>>),
-}
-
-/// Changes waiting for the next touch of one directory.
-struct Group {
-    /// Allocated when the group forms, so an operation knows at once which
-    /// touch carries its change (the token it replies with); above the seq
-    /// of every touch of the directory sent before it.
-    seq: u64,
-    time: Timestamp,
-    nlink_delta: i64,
-    waiters: Vec<oneshot::Sender<()>>,
-}
-
 /// GetAttrs waiting for touches of a directory from one sender: the seq
 /// each waits for.
 type Waiting = HashMap<(InodeId, ServerId), Vec<(u64, oneshot::Sender<()>)>>;
 
 pub(crate) struct Touches {
-    /// Directories with a touch in flight, and what waits for the next one.
-    /// A directory is here exactly while its sending task runs.
-    queues: Mutex<HashMap<InodeId, Option<Group>>>,
-    seq: Counter,
+    /// The sender's side: queued changes, their intents, recovery
+    /// (touch_send.rs).
+    pub(crate) send: SendQueue,
     /// On the owner: GetAttrs waiting until a touch is applied.
     waiting: Mutex<Waiting>,
-    /// Test knob (`MADFS_TEST_TOUCH_DELAY_MS`, read at start): every touch
-    /// is sent this much later, so tests can see what a slow touch does.
-    delay: Option<Duration>,
 }
 
 /// The environment variable that delays every touch a server sends (tests
@@ -172,26 +147,32 @@ impl Touches {
             tracing::warn!("{TOUCH_DELAY_ENV}: every directory touch is sent {d:?} late");
         }
         Ok(Touches {
-            queues: Mutex::new(HashMap::new()),
-            seq: Counter::load(kv, keys::META_NEXT_TOUCH, 1)?,
+            send: SendQueue::load(kv, delay)?,
             waiting: Mutex::new(HashMap::new()),
-            delay,
         })
     }
 }
 
 impl Server {
     /// Put the new times and link counts of the directories of `changes`
-    /// this server holds into `b`; their inode locks must be held. A
-    /// directory already gone is skipped.
+    /// this server holds into `b` (their inode locks must be held; a
+    /// directory already gone is skipped), and the intents of the others'
+    /// changes (touch_send.rs): the tickets to commit once `b` is written
+    /// (`touch_queued`, `touch_remote`), or to drop if it is not.
     pub(crate) fn touch_local(
         &self,
         b: &mut WriteBatch,
         changes: &DirChanges,
         time: Timestamp,
-    ) -> Result<(), WireError> {
+    ) -> Result<Vec<TouchTicket>, WireError> {
+        let mut tickets = Vec::new();
         for &(dir, delta) in &changes.items {
             if dir.owner() != self.id {
+                tickets.extend(
+                    self.touches
+                        .send
+                        .join(self.kv.as_ref(), b, dir, time, delta),
+                );
                 continue;
             }
             if let Some(mut inode) = self.load_inode(dir)? {
@@ -201,199 +182,73 @@ impl Server {
                 }
             }
         }
-        Ok(())
+        if !tickets.is_empty() {
+            self.touches.send.drain_applied(b);
+        }
+        Ok(tickets)
     }
 
-    /// After the operation's batch is written: queue touches of the other
-    /// directories of `changes` for their owners and return at once with
-    /// the tokens that name them (the operation's reply carries them; the
-    /// client's next GetAttr of a directory waits for its own).
-    pub(crate) fn touch_queued(
-        self: &Arc<Self>,
-        changes: &DirChanges,
-        time: Timestamp,
-    ) -> Vec<TouchToken> {
-        let mut tokens = Vec::new();
-        for &(dir, delta) in &changes.items {
-            if dir.owner() == self.id {
-                continue;
-            }
-            let seq = match self.queue_touch(dir, time, delta, false) {
-                Some(Turn::Lead(seq)) => {
-                    let me = self.clone();
-                    tokio::spawn(async move {
-                        me.send_touch(dir, seq, time, delta).await;
-                        me.next_group(dir);
-                    });
-                    seq
-                }
-                Some(Turn::Join(seq, _)) => seq,
-                None => continue,
-            };
-            tokens.push(TouchToken {
-                dir,
-                sender: self.id,
-                seq,
-            });
-        }
-        tokens
+    /// After the operation's batch (with the intents of `tickets`) is
+    /// written: let the touches go to the directories' owners and return
+    /// at once with the tokens that name them (the operation's reply
+    /// carries them; the client's next GetAttr of a directory waits for
+    /// its own).
+    pub(crate) fn touch_queued(self: &Arc<Self>, tickets: Vec<TouchTicket>) -> Vec<TouchToken> {
+        self.commit_touches(tickets, false).0
     }
 
     /// Like `touch_queued`, but wait until the owners applied the touches
     /// (at most `TOUCH_WAIT`): for a cross-server rename's install, whose
     /// answer goes to the coordinator, not to the client.
-    pub(crate) async fn touch_remote(self: &Arc<Self>, changes: &DirChanges, time: Timestamp) {
-        for &(dir, delta) in &changes.items {
-            if dir.owner() == self.id {
-                continue;
-            }
-            match self.queue_touch(dir, time, delta, true) {
-                // Nothing in flight for `dir`: send this change from this
-                // task (no hand-off to another, which costs a wakeup), and
-                // leave what queued meanwhile to a task of its own.
-                Some(Turn::Lead(seq)) => {
-                    let me = self.clone();
-                    let mut send = Box::pin(async move {
-                        me.send_touch(dir, seq, time, delta).await;
-                        me.next_group(dir);
-                    });
-                    if tokio::time::timeout(TOUCH_WAIT, &mut send).await.is_err() {
-                        tokio::spawn(send); // the owner is slow: retry in the background
-                    }
-                }
-                Some(Turn::Join(_, Some(rx))) => {
-                    let _ = tokio::time::timeout(TOUCH_WAIT, rx).await;
-                }
-                Some(Turn::Join(_, None)) | None => {}
-            }
+    pub(crate) async fn touch_remote(self: &Arc<Self>, tickets: Vec<TouchTicket>) {
+        let (_, applied) = self.commit_touches(tickets, true);
+        let deadline = Instant::now() + TOUCH_WAIT;
+        for rx in applied {
+            let _ = tokio::time::timeout_at(deadline, rx).await;
         }
     }
 
     /// For an operation whose batch is written and whose locks are
     /// released (it could not hold a directory's lock while it waited on
-    /// a peer): apply `changes` to this server's directories in a batch of
-    /// their own, and queue touches of the others (`touch_queued`).
+    /// a peer): apply `changes` to this server's directories, and write the
+    /// intents of the others', in a batch of their own, then let the
+    /// touches go (`touch_queued`).
     pub(crate) async fn touch_after(
         self: &Arc<Self>,
         changes: &DirChanges,
         time: Timestamp,
     ) -> Vec<TouchToken> {
         let local: Vec<_> = changes.local_keys(self.id);
-        if !local.is_empty() {
-            let written = match self.locks.lock(&local).await {
-                Ok(_g) => {
-                    let mut b = WriteBatch::new();
-                    self.touch_local(&mut b, changes, time)
-                        .and_then(|()| self.kv.write(b, false).map_err(kv_err))
-                }
-                Err(e) => Err(e),
-            };
-            if let Err(e) = written {
-                tracing::warn!("touching a directory: {e}");
+        let written = match self.locks.lock(&local).await {
+            Ok(_g) => {
+                let mut b = WriteBatch::new();
+                self.touch_local(&mut b, changes, time).and_then(|tickets| {
+                    if !b.is_empty() {
+                        self.kv.write(b, false).map_err(kv_err)?;
+                    }
+                    Ok(tickets)
+                })
             }
-        }
-        self.touch_queued(changes, time)
-    }
-
-    /// Join `dir`'s queue: lead (nothing in flight: send it now) or ride
-    /// on the next touch, which will carry this change too. None when no
-    /// touch id could be had (logged; the change is lost, as in a crash).
-    fn queue_touch(
-        self: &Arc<Self>,
-        dir: InodeId,
-        time: Timestamp,
-        nlink_delta: i64,
-        wait: bool,
-    ) -> Option<Turn> {
-        let mut queues = self
-            .touches
-            .queues
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        // Seqs are taken under the lock: a touch of a directory sent after
-        // another always carries a higher seq, so "applied up to seq" on
-        // the owner means every change that seq names.
-        let fresh_seq = || match self.touches.seq.next(self.kv.as_ref()) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                tracing::warn!("touching directory {dir}: no touch id: {e}");
-                None
-            }
+            Err(e) => Err(e),
         };
-        match queues.get_mut(&dir) {
-            Some(next) => {
-                let g = match next {
-                    Some(g) => g,
-                    None => next.insert(Group {
-                        seq: fresh_seq()?,
-                        time,
-                        nlink_delta: 0,
-                        waiters: Vec::new(),
-                    }),
-                };
-                g.time = g.time.max(time);
-                g.nlink_delta += nlink_delta;
-                let rx = wait.then(|| {
-                    let (tx, rx) = oneshot::channel();
-                    g.waiters.push(tx);
-                    rx
-                });
-                Some(Turn::Join(g.seq, rx))
-            }
-            None => {
-                let seq = fresh_seq()?;
-                queues.insert(dir, None);
-                Some(Turn::Lead(seq))
-            }
-        }
-    }
-
-    /// A touch of `dir` is done: hand what queued meanwhile to a sending
-    /// task, or mark the directory idle.
-    fn next_group(self: &Arc<Self>, dir: InodeId) {
-        let mut queues = self
-            .touches
-            .queues
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        match queues.get_mut(&dir).and_then(Option::take) {
-            Some(next) => {
-                let me = self.clone();
-                tokio::spawn(async move { me.send_touches(dir, next).await });
-            }
-            None => {
-                queues.remove(&dir);
-            }
-        }
-    }
-
-    /// The sending task of one directory's queued changes: one touch at a
-    /// time, until no change waits.
-    async fn send_touches(self: Arc<Self>, dir: InodeId, mut group: Group) {
-        loop {
-            self.send_touch(dir, group.seq, group.time, group.nlink_delta)
-                .await;
-            for w in group.waiters.drain(..) {
-                let _ = w.send(());
-            }
-            let mut queues = self
-                .touches
-                .queues
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            match queues.get_mut(&dir).and_then(Option::take) {
-                Some(next) => group = next,
-                None => {
-                    queues.remove(&dir);
-                    return;
-                }
+        match written {
+            Ok(tickets) => self.touch_queued(tickets),
+            Err(e) => {
+                tracing::warn!("touching a directory: {e}");
+                Vec::new()
             }
         }
     }
 
     /// Send touch `seq` until its owner answers.
-    async fn send_touch(&self, dir: InodeId, seq: u64, time: Timestamp, nlink_delta: i64) {
-        if let Some(d) = self.touches.delay {
+    pub(crate) async fn send_touch(
+        &self,
+        dir: InodeId,
+        seq: u64,
+        time: Timestamp,
+        nlink_delta: i64,
+    ) {
+        if let Some(d) = self.touches.send.delay {
             tokio::time::sleep(d).await;
         }
         let op = Op::TouchDir {

@@ -159,7 +159,7 @@ impl Server {
         b.put(&keys::inode(ino), &inode.encode());
         Self::put_dentry(&mut b, parent, name, kind, ino);
         let now = inode.attr.ctime;
-        self.touch_local(&mut b, &changes, now)?;
+        let tickets = self.touch_local(&mut b, &changes, now)?;
         let entry = Entry {
             ino,
             kind,
@@ -178,7 +178,7 @@ impl Server {
         self.kv.write(b, kind == FileKind::Dir).map_err(kv_err)?;
         drop(held);
         self.inode_count.fetch_add(1, Ordering::Relaxed);
-        let touched = self.touch_queued(&changes, now);
+        let touched = self.touch_queued(tickets);
         Ok(Reply::Created {
             entry,
             created: true,

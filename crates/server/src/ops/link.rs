@@ -127,7 +127,7 @@ impl Server {
         }
         let mut b = WriteBatch::new();
         let time = Timestamp::now();
-        self.touch_local(&mut b, &changes, time)?;
+        let tickets = self.touch_local(&mut b, &changes, time)?;
         let mut attr_out = None;
         if local {
             let mut inode = self.must_inode(ino)?;
@@ -157,7 +157,7 @@ impl Server {
         );
         self.kv.write(b, false).map_err(kv_err)?;
         drop(held);
-        let touched = self.touch_queued(&changes, time);
+        let touched = self.touch_queued(tickets);
         Ok(Reply::Linked { entry, touched })
     }
 }

@@ -275,7 +275,7 @@ impl Server {
             }
         }
         let time = Timestamp::now();
-        self.touch_local(&mut b, &changes, time)?;
+        let tickets = self.touch_local(&mut b, &changes, time)?;
         crate::once::record(
             &mut b,
             &Reply::Removed {
@@ -291,7 +291,7 @@ impl Server {
         let remote = want_dir || ino.owner() != self.id;
         self.kv.write(b, remote).map_err(kv_err)?;
         drop(guard);
-        let touched = self.touch_queued(&changes, time);
+        let touched = self.touch_queued(tickets);
         // ... and it must be on the set's copies: a failover would bring
         // the name back there.
         if let Some(r) = &removal {
