@@ -168,11 +168,11 @@ impl Server {
         let mut tickets = Vec::new();
         for &(dir, delta) in &changes.items {
             if dir.owner() != self.id {
-                tickets.extend(
-                    self.touches
-                        .send
-                        .join(self.kv.as_ref(), b, dir, time, delta),
-                );
+                let joined = self
+                    .touches
+                    .send
+                    .join(self.kv.as_ref(), b, dir, time, delta);
+                tickets.push(joined.map_err(kv_err)?);
                 continue;
             }
             if let Some(mut inode) = self.load_inode(dir)? {
@@ -265,7 +265,12 @@ impl Server {
                 Ok(_) => return,
                 // Removed meanwhile: nothing left to touch.
                 Err(e) if e.code == ErrorCode::NotFound => return,
-                Err(e) if crate::rename::is_uncertain(&e) && Instant::now() < give_up => {
+                // Unreachable, or its disk full for now: the change is
+                // acknowledged, so it waits for the owner.
+                Err(e)
+                    if (crate::rename::is_uncertain(&e) || e.code == ErrorCode::NoSpace)
+                        && Instant::now() < give_up =>
+                {
                     tracing::warn!("touching directory {dir} on its owner (will retry): {e}");
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(TOUCH_BACKOFF_MAX);

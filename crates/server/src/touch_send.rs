@@ -224,8 +224,9 @@ impl SendQueue {
     }
 
     /// Join `dir`'s next touch with a change, and put its intent into `b`
-    /// (the operation's batch). None when no touch id could be had
-    /// (logged; the change is lost, as in a crash before the batch).
+    /// (the operation's batch). An error when no touch id could be had
+    /// (the store refused the counter's mark): the operation fails with
+    /// it, before its batch.
     pub(crate) fn join(
         &self,
         kv: &dyn KvStore,
@@ -233,7 +234,7 @@ impl SendQueue {
         dir: InodeId,
         time: Timestamp,
         nlink_delta: i64,
-    ) -> Option<TouchTicket> {
+    ) -> Result<TouchTicket, madfs_kv::KvError> {
         let mut queues = self.queues();
         // Seqs are taken under the lock: a group of a directory formed
         // after another always has a higher seq, so "applied up to seq" on
@@ -247,11 +248,10 @@ impl SendQueue {
             None => match self.seq.next(kv) {
                 Ok(seq) => q.next.insert(Arc::new(Group::new(seq))).clone(),
                 Err(e) => {
-                    tracing::warn!("touching directory {dir}: no touch id: {e}");
                     if !q.sending {
                         queues.remove(&dir);
                     }
-                    return None;
+                    return Err(e);
                 }
             },
         };
@@ -267,7 +267,7 @@ impl SendQueue {
             &keys::touch_intent(dir, group.seq, member),
             &encode_intent(time, nlink_delta),
         );
-        Some(TouchTicket {
+        Ok(TouchTicket {
             dir,
             group,
             member,

@@ -442,6 +442,9 @@ pub struct Observed {
     /// leaks, which the design admits after some crashes.
     pub leaked: BTreeMap<InodeId, String>,
     pub inodes: BTreeSet<InodeId>,
+    /// Reachable directories whose link count is not 2 plus their
+    /// subdirectories (touch.rs; exact after any crash but a power cut).
+    pub dir_links: Vec<String>,
 }
 
 /// Read every server's store and check its structure.
@@ -521,6 +524,24 @@ pub fn observe(disks: &[Arc<SimDisk>]) -> Observed {
                         .push(format!("directory {ino} has a second name {p}"));
                 }
             }
+        }
+    }
+    for dir in &reached_dirs {
+        let Some(inode) = inodes.get(dir) else {
+            continue;
+        };
+        let subdirs = children.get(dir).map_or(0, |l| {
+            l.iter().filter(|(_, k, _)| *k == FileKind::Dir).count()
+        });
+        if inode.attr.nlink as usize != 2 + subdirs {
+            obs.dir_links.push(format!(
+                "directory {dir} ({}) has link count {} and {subdirs} subdirectories",
+                names_of
+                    .get(dir)
+                    .and_then(|n| n.first())
+                    .map_or("/", |n| n.as_str()),
+                inode.attr.nlink
+            ));
         }
     }
     // Entries of directories that do not exist or cannot be reached.

@@ -871,6 +871,16 @@ impl Sim {
                 obs.broken.join("\n")
             )));
         }
+        // Directory link counts survive any crash but one that loses
+        // unsynced writes (a power cut may undo an owner's applied touch
+        // whose intent the sender already deleted, or the sender's intent).
+        let lossless = self.out.power_cuts == 0 && self.out.lost_batches == 0;
+        if !obs.dir_links.is_empty() && lossless {
+            return Err(self.fail(format!(
+                "directory link counts off after recovery:\n{}",
+                obs.dir_links.join("\n")
+            )));
+        }
         // A leak (an inode no name reaches, a link count above the names)
         // is admitted after a crash or a lost message (ARCHITECTURE.md,
         // "Other multi-server operations and what a crash leaves"), never
