@@ -6,9 +6,9 @@
 //! The entry's dentry server does the operation, but the directory's inode
 //! usually lives on another server. Where the directory is this server's,
 //! the change goes into the operation's own RocksDB batch (`touch_local`):
-//! atomic with the entry, exactly once. Otherwise, after its batch is
-//! written, the operation queues the change for the directory's owner
-//! (`touch_queued`) and replies at once with a token naming the touch that
+//! atomic with the entry, exactly once. Otherwise the operation joins the
+//! directory's next touch and writes an intent with its batch
+//! (touch_send.rs), then lets the touch go (`touch_queued`) and replies at once with a token naming the touch that
 //! will carry it: (this server, seq). The client's next GetAttr of the
 //! directory carries its tokens and the owner answers once it applied them
 //! (`wait_touches`, at most `TOUCH_WAIT`), so the client that made a change
@@ -41,17 +41,16 @@
 //! after `TOUCH_WAIT` and the touch land once the coordinator is done).
 //! A GetAttr waiting for tokens holds nothing.
 //!
-//! What a crash leaves: the entry is written before its touch is sent, and
-//! the pending touch lives in the sender's memory only. A crash (or kill)
-//! of the sender between the two loses the touches not yet applied: the
-//! directory's times miss those operations (the next change to the
-//! directory moves them on again) and its link count is off by at most the
-//! subdirectories made or removed in that window (acknowledged to their
-//! clients: replies do not wait for touches; a GetAttr carrying their
-//! tokens waits `TOUCH_WAIT`, then answers without them). Nothing recounts at start (an fsck-like
-//! recount would have to scan every server's dentries of the directory).
-//! Metadata writes are not synced (docs/ARCHITECTURE.md), so a power cut
-//! may likewise lose either side. A link count is never taken below 2.
+//! What a crash leaves: a touch not yet applied stays in the sender's
+//! store as the intents its operations wrote, and is sent again by the
+//! server that next serves that store (touch_send.rs): a process crash, a
+//! kill or a failover loses no change. Metadata writes are not synced
+//! (docs/ARCHITECTURE.md), so a power cut may lose an applied touch on the
+//! owner whose intents the sender already deleted, or the sender's intents
+//! with their entries; a touch dropped after `TOUCH_RETRY_FOR` is lost
+//! too. Nothing recounts a directory then (an fsck-like recount would have
+//! to scan every server's dentries of it). A link count is never taken
+//! below 2.
 //! Times only move forward (max-merge): touches from several servers may
 //! arrive in any order.
 

@@ -395,6 +395,11 @@ impl Server {
                 )
             };
             if !members.is_empty() {
+                if !self.on_every_copy().await {
+                    // Deposed: the copy that serves the set now has the
+                    // intents that count and sends them.
+                    return;
+                }
                 self.send_touch(dir, group.seq, time, nlink_delta).await;
                 send.applied().extend(
                     members
@@ -404,6 +409,23 @@ impl Server {
             }
             for w in waiters {
                 let _ = w.send(());
+            }
+        }
+    }
+
+    /// With replicas: wait until every copy of the set has what this server
+    /// wrote so far (the batches of a touch's changes among it), so that
+    /// an owner never applies a change a failover then takes away (the
+    /// operation was not acknowledged, and the copy that takes over sends
+    /// the same seq without it: ignored, as applied). False once this
+    /// store is deposed.
+    async fn on_every_copy(&self) -> bool {
+        loop {
+            if self.replication.as_ref().is_some_and(|r| r.retired()) {
+                return false;
+            }
+            if self.replicated_now().await {
+                return true;
             }
         }
     }
