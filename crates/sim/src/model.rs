@@ -445,6 +445,9 @@ pub struct Observed {
     /// Reachable directories whose link count is not 2 plus their
     /// subdirectories (touch.rs; exact after any crash but a power cut).
     pub dir_links: Vec<String>,
+    /// Directory touch intents in the stores: touches not yet applied, or
+    /// applied and not yet deleted (touch_send.rs).
+    pub touch_intents: usize,
 }
 
 /// Read every server's store and check its structure.
@@ -485,6 +488,7 @@ pub fn observe(disks: &[Arc<SimDisk>]) -> Observed {
                 None => obs.broken.push(format!("server {s}: bad dentry {name}")),
             }
         }
+        obs.touch_intents += disk.scan_live(keys::TOUCH_INTENT).len();
         let intents = disk.scan_live(keys::RENAME_INTENT);
         if !intents.is_empty() {
             obs.broken.push(format!(

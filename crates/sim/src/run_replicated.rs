@@ -307,6 +307,13 @@ impl Sim {
             tokio::time::sleep(SETTLE_POLL).await;
             waited += SETTLE_POLL;
         }
+        // Directory touches still on their way (a peer call lost on the
+        // lossy network is sent again after its timeout).
+        let mut waited = Duration::ZERO;
+        while waited < SETTLE_MAX && self.touches_pending() {
+            tokio::time::sleep(SETTLE_POLL).await;
+            waited += SETTLE_POLL;
+        }
         let after = self
             .cluster
             .replicated
@@ -331,6 +338,18 @@ impl Sim {
             self.out.voter_moves += 1;
             self.note(format!("voters: {voters_before:?} -> {voters:?}"));
         }
+    }
+
+    /// Whether the stores that serve the sets hold directory touch intents.
+    fn touches_pending(&self) -> bool {
+        let Some(r) = &self.cluster.replicated else {
+            return false;
+        };
+        r.serving_disks(&self.cluster.disks).is_ok_and(|disks| {
+            disks
+                .iter()
+                .any(|d| !d.scan_live(madfs_server::keys::TOUCH_INTENT).is_empty())
+        })
     }
 
     fn voters(&self) -> Vec<ServerId> {
