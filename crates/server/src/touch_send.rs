@@ -99,6 +99,7 @@ struct DirQueue {
 #[must_use = "commit the ticket once the batch with its intent is written"]
 pub(crate) struct TouchTicket {
     dir: InodeId,
+    queues: Arc<Queues>,
     group: Arc<Group>,
     member: u32,
     nlink_delta: i64,
@@ -110,17 +111,38 @@ impl Drop for TouchTicket {
         if self.committed {
             return;
         }
+        // Locks in the order `join` takes them: queues, then the group.
+        let mut queues = lock_queues(&self.queues);
         let mut st = self.group.state();
         st.writing -= 1;
         st.nlink_delta -= self.nlink_delta;
+        let empty = st.writing == 0 && st.members.is_empty() && st.waiters.is_empty();
         drop(st);
+        // A group left with nothing to carry and no task to send it: drop
+        // the directory's queue (a task that took it skips it).
+        if empty {
+            if let Some(q) = queues.get(&self.dir) {
+                let ours = q.next.as_ref().is_some_and(|g| Arc::ptr_eq(g, &self.group));
+                if ours && !q.sending {
+                    queues.remove(&self.dir);
+                }
+            }
+        }
+        drop(queues);
         self.group.written.notify_one();
     }
 }
 
+/// Every directory's queue on this server.
+type Queues = Mutex<HashMap<InodeId, DirQueue>>;
+
+fn lock_queues(q: &Queues) -> MutexGuard<'_, HashMap<InodeId, DirQueue>> {
+    q.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The sender's side of `Touches` (touch.rs).
 pub(crate) struct SendQueue {
-    queues: Mutex<HashMap<InodeId, DirQueue>>,
+    queues: Arc<Queues>,
     seq: Counter,
     /// Intent keys of applied touches, not yet deleted.
     applied: Mutex<Vec<Vec<u8>>>,
@@ -207,7 +229,7 @@ impl SendQueue {
             );
         }
         Ok(SendQueue {
-            queues: Mutex::new(queues),
+            queues: Arc::new(Mutex::new(queues)),
             seq: Counter::load(kv, keys::META_NEXT_TOUCH, 1)?,
             applied: Mutex::new(Vec::new()),
             recovered: Mutex::new(recovered),
@@ -216,7 +238,7 @@ impl SendQueue {
     }
 
     fn queues(&self) -> MutexGuard<'_, HashMap<InodeId, DirQueue>> {
-        self.queues.lock().unwrap_or_else(|e| e.into_inner())
+        lock_queues(&self.queues)
     }
 
     fn applied(&self) -> MutexGuard<'_, Vec<Vec<u8>>> {
@@ -255,7 +277,8 @@ impl SendQueue {
                 }
             },
         };
-        drop(queues);
+        // Joined under the queues' lock: an operation that gives up
+        // meanwhile must not find the group empty and drop the queue.
         let mut st = group.state();
         st.time = st.time.max(time);
         st.nlink_delta += nlink_delta;
@@ -263,12 +286,14 @@ impl SendQueue {
         let member = st.next_member;
         st.next_member += 1;
         drop(st);
+        drop(queues);
         b.put(
             &keys::touch_intent(dir, group.seq, member),
             &encode_intent(time, nlink_delta),
         );
         Ok(TouchTicket {
             dir,
+            queues: self.queues.clone(),
             group,
             member,
             nlink_delta,
@@ -535,7 +560,10 @@ mod tests {
         };
         drop(c);
         assert_eq!(seen(&group), (1, 1));
+        assert!(q.queues().contains_key(&dir));
         drop(a);
         assert_eq!(seen(&group), (0, 0));
+        // Nothing left to send and no task to send it: the queue goes.
+        assert!(!q.queues().contains_key(&dir));
     }
 }
