@@ -20,7 +20,7 @@
 //! found at a start go before any new one. Once a touch is applied its
 //! intents are deleted, mostly in later operations' batches (no write of
 //! their own; `APPLIED_INTENTS_PER_BATCH`), else in a batch of their own
-//! when this server has no touch left to send; intents of an applied touch
+//! a second after a directory's touches were all sent; intents of an applied touch
 //! that a crash left behind are sent again and ignored by the owner.
 
 use crate::counter::Counter;
@@ -30,6 +30,7 @@ use madfs_kv::{KvStore, WriteBatch};
 use madfs_proto::message::TouchToken;
 use madfs_types::{InodeId, Timestamp};
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{oneshot, Notify};
@@ -39,6 +40,9 @@ const APPLIED_INTENTS_PER_BATCH: usize = 64;
 /// Intents of applied touches waiting for deletion before a sender deletes
 /// them in a batch of its own.
 const APPLIED_INTENTS_MAX: usize = 4096;
+/// How long after a directory's last touch was sent the intents still
+/// waiting for deletion get a batch of their own.
+const INTENT_CLEANUP_AFTER: Duration = Duration::from_secs(1);
 /// Intents read at a start, at most (each names one operation's change;
 /// more than this many unsent is a store that was cut off for long: the
 /// rest are sent at the next start).
@@ -146,6 +150,8 @@ pub(crate) struct SendQueue {
     seq: Counter,
     /// Intent keys of applied touches, not yet deleted.
     applied: Mutex<Vec<Vec<u8>>>,
+    /// A deletion of `applied` in a batch of its own is on its way.
+    cleanup_scheduled: AtomicBool,
     /// Groups found in the store at the start, per directory in seq order,
     /// until `Server::resend_touches` sends them.
     recovered: Mutex<Vec<(InodeId, Vec<Arc<Group>>)>>,
@@ -232,6 +238,7 @@ impl SendQueue {
             queues: Arc::new(Mutex::new(queues)),
             seq: Counter::load(kv, keys::META_NEXT_TOUCH, 1)?,
             applied: Mutex::new(Vec::new()),
+            cleanup_scheduled: AtomicBool::new(false),
             recovered: Mutex::new(recovered),
             delay,
         })
@@ -394,9 +401,8 @@ impl Server {
                         Some(g) => g,
                         None => {
                             queues.remove(&dir);
-                            let idle = queues.is_empty();
                             drop(queues);
-                            self.delete_applied_intents(idle);
+                            self.clean_up_intents_later();
                             return;
                         }
                     }
@@ -426,11 +432,18 @@ impl Server {
                     return;
                 }
                 self.send_touch(dir, group.seq, time, nlink_delta).await;
-                send.applied().extend(
-                    members
-                        .iter()
-                        .map(|&m| keys::touch_intent(dir, group.seq, m)),
-                );
+                let waiting = {
+                    let mut applied = send.applied();
+                    applied.extend(
+                        members
+                            .iter()
+                            .map(|&m| keys::touch_intent(dir, group.seq, m)),
+                    );
+                    applied.len()
+                };
+                if waiting >= APPLIED_INTENTS_MAX {
+                    self.delete_applied_intents();
+                }
             }
             for w in waiters {
                 let _ = w.send(());
@@ -455,17 +468,34 @@ impl Server {
         }
     }
 
-    /// Delete applied touches' intents in a batch of their own: when too
-    /// many wait for an operation's batch, or (`idle`) no touch is left to
-    /// send, so that none stays behind in a quiet store.
-    fn delete_applied_intents(&self, idle: bool) {
-        let keys = {
-            let mut applied = self.touches.send.applied();
-            if applied.is_empty() || (!idle && applied.len() < APPLIED_INTENTS_MAX) {
-                return;
-            }
-            std::mem::take(&mut *applied)
-        };
+    /// A directory's touches are all sent: delete what applied intents
+    /// are still waiting for an operation's batch in a batch of their own
+    /// `INTENT_CLEANUP_AFTER` later (at most one such write pending; with
+    /// replicas each is a shipment too, so not one per idle directory), so
+    /// that none stays behind in a quiet store.
+    fn clean_up_intents_later(self: &Arc<Self>) {
+        let send = &self.touches.send;
+        if send.applied().is_empty() || send.cleanup_scheduled.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(INTENT_CLEANUP_AFTER).await;
+            me.touches
+                .send
+                .cleanup_scheduled
+                .store(false, Ordering::Release);
+            me.delete_applied_intents();
+        });
+    }
+
+    /// Delete the applied touches' intents waiting for an operation's
+    /// batch, in a batch of their own.
+    fn delete_applied_intents(&self) {
+        let keys = std::mem::take(&mut *self.touches.send.applied());
+        if keys.is_empty() {
+            return;
+        }
         let mut b = WriteBatch::new();
         for k in &keys {
             b.delete(k);
