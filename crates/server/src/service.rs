@@ -308,6 +308,12 @@ impl Server {
     }
 
     pub async fn shutdown(&self) {
+        // Nothing written after the final sync: it would be on neither
+        // the disk nor the copies (touches are the one background writer
+        // that runs often; their intents wait for the next start).
+        self.touches
+            .stopped
+            .store(true, std::sync::atomic::Ordering::Release);
         if let Err(e) = self.sync.sync().await {
             tracing::warn!("final sync failed: {e}");
         }

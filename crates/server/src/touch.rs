@@ -129,6 +129,11 @@ pub(crate) struct Touches {
     pub(crate) send: SendQueue,
     /// On the owner: GetAttrs waiting until a touch is applied.
     waiting: Mutex<Waiting>,
+    /// The server is stopping (`Server::shutdown`): its last records are
+    /// synced and on its copies, so nothing of touches is written any more
+    /// (none sent, applied or cleaned up); their intents are sent again at
+    /// the next start.
+    pub(crate) stopped: std::sync::atomic::AtomicBool,
 }
 
 /// The environment variable that delays every touch a server sends (tests
@@ -148,6 +153,7 @@ impl Touches {
         Ok(Touches {
             send: SendQueue::load(kv, delay)?,
             waiting: Mutex::new(HashMap::new()),
+            stopped: Default::default(),
         })
     }
 }
@@ -291,6 +297,17 @@ impl Server {
         time: Timestamp,
         nlink_delta: i32,
     ) -> Result<Reply, WireError> {
+        if self
+            .touches
+            .stopped
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            // Its sender keeps the change and sends it again later.
+            return Err(err(
+                ErrorCode::Unavailable,
+                format!("server {} is stopping", self.id),
+            ));
+        }
         {
             let _g = self.locks.lock(&[LockKey::Inode(dir)]).await?;
             let mut inode = self.must_inode(dir)?;

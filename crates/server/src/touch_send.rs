@@ -18,10 +18,13 @@
 //! if above the last it applied from this server (touch.rs, `DTCH`). The
 //! groups of one directory go one at a time, in seq order, and the groups
 //! found at a start go before any new one. Once a touch is applied its
-//! intents are deleted, mostly in later operations' batches (no write of
-//! their own; `APPLIED_INTENTS_PER_BATCH`), else in a batch of their own
-//! a second after a directory's touches were all sent; intents of an applied touch
-//! that a crash left behind are sent again and ignored by the owner.
+//! intents are deleted in later operations' batches (no write of their
+//! own; `APPLIED_INTENTS_PER_BATCH`), or in a batch of their own should
+//! `APPLIED_INTENTS_MAX` pile up. No timer writes them: a write in the
+//! background after a workload ends would reach the store after copies
+//! that stopped meanwhile. Intents of applied touches left in a quiet
+//! store, or behind a crash, are sent again at the next start and ignored
+//! by the owner.
 
 use crate::counter::Counter;
 use crate::keys;
@@ -30,7 +33,7 @@ use madfs_kv::{KvStore, WriteBatch};
 use madfs_proto::message::TouchToken;
 use madfs_types::{InodeId, Timestamp};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{oneshot, Notify};
@@ -40,9 +43,6 @@ const APPLIED_INTENTS_PER_BATCH: usize = 64;
 /// Intents of applied touches waiting for deletion before a sender deletes
 /// them in a batch of its own.
 const APPLIED_INTENTS_MAX: usize = 4096;
-/// How long after a directory's last touch was sent the intents still
-/// waiting for deletion get a batch of their own.
-const INTENT_CLEANUP_AFTER: Duration = Duration::from_secs(1);
 /// Intents read at a start, at most (each names one operation's change;
 /// more than this many unsent is a store that was cut off for long: the
 /// rest are sent at the next start).
@@ -150,8 +150,6 @@ pub(crate) struct SendQueue {
     seq: Counter,
     /// Intent keys of applied touches, not yet deleted.
     applied: Mutex<Vec<Vec<u8>>>,
-    /// A deletion of `applied` in a batch of its own is on its way.
-    cleanup_scheduled: AtomicBool,
     /// Groups found in the store at the start, per directory in seq order,
     /// until `Server::resend_touches` sends them.
     recovered: Mutex<Vec<(InodeId, Vec<Arc<Group>>)>>,
@@ -238,7 +236,6 @@ impl SendQueue {
             queues: Arc::new(Mutex::new(queues)),
             seq: Counter::load(kv, keys::META_NEXT_TOUCH, 1)?,
             applied: Mutex::new(Vec::new()),
-            cleanup_scheduled: AtomicBool::new(false),
             recovered: Mutex::new(recovered),
             delay,
         })
@@ -401,8 +398,6 @@ impl Server {
                         Some(g) => g,
                         None => {
                             queues.remove(&dir);
-                            drop(queues);
-                            self.clean_up_intents_later();
                             return;
                         }
                     }
@@ -426,6 +421,9 @@ impl Server {
                 )
             };
             if !members.is_empty() {
+                if self.touches.stopped.load(Ordering::Acquire) {
+                    return; // sent at the next start
+                }
                 if !self.on_every_copy().await {
                     // Deposed: the copy that serves the set now has the
                     // intents that count and sends them.
@@ -468,30 +466,12 @@ impl Server {
         }
     }
 
-    /// A directory's touches are all sent: delete what applied intents
-    /// are still waiting for an operation's batch in a batch of their own
-    /// `INTENT_CLEANUP_AFTER` later (at most one such write pending; with
-    /// replicas each is a shipment too, so not one per idle directory), so
-    /// that none stays behind in a quiet store.
-    fn clean_up_intents_later(self: &Arc<Self>) {
-        let send = &self.touches.send;
-        if send.applied().is_empty() || send.cleanup_scheduled.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let me = self.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(INTENT_CLEANUP_AFTER).await;
-            me.touches
-                .send
-                .cleanup_scheduled
-                .store(false, Ordering::Release);
-            me.delete_applied_intents();
-        });
-    }
-
     /// Delete the applied touches' intents waiting for an operation's
     /// batch, in a batch of their own.
     fn delete_applied_intents(&self) {
+        if self.touches.stopped.load(Ordering::Acquire) {
+            return; // sent again at the next start, and ignored
+        }
         let keys = std::mem::take(&mut *self.touches.send.applied());
         if keys.is_empty() {
             return;

@@ -445,9 +445,38 @@ pub struct Observed {
     /// Reachable directories whose link count is not 2 plus their
     /// subdirectories (touch.rs; exact after any crash but a power cut).
     pub dir_links: Vec<String>,
-    /// Directory touch intents in the stores: touches not yet applied, or
-    /// applied and not yet deleted (touch_send.rs).
+    /// Directory touch intents in the stores whose touch the directory's
+    /// owner has not applied (touch_send.rs; applied ones may stay until a
+    /// later operation deletes them).
     pub touch_intents: usize,
+}
+
+/// Touch intents (disk `s` holds set `s`) whose directory still exists and
+/// whose owner has applied no touch of that sender up to their seq.
+pub fn unapplied_touch_intents(disks: &[Arc<SimDisk>], inodes: &BTreeMap<InodeId, Inode>) -> usize {
+    let mut n = 0;
+    for (s, disk) in disks.iter().enumerate() {
+        for (k, _) in disk.scan_live(keys::TOUCH_INTENT) {
+            let Some((dir, seq, _)) = keys::touch_intent_parts(&k) else {
+                continue;
+            };
+            let Some(owner) = disks.get(dir.owner().0 as usize) else {
+                continue;
+            };
+            if !inodes.contains_key(&dir) {
+                continue;
+            }
+            let applied = owner
+                .scan_live(&keys::dir_touch(dir, madfs_types::ServerId(s as u16)))
+                .first()
+                .and_then(|(_, v)| v.as_slice().try_into().ok().map(u64::from_le_bytes))
+                .unwrap_or(0);
+            if applied < seq {
+                n += 1;
+            }
+        }
+    }
+    n
 }
 
 /// Read every server's store and check its structure.
@@ -488,7 +517,6 @@ pub fn observe(disks: &[Arc<SimDisk>]) -> Observed {
                 None => obs.broken.push(format!("server {s}: bad dentry {name}")),
             }
         }
-        obs.touch_intents += disk.scan_live(keys::TOUCH_INTENT).len();
         let intents = disk.scan_live(keys::RENAME_INTENT);
         if !intents.is_empty() {
             obs.broken.push(format!(
@@ -497,6 +525,7 @@ pub fn observe(disks: &[Arc<SimDisk>]) -> Observed {
             ));
         }
     }
+    obs.touch_intents = unapplied_touch_intents(disks, &inodes);
     obs.inodes = inodes.keys().copied().collect();
     // Walk from the root.
     let mut names_of: HashMap<InodeId, Vec<String>> = HashMap::new();

@@ -340,16 +340,14 @@ impl Sim {
         }
     }
 
-    /// Whether the stores that serve the sets hold directory touch intents.
+    /// Whether the stores that serve the sets hold directory touch intents
+    /// their owners have not applied.
     fn touches_pending(&self) -> bool {
         let Some(r) = &self.cluster.replicated else {
             return false;
         };
-        r.serving_disks(&self.cluster.disks).is_ok_and(|disks| {
-            disks
-                .iter()
-                .any(|d| !d.scan_live(madfs_server::keys::TOUCH_INTENT).is_empty())
-        })
+        r.serving_disks(&self.cluster.disks)
+            .is_ok_and(|disks| crate::model::observe(&disks).touch_intents > 0)
     }
 
     fn voters(&self) -> Vec<ServerId> {
