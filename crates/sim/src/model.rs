@@ -453,7 +453,7 @@ pub struct Observed {
 
 /// Touch intents (disk `s` holds set `s`) whose directory still exists and
 /// whose owner has applied no touch of that sender up to their seq.
-pub fn unapplied_touch_intents(disks: &[Arc<SimDisk>], inodes: &BTreeMap<InodeId, Inode>) -> usize {
+pub fn unapplied_touch_intents(disks: &[Arc<SimDisk>]) -> usize {
     let mut n = 0;
     for (s, disk) in disks.iter().enumerate() {
         for (k, _) in disk.scan_live(keys::TOUCH_INTENT) {
@@ -463,7 +463,7 @@ pub fn unapplied_touch_intents(disks: &[Arc<SimDisk>], inodes: &BTreeMap<InodeId
             let Some(owner) = disks.get(dir.owner().0 as usize) else {
                 continue;
             };
-            if !inodes.contains_key(&dir) {
+            if owner.scan_live(&keys::inode(dir)).is_empty() {
                 continue;
             }
             let applied = owner
@@ -525,7 +525,7 @@ pub fn observe(disks: &[Arc<SimDisk>]) -> Observed {
             ));
         }
     }
-    obs.touch_intents = unapplied_touch_intents(disks, &inodes);
+    obs.touch_intents = unapplied_touch_intents(disks);
     obs.inodes = inodes.keys().copied().collect();
     // Walk from the root.
     let mut names_of: HashMap<InodeId, Vec<String>> = HashMap::new();

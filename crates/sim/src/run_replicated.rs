@@ -347,7 +347,7 @@ impl Sim {
             return false;
         };
         r.serving_disks(&self.cluster.disks)
-            .is_ok_and(|disks| crate::model::observe(&disks).touch_intents > 0)
+            .is_ok_and(|disks| crate::model::unapplied_touch_intents(&disks) > 0)
     }
 
     fn voters(&self) -> Vec<ServerId> {
