@@ -503,11 +503,12 @@ fn describe_rebuild(set: u16, r: &madfs_client::Rebuild) -> String {
         100.0 * r.bytes_done as f64 / r.bytes_total as f64
     };
     format!(
-        "rebuilding set {set} on server {}: {}; {} metadata records, {} of {} of chunk data ({percent:.0}%)",
+        "rebuilding set {set} on server {}: {}; {} metadata records, {} of {} of chunk data ({percent:.0}%, {} of it already there)",
         r.replica,
         r.phase.describe(),
         r.keys,
         human_bytes(r.bytes_done),
         human_bytes(r.bytes_total),
+        human_bytes(r.bytes_kept),
     )
 }

@@ -1094,12 +1094,15 @@ fn a_held_set_waits_for_its_copy_taken_out_while_down_and_goes_to_it() {
 /// A copy back at once from a power loss, at a position no sync wrote,
 /// may lack records it acknowledged: it must not stay counted in sync,
 /// where the next failover of its set would serve it (crates/sim seed
-/// 12107). Server 1 keeps the copy of set 0; a power loss takes what its
-/// chunk files held. It leaves set 0's in-sync members at its start and is
-/// loaded again, so once every set is in sync, its copy equals server 0's
-/// store byte for byte. (Before the fix it stayed in sync with its emptied
-/// chunk files until a record of set 0 came, and none comes here before
-/// the stop.)
+/// 12107). Server 1 keeps the copy of set 0; a power loss takes what some
+/// of its chunk files held, changes a byte of another, and leaves a chunk
+/// file set 0 never had. It leaves set 0's in-sync members at its start and
+/// is loaded again, so once every set is in sync, its copy equals server
+/// 0's store byte for byte. (Before the fix it stayed in sync with its
+/// emptied chunk files until a record of set 0 came, and none comes here
+/// before the stop.) The load compares chunk files by digest: those the
+/// power loss left alone are kept, not sent again (before, every chunk
+/// file was wiped and sent).
 #[test]
 fn a_copy_back_at_once_from_a_power_loss_leaves_the_set_and_is_loaded_again() {
     let slow_failover = ("MADFS_TEST_DOWN_AFTER_MS", "20000");
@@ -1113,8 +1116,31 @@ fn a_copy_back_at_once_from_a_power_loss_leaves_the_set_and_is_loaded_again() {
     rt.block_on(write_round(&c, "/p0", 0, 24, &mut files));
     tc.kill9(1);
     let copy = tc.config().servers[1].data_dir.join("replica-of-0");
-    let emptied = empty_files_under(&copy.join("chunks"));
-    assert!(emptied > 0, "server 1 kept no chunk file of set 0");
+    let held = all_files(&copy.join("chunks"));
+    assert!(
+        held.len() >= 4,
+        "server 1 kept {} chunk files of set 0",
+        held.len()
+    );
+    // Every other file emptied, one byte of another changed.
+    let mut emptied = 0;
+    let mut kept_bytes = 0u64;
+    for (n, (p, bytes)) in held.iter().enumerate() {
+        let path = copy.join("chunks").join(p);
+        if n % 2 == 0 {
+            std::fs::write(&path, b"").unwrap();
+            emptied += 1;
+        } else if n == 1 {
+            let mut changed = bytes.clone();
+            changed[0] ^= 0xff;
+            std::fs::write(&path, changed).unwrap();
+        } else {
+            kept_bytes += bytes.len() as u64;
+        }
+    }
+    let stray = copy.join("chunks/00/00000000000fffff/3");
+    std::fs::create_dir_all(stray.parent().unwrap()).unwrap();
+    std::fs::write(&stray, b"never set 0's").unwrap();
     tc.set_server_env(&[slow_failover, ("MADFS_TEST_BOOT_ID", "after a power loss")]);
     tc.start_again(1);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -1130,6 +1156,22 @@ fn a_copy_back_at_once_from_a_power_loss_leaves_the_set_and_is_loaded_again() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     wait_all_in_sync(&|| copies_in_sync(&rt, &c), 60, "after server 1's return");
+    let log = common::tail(&tc.log_path(0), 400);
+    let loaded = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("set 0: server 1 has the copy"))
+        .unwrap_or_else(|| panic!("no load of set 0 on server 1 in server 0's log:\n{log}"));
+    let kept: u64 = loaded
+        .split("bytes sent, ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no kept bytes in: {loaded}"));
+    assert_eq!(
+        kept, kept_bytes,
+        "the load kept other bytes than the untouched files': {loaded}"
+    );
     // Counted in sync again: its chunk files are set 0's, while the
     // servers run (no write comes, so neither side changes). At a stop,
     // set 0's last records would have it loaded anyway.

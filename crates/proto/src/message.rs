@@ -92,6 +92,7 @@ pub enum Opcode {
     ReplicaApply = 47,
     Membership = 48,
     ChunkExtent = 49,
+    ReplicaDigests = 50,
 }
 
 impl Opcode {
@@ -131,6 +132,7 @@ impl Opcode {
             47 => ReplicaApply,
             48 => Membership,
             49 => ChunkExtent,
+            50 => ReplicaDigests,
             _ => return None,
         })
     }
@@ -266,6 +268,17 @@ pub enum SealAction {
 
 /// Rmdir attempts that may hold one directory's seal at once.
 pub const SEAL_HOLDERS_MAX: usize = 16;
+
+/// ReplicaDigests: chunk files asked about in one request, at most.
+pub const REPLICA_DIGESTS_MAX: usize = 4096;
+
+/// A chunk file as a copy holds it: its length and a 128-bit hash of its
+/// bytes (the server's replication module picks the hash).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct ChunkDigest {
+    pub len: u64,
+    pub hash: [u8; 16],
+}
 
 /// One rmdir attempt's seal, and how long its lease has left.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -507,6 +520,14 @@ pub enum Op {
         first_seq: u64,
         heads: Vec<u8>,
     },
+    /// A resync's question to a replica (see the server's replication
+    /// module): how its copy of set `set`, following `stream`, holds each
+    /// of these chunk files, so that the load sends only those that differ.
+    ReplicaDigests {
+        set: ServerId,
+        stream: u64,
+        chunks: Vec<(InodeId, ChunkIndex)>,
+    },
 }
 
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -601,6 +622,9 @@ pub struct Rebuild {
     /// Chunk bytes copied so far, and in all (as listed at the start).
     pub bytes_done: u64,
     pub bytes_total: u64,
+    /// Of `bytes_done`, the bytes the replica already held as they are
+    /// (compared by digest) and that were not sent.
+    pub bytes_kept: u64,
 }
 
 /// The steps of a rebuild, in order.
@@ -680,6 +704,11 @@ pub enum Reply {
     /// ReplicaApply: the replica has applied its stream up to `applied`.
     ReplicaAck {
         applied: u64,
+    },
+    /// ReplicaDigests: for each chunk file asked about, in order, how the
+    /// copy holds it (None: it holds no such file).
+    ChunkDigests {
+        digests: Vec<Option<ChunkDigest>>,
     },
     /// Membership: the group's answer, opaque here.
     Membership {
@@ -783,6 +812,7 @@ impl Op {
             Op::GetRoutes => Opcode::GetRoutes,
             Op::Membership { .. } => Opcode::Membership,
             Op::ChunkExtent { .. } => Opcode::ChunkExtent,
+            Op::ReplicaDigests { .. } => Opcode::ReplicaDigests,
         }
     }
 
@@ -1002,6 +1032,20 @@ impl Request {
                 e.u64(*first_seq);
                 e.u32(heads.len() as u32);
                 e.raw(heads);
+            }
+            Op::ReplicaDigests {
+                set,
+                stream,
+                chunks,
+            } => {
+                debug_assert!(chunks.len() <= REPLICA_DIGESTS_MAX);
+                e.u16(set.0);
+                e.u64(*stream);
+                e.u16(chunks.len() as u16);
+                for (ino, index) in chunks {
+                    e.ino(*ino);
+                    e.u32(index.0);
+                }
             }
             Op::RenameInstall {
                 tx,
@@ -1224,6 +1268,21 @@ impl Request {
                 first_seq: d.u64()?,
                 heads: decode_bytes32(&mut d, "replica record heads")?,
             },
+            Opcode::ReplicaDigests => {
+                let set = ServerId(d.u16()?);
+                let stream = d.u64()?;
+                let n = d.u16()? as usize;
+                let n = d.list_len(n, REPLICA_DIGESTS_MAX, 12, "chunk files to digest")?;
+                let mut chunks = Vec::with_capacity(n);
+                for _ in 0..n {
+                    chunks.push((d.ino()?, ChunkIndex(d.u32()?)));
+                }
+                Op::ReplicaDigests {
+                    set,
+                    stream,
+                    chunks,
+                }
+            }
             Opcode::RenameInstall => Op::RenameInstall {
                 tx: TxId(d.u64()?),
                 coordinator: ServerId(d.u16()?),
@@ -1277,6 +1336,7 @@ mod tag {
     pub const REMOVAL_SETTLED: u8 = 19;
     pub const EXTENT: u8 = 20;
     pub const SEAL_REPORT: u8 = 21;
+    pub const CHUNK_DIGESTS: u8 = 22;
 }
 
 /// u32-prefixed bytes within a body.
@@ -1413,6 +1473,7 @@ impl Reply {
                     e.u64(r.keys);
                     e.u64(r.bytes_done);
                     e.u64(r.bytes_total);
+                    e.u64(r.bytes_kept);
                 }
             }
             Reply::Sealed { empty } => {
@@ -1452,6 +1513,21 @@ impl Reply {
             Reply::ReplicaAck { applied } => {
                 e.u8(tag::REPLICA_ACK);
                 e.u64(*applied);
+            }
+            Reply::ChunkDigests { digests } => {
+                debug_assert!(digests.len() <= REPLICA_DIGESTS_MAX);
+                e.u8(tag::CHUNK_DIGESTS);
+                e.u16(digests.len() as u16);
+                for d in digests {
+                    match d {
+                        None => e.u8(0),
+                        Some(d) => {
+                            e.u8(1);
+                            e.u64(d.len);
+                            e.raw(&d.hash);
+                        }
+                    }
+                }
             }
             Reply::Membership { msg } => {
                 e.u8(tag::MEMBERSHIP);
@@ -1578,7 +1654,7 @@ impl Reply {
                 },
                 rebuilds: {
                     let n = d.u16()? as usize;
-                    let n = d.list_len(n, limits::SERVERS_MAX, 27, "rebuild count")?;
+                    let n = d.list_len(n, limits::SERVERS_MAX, 35, "rebuild count")?;
                     let mut all = Vec::with_capacity(n);
                     for _ in 0..n {
                         all.push(Rebuild {
@@ -1588,6 +1664,7 @@ impl Reply {
                             keys: d.u64()?,
                             bytes_done: d.u64()?,
                             bytes_total: d.u64()?,
+                            bytes_kept: d.u64()?,
                         });
                     }
                     all
@@ -1622,6 +1699,22 @@ impl Reply {
             }),
             tag::LINKS => Reply::Links { nlink: d.u32()? },
             tag::REPLICA_ACK => Reply::ReplicaAck { applied: d.u64()? },
+            tag::CHUNK_DIGESTS => {
+                let n = d.u16()? as usize;
+                let n = d.list_len(n, REPLICA_DIGESTS_MAX, 1, "chunk digests")?;
+                let mut digests = Vec::with_capacity(n);
+                for _ in 0..n {
+                    digests.push(match d.u8()? {
+                        0 => None,
+                        1 => Some(ChunkDigest {
+                            len: d.u64()?,
+                            hash: d.raw(16)?.try_into().expect("16 bytes taken"),
+                        }),
+                        _ => return Err(ProtoError::BadValue("chunk digest")),
+                    });
+                }
+                Reply::ChunkDigests { digests }
+            }
             tag::EXTENT => Reply::Extent { end: d.u64()? },
             tag::MEMBERSHIP => Reply::Membership {
                 msg: decode_bytes32(&mut d, "membership message")?,
@@ -1918,6 +2011,14 @@ mod tests {
                 first_seq: 17,
                 heads: vec![1, 2, 3, 4, 5],
             },
+            Op::ReplicaDigests {
+                set: ServerId(2),
+                stream: 0xbeef,
+                chunks: vec![
+                    (InodeId(1 << 48 | 9), ChunkIndex(3)),
+                    (InodeId(5), ChunkIndex(0)),
+                ],
+            },
             Op::Find {
                 query: FindQuery::default(),
                 after: None,
@@ -2060,6 +2161,7 @@ mod tests {
                     keys: 4096,
                     bytes_done: 1 << 20,
                     bytes_total: 3 << 20,
+                    bytes_kept: 1 << 19,
                 }],
             }),
             Reply::Sealed { empty: false },
@@ -2082,6 +2184,15 @@ mod tests {
             }),
             Reply::Links { nlink: 3 },
             Reply::ReplicaAck { applied: 99 },
+            Reply::ChunkDigests {
+                digests: vec![
+                    None,
+                    Some(ChunkDigest {
+                        len: 1 << 20,
+                        hash: [7; 16],
+                    }),
+                ],
+            },
             Reply::Membership { msg: vec![1, 2, 3] },
             Reply::Extent { end: 5 << 20 },
             Reply::Routes {

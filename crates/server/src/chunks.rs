@@ -38,6 +38,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+mod resync;
+
 /// Test fault (read when the store opens, see docs/ARCHITECTURE.md): the
 /// first N sync passes succeed and the next fails with EIO, as if the
 /// disk had lost a write, so tests drive the store's poisoning in a real

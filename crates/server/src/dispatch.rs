@@ -111,7 +111,7 @@ impl Server {
         req: Request,
         data: Vec<u8>,
     ) -> OpResult {
-        let replicated = !matches!(req.op, Op::ReplicaApply { .. });
+        let replicated = !matches!(req.op, Op::ReplicaApply { .. } | Op::ReplicaDigests { .. });
         // A request that must run once and already ran (here, or on the
         // primary whose copy this store was: a retry after a failover)
         // gets the reply it got then (once.rs).
@@ -352,6 +352,14 @@ impl Server {
                 self.copies
                     .apply(set, stream, first_seq, &heads, data)
                     .await
+            }
+            Op::ReplicaDigests {
+                set,
+                stream,
+                chunks,
+            } => {
+                debug_assert_eq!(ctx.role, Role::Peer);
+                self.copies.digests(set, stream, chunks).await
             }
             Op::Membership { .. } => Err(err(
                 ErrorCode::InvalidArgument,

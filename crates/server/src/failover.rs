@@ -452,7 +452,7 @@ impl Handler for Router {
         }
         // Records for this process's copies, whatever set the connection
         // named (a resync reaches a server whose own set moved away).
-        if let Op::ReplicaApply { .. } = req.op {
+        if let Op::ReplicaApply { .. } | Op::ReplicaDigests { .. } = req.op {
             return self.home_metered.handle(ctx, req, data).await;
         }
         if self.stopping.load(std::sync::atomic::Ordering::Acquire) {
@@ -465,7 +465,9 @@ impl Handler for Router {
         // it answers nothing (records for its copies excepted: those come
         // from a primary that holds one).
         if let Some(g) = self.group.get() {
-            if !g.may_serve() && !matches!(req.op, Op::ReplicaApply { .. }) {
+            if !g.may_serve()
+                && !matches!(req.op, Op::ReplicaApply { .. } | Op::ReplicaDigests { .. })
+            {
                 return Err(WireError::new(
                     ErrorCode::Unavailable,
                     format!(

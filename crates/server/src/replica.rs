@@ -23,10 +23,12 @@ use crate::keys;
 use crate::replication::{ack, Record};
 use madfs_kv::{KvStore, RocksStore, WriteBatch};
 use madfs_proto::ErrorCode;
-use madfs_types::ServerId;
-use std::collections::HashMap;
+use madfs_types::{ChunkIndex, InodeId, ServerId};
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+
+mod load;
 
 /// One copy of another server's set.
 pub(crate) struct ReplicaCopy {
@@ -51,6 +53,12 @@ pub(crate) struct ReplicaCopy {
     /// So the first call after a sync that leaves records unsynced writes
     /// that durable mark first: one synced write per sync.
     marked: bool,
+    /// While a resync's load runs: the chunk files its primary asked
+    /// about (`digests`), which the load's end keeps; the copy's other
+    /// chunk files are dropped then. None: no load, or this process did
+    /// not see its start (a load cut off by a restart fails and starts
+    /// over).
+    load_seen: Option<HashSet<(InodeId, ChunkIndex)>>,
 }
 
 /// The copies this server keeps, opened at their first record.
@@ -344,93 +352,6 @@ impl ReplicaCopies {
     }
 }
 
-impl ReplicaCopies {
-    /// A load call of a resync (first_seq 0): a `Reset` (wipe the copy,
-    /// follow `stream` from its record `applied + 1`) or the copy's
-    /// contents, applied as they come and not numbered.
-    async fn load(
-        &self,
-        set: ServerId,
-        stream: u64,
-        records: Vec<Record>,
-        slot: &mut Option<ReplicaCopy>,
-    ) -> OpResult {
-        let failed = |e: String| {
-            err(
-                ErrorCode::Io,
-                format!("server {}'s copy of set {set}: resync: {e}", self.me),
-            )
-        };
-        if let Some(Record::Reset { applied }) = records.first() {
-            let applied = *applied;
-            // Dropped first: RocksDB's lock goes with it.
-            *slot = None;
-            let (dir, stores, boot) = (copy_dir(&self.root, set), self.stores.clone(), self.boot);
-            let copy = crate::service::blocking(move || {
-                match std::fs::remove_dir_all(&dir) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(e),
-                }
-                let copy = open_copy(dir, stores.as_deref(), boot)?;
-                let mut b = WriteBatch::new();
-                b.put(
-                    keys::META_REPLICA_POSITION,
-                    &Position::new(stream, applied, false, None).encode(),
-                );
-                b.put(keys::META_REPLICA_LOADING, &[]);
-                copy.kv
-                    .write(b, true)
-                    .map_err(|e| std::io::Error::other(e.to_string()))?;
-                Ok(copy)
-            })
-            .await
-            .map_err(|e| failed(e.to_string()))?;
-            *slot = Some(ReplicaCopy {
-                stream,
-                applied,
-                partial: true,
-                ..copy
-            });
-            tracing::info!(
-                "server {}: copy of set {set} wiped for a resync, from record {}",
-                self.me,
-                applied + 1
-            );
-            return ack(applied);
-        }
-        let copy = slot.as_mut().expect("opened before");
-        if copy.stream != stream {
-            return Err(failed("contents before the reset".into()));
-        }
-        let (kv, chunks) = (copy.kv.clone(), copy.chunks.clone());
-        // The load ends with a sync: the copy is whole and durable from
-        // then on, at the reset's position (the records after it, replayed
-        // on top, bring what the load took mid-change to its final value).
-        let ends = matches!(records.last(), Some(Record::Sync));
-        let at = Position::new(copy.stream, copy.applied, true, None);
-        crate::service::blocking(move || {
-            for r in records {
-                apply_one(kv.as_ref(), &chunks, r, None).map_err(std::io::Error::other)?;
-            }
-            if ends {
-                let mut b = WriteBatch::new();
-                b.delete(keys::META_REPLICA_LOADING);
-                b.put(keys::META_REPLICA_POSITION, &at.encode());
-                kv.write(b, true)
-                    .map_err(|e| std::io::Error::other(e.to_string()))?;
-            }
-            Ok(())
-        })
-        .await
-        .map_err(|e| failed(e.to_string()))?;
-        if ends {
-            copy.partial = false;
-        }
-        ack(copy.applied)
-    }
-}
-
 fn open_copy(
     dir: PathBuf,
     stores: Option<&dyn crate::injected::Stores>,
@@ -473,6 +394,7 @@ fn open_copy(
         applied: at.seq,
         partial: loading || unknown || !at.whole(boot),
         marked: false,
+        load_seen: None,
     })
 }
 
@@ -672,6 +594,9 @@ fn apply_one(
             .map_err(|e| e.to_string()),
         Record::Purge { ino } => chunks.purge(ino).map_err(|e| e.to_string()),
         Record::Reset { .. } => Err("a reset where none belongs".to_string()),
+        Record::ChunkDrop { ino, index } => {
+            chunks.drop_chunk(ino, index).map_err(|e| e.to_string())
+        }
         Record::Sync => chunks
             .sync_dirty()
             .map_err(|e| e.to_string())

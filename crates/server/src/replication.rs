@@ -34,7 +34,7 @@
 use crate::errors::{err, OpResult};
 use madfs_kv::{KvStore, WriteBatch};
 use madfs_proto::codec::Encoder;
-use madfs_proto::message::{Op, Rebuild, RebuildPhase, Reply};
+use madfs_proto::message::{ChunkDigest, Op, Rebuild, RebuildPhase, Reply, REPLICA_DIGESTS_MAX};
 use madfs_proto::{ErrorCode, Request, WireError};
 use madfs_rpc::{Pool, SharedData};
 use madfs_types::{ChunkIndex, Credentials, InodeId, ServerId};
@@ -147,6 +147,17 @@ impl std::fmt::Debug for SharedBytes {
     }
 }
 
+/// What a resync's load copied.
+struct Loaded {
+    keys: u64,
+    /// Chunk files the primary held at the load's start.
+    files: u64,
+    /// Chunk bytes sent, and bytes the replica held as they were (equal
+    /// digests) and kept.
+    bytes_sent: u64,
+    bytes_kept: u64,
+}
+
 /// One change to a server's store, as shipped to its replicas.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Record {
@@ -172,10 +183,18 @@ pub(crate) enum Record {
     },
     /// Everything before is durable on the primary: make it so here.
     Sync,
-    /// Start a resync: wipe the copy, follow this stream from record
-    /// `applied + 1` (sent in a load call, before the copy's contents).
+    /// Start a resync: wipe the copy's metadata, follow this stream from
+    /// record `applied + 1` (sent in a load call, before the copy's
+    /// contents). Its chunk files stay for the load to compare
+    /// (`Op::ReplicaDigests`); the load's end drops those not asked about.
     Reset {
         applied: u64,
+    },
+    /// A resync's load: remove one chunk file of the copy (it differs from
+    /// the primary's, which follows).
+    ChunkDrop {
+        ino: InodeId,
+        index: ChunkIndex,
     },
 }
 
@@ -186,6 +205,7 @@ mod kind {
     pub const PURGE: u8 = 4;
     pub const SYNC: u8 = 5;
     pub const RESET: u8 = 6;
+    pub const CHUNK_DROP: u8 = 7;
 }
 
 impl Record {
@@ -240,6 +260,11 @@ impl Record {
                 e.u8(kind::RESET);
                 e.u64(*applied);
             }
+            Record::ChunkDrop { ino, index } => {
+                e.u8(kind::CHUNK_DROP);
+                e.ino(*ino);
+                e.u32(index.0);
+            }
         }
         e.u32(self.payload().len() as u32);
     }
@@ -288,6 +313,10 @@ impl Record {
                 kind::SYNC => Record::Sync,
                 kind::RESET => Record::Reset {
                     applied: d.u64().map_err(p)?,
+                },
+                kind::CHUNK_DROP => Record::ChunkDrop {
+                    ino: d.ino().map_err(p)?,
+                    index: ChunkIndex(d.u32().map_err(p)?),
                 },
                 _ => return Err(bad("unknown kind")),
             };
@@ -822,6 +851,7 @@ impl Replicator {
             keys: 0,
             bytes_done: 0,
             bytes_total: 0,
+            bytes_kept: 0,
         });
         Some((i, r.generation, from))
     }
@@ -936,10 +966,14 @@ impl Replicator {
             );
         } else {
             match self.load(server, replica, from, (i, generation)).await {
-                Ok((keys, chunks)) => tracing::info!(
-                    "set {}: server {replica} has the copy ({keys} keys, {chunks} chunk files); \
-                 now the records since",
-                    self.set
+                Ok(l) => tracing::info!(
+                    "set {}: server {replica} has the copy ({} keys, {} chunk files: {} bytes \
+                     sent, {} bytes it held already kept); now the records since",
+                    self.set,
+                    l.keys,
+                    l.files,
+                    l.bytes_sent,
+                    l.bytes_kept
                 ),
                 Err(e) => {
                     tracing::error!("set {}: resync of server {replica} failed: {e}", self.set);
@@ -1028,7 +1062,7 @@ impl Replicator {
         replica: ServerId,
         from: u64,
         of: (usize, u64),
-    ) -> Result<(u64, u64), String> {
+    ) -> Result<Loaded, String> {
         let progress = |note: &dyn Fn(&mut Rebuild)| self.progress(of.0, of.1, note);
         let send = |records: Vec<Record>| async move {
             let (heads, payloads) = encode_all(records.iter());
@@ -1099,47 +1133,85 @@ impl Replicator {
             }
         }
         progress(&|p| p.phase = RebuildPhase::Chunks);
-        for (ino, index, path) in &files {
-            let mut offset = 0u64;
-            loop {
-                let (p, at) = (path.clone(), offset);
-                let piece = crate::service::blocking(move || {
-                    use std::os::unix::fs::FileExt;
-                    let f = match std::fs::File::open(&p) {
-                        Ok(f) => f,
-                        // Purged meanwhile: the records say so.
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-                        Err(e) => return Err(e),
-                    };
-                    let mut buf = vec![0u8; LOAD_CHUNK_PIECE];
-                    let n = f.read_at(&mut buf, at)?;
-                    buf.truncate(n);
-                    Ok(buf)
-                })
-                .await
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-                if piece.is_empty() {
-                    break;
+        let (mut bytes_sent, mut bytes_kept) = (0u64, 0u64);
+        for batch in files.chunks(REPLICA_DIGESTS_MAX) {
+            // How the copy holds these files: one that equals ours is kept
+            // (a copy back after a power cut or a long absence holds most
+            // of them), one that differs is dropped and sent whole.
+            let theirs = self.their_digests(server, replica, batch).await?;
+            for ((ino, index, path), theirs) in batch.iter().zip(theirs) {
+                let mut drop_first = None;
+                if let Some(theirs) = theirs {
+                    let (chunks, i, x) = (server.chunks.clone(), *ino, *index);
+                    let ours = crate::service::blocking(move || chunks.digest(i, x))
+                        .await
+                        .map_err(|e| format!("{}: {e}", path.display()))?;
+                    if ours == Some(theirs) {
+                        bytes_kept += theirs.len;
+                        progress(&|p| {
+                            p.bytes_done += theirs.len;
+                            p.bytes_kept += theirs.len;
+                        });
+                        continue;
+                    }
+                    drop_first = Some(Record::ChunkDrop {
+                        ino: *ino,
+                        index: *index,
+                    });
                 }
-                let n = piece.len() as u64;
-                send(vec![Record::ChunkWrite {
-                    ino: *ino,
-                    index: *index,
-                    offset,
-                    chunk_size: server.chunk_size,
-                    data: SharedBytes::new(piece),
-                }])
-                .await?;
-                offset += n;
-                progress(&|p| p.bytes_done += n);
-                if let Some(pause) = rebuild_piece_pause() {
-                    tokio::time::sleep(pause).await;
+                let mut offset = 0u64;
+                loop {
+                    let (p, at) = (path.clone(), offset);
+                    let piece = crate::service::blocking(move || {
+                        use std::os::unix::fs::FileExt;
+                        let f = match std::fs::File::open(&p) {
+                            Ok(f) => f,
+                            // Purged meanwhile: the records say so.
+                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                                return Ok(Vec::new())
+                            }
+                            Err(e) => return Err(e),
+                        };
+                        let mut buf = vec![0u8; LOAD_CHUNK_PIECE];
+                        let n = f.read_at(&mut buf, at)?;
+                        buf.truncate(n);
+                        Ok(buf)
+                    })
+                    .await
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                    let mut records: Vec<Record> = drop_first.take().into_iter().collect();
+                    if piece.is_empty() {
+                        if !records.is_empty() {
+                            send(records).await?;
+                        }
+                        break;
+                    }
+                    let n = piece.len() as u64;
+                    records.push(Record::ChunkWrite {
+                        ino: *ino,
+                        index: *index,
+                        offset,
+                        chunk_size: server.chunk_size,
+                        data: SharedBytes::new(piece),
+                    });
+                    send(records).await?;
+                    bytes_sent += n;
+                    offset += n;
+                    progress(&|p| p.bytes_done += n);
+                    if let Some(pause) = rebuild_piece_pause() {
+                        tokio::time::sleep(pause).await;
+                    }
                 }
             }
         }
         // Durable there before the records resume.
         send(vec![Record::Sync]).await?;
-        Ok((keys, files.len() as u64))
+        Ok(Loaded {
+            keys,
+            files: files.len() as u64,
+            bytes_sent,
+            bytes_kept,
+        })
     }
 
     /// Ship the stream to every replica, each in its own task, for as long
@@ -1159,6 +1231,34 @@ impl Replicator {
     /// The pool records go through: one that reaches server processes,
     /// whatever sets moved (set by the process, `set_pool`), else the
     /// server's peers.
+    /// A load's question to `replica`: how its copy holds each of `files`
+    /// (`Op::ReplicaDigests`), in order.
+    async fn their_digests(
+        &self,
+        server: &crate::Server,
+        replica: ServerId,
+        files: &[(InodeId, ChunkIndex, std::path::PathBuf)],
+    ) -> Result<Vec<Option<ChunkDigest>>, String> {
+        let req = Request {
+            creds: Credentials::root(),
+            op: Op::ReplicaDigests {
+                set: self.set,
+                stream: self.stream_id,
+                chunks: files.iter().map(|(i, x, _)| (*i, *x)).collect(),
+            },
+            once: None,
+        };
+        match self.pool(server).call_once(replica, &req, &[]).await {
+            Ok(r) => match r.reply {
+                Reply::ChunkDigests { digests } if digests.len() == files.len() => Ok(digests),
+                other => Err(format!(
+                    "replica {replica} answered a digest question with {other:?}"
+                )),
+            },
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     fn pool<'a>(&'a self, server: &'a crate::Server) -> &'a Pool {
         self.direct.get().map_or(&server.peers, |p| p.as_ref())
     }

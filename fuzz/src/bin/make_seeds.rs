@@ -4,7 +4,7 @@
 
 use madfs_proto::auth::{Challenge, Hello, Role};
 use madfs_proto::message::{
-    encode_error_message, DirEntry, Entry, FsStats, Hold, Op, Rebuild, RebuildPhase, SetAttrs,
+    encode_error_message, ChunkDigest, DirEntry, Entry, FsStats, Hold, Op, Rebuild, RebuildPhase, SetAttrs,
     TouchToken, TouchWait,
 };
 use madfs_proto::{ErrorCode, FrameHeader, Reply, Request};
@@ -177,6 +177,7 @@ fn main() {
                         keys: 4096,
                         bytes_done: 1 << 20,
                         bytes_total: 3 << 20,
+                        bytes_kept: 1 << 19,
                     }],
                 })
                 .encode(),
@@ -208,6 +209,36 @@ fn main() {
                     // A sync record: kind 5, no payload.
                     heads: vec![5, 0, 0, 0, 0],
                 },
+                &[],
+            ),
+        ),
+        (
+            "request-replica-digests",
+            request(
+                Op::ReplicaDigests {
+                    set: ServerId(1),
+                    stream: 0x5eed,
+                    chunks: vec![(InodeId(1 << 48 | 5), ChunkIndex(0)), (ino, ChunkIndex(9))],
+                },
+                &[],
+            ),
+        ),
+        (
+            "reply-chunk-digests",
+            frame(
+                true,
+                50,
+                0,
+                &Reply::ChunkDigests {
+                    digests: vec![
+                        Some(ChunkDigest {
+                            len: 1 << 20,
+                            hash: [0x5a; 16],
+                        }),
+                        None,
+                    ],
+                }
+                .encode(),
                 &[],
             ),
         ),
