@@ -522,9 +522,10 @@ fn a_restarted_server_resyncs_and_takes_over_again() {
     assert_eq!((n[2], n[3]), (1, 1), "{n:?}");
 
     // It comes back and catches up on both, while writes go on: its own
-    // store is not served again, so set 3 is loaded into it whole; its
-    // copy of set 2 lost nothing the kernel had (a process died, not the
-    // machine), so only the records it missed are replayed.
+    // store is not served again, so set 3 is loaded into a copy, which
+    // starts from that store's chunk files (only what changed is sent);
+    // its copy of set 2 lost nothing the kernel had (a process died, not
+    // the machine), so only the records it missed are replayed.
     tc.restart(3);
     write(&mut files, 2);
     let t = std::time::Instant::now();
@@ -537,8 +538,18 @@ fn a_restarted_server_resyncs_and_takes_over_again() {
         sentinel.exists(),
         "server 3's copy of set 2 was wiped and loaded again after a kill -9"
     );
+    assert!(
+        bytes_kept_by_load(&tc, 0, 3, 3) > 0,
+        "set 3 was sent whole to server 3, which held most of it"
+    );
     stop_all_cleanly(&mut tc);
-    assert_same_store(2, &tc.config().servers[2].data_dir, &copy);
+    let servers = tc.config().servers.clone();
+    assert_same_store(2, &servers[2].data_dir, &copy);
+    assert_same_store(
+        3,
+        &servers[0].data_dir.join("replica-of-3"),
+        &servers[3].data_dir.join("replica-of-3"),
+    );
     tc.start_all_again();
     write(&mut files, 3);
 
@@ -550,6 +561,25 @@ fn a_restarted_server_resyncs_and_takes_over_again() {
     assert_eq!(routes[3], madfs_types::ServerId(3), "{routes:?}");
     write(&mut files, 4);
     check(&files);
+}
+
+/// The chunk bytes the last load of set `set` into `replica`'s copy kept
+/// (the replica held them as they were), from the log of `primary`.
+fn bytes_kept_by_load(tc: &TestCluster, primary: usize, set: u16, replica: u16) -> u64 {
+    let log = common::tail(&tc.log_path(primary), 4000);
+    let loaded = log
+        .lines()
+        .rev()
+        .find(|l| l.contains(&format!("set {set}: server {replica} has the copy")))
+        .unwrap_or_else(|| {
+            panic!("no load of set {set} on server {replica} in server {primary}'s log:\n{log}")
+        });
+    loaded
+        .split("bytes sent, ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no kept bytes in: {loaded}"))
 }
 
 /// Every key and chunk file of set `set`'s store under `a` equals the
@@ -1156,21 +1186,10 @@ fn a_copy_back_at_once_from_a_power_loss_leaves_the_set_and_is_loaded_again() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     wait_all_in_sync(&|| copies_in_sync(&rt, &c), 60, "after server 1's return");
-    let log = common::tail(&tc.log_path(0), 400);
-    let loaded = log
-        .lines()
-        .rev()
-        .find(|l| l.contains("set 0: server 1 has the copy"))
-        .unwrap_or_else(|| panic!("no load of set 0 on server 1 in server 0's log:\n{log}"));
-    let kept: u64 = loaded
-        .split("bytes sent, ")
-        .nth(1)
-        .and_then(|r| r.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no kept bytes in: {loaded}"));
+    let kept = bytes_kept_by_load(&tc, 0, 0, 1);
     assert_eq!(
         kept, kept_bytes,
-        "the load kept other bytes than the untouched files': {loaded}"
+        "the load kept other bytes than those of the untouched files"
     );
     // Counted in sync again: its chunk files are set 0's, while the
     // servers run (no write comes, so neither side changes). At a stop,

@@ -566,8 +566,12 @@ fn moved_marker(cfg: &ClusterConfig, opts: &RunOptions, home: ServerId) -> std::
         .clone()
         .or_else(|| cfg.server(home).map(|e| e.data_dir.clone()))
         .unwrap_or_default();
-    dir.join("home-set-moved")
+    dir.join(HOME_SET_MOVED)
 }
+
+/// In a server's data directory: its own set moved away, and its store is
+/// never served again.
+pub(crate) const HOME_SET_MOVED: &str = "home-set-moved";
 
 /// Create `path`, durably (the file and its directory entry).
 fn write_synced(path: &std::path::Path) -> std::io::Result<()> {

@@ -15,6 +15,7 @@ use madfs_proto::message::Reply;
 use madfs_proto::ErrorCode;
 use madfs_types::{ChunkIndex, InodeId, ServerId};
 use std::collections::HashSet;
+use std::path::Path;
 
 impl ReplicaCopies {
     /// A load call of a resync (first_seq 0): a `Reset` (wipe the copy's
@@ -38,6 +39,7 @@ impl ReplicaCopies {
             // Dropped first: RocksDB's lock goes with it.
             *slot = None;
             let (dir, stores, boot) = (copy_dir(&self.root, set), self.stores.clone(), self.boot);
+            let (root, me) = (self.root.clone(), self.me);
             let copy = crate::service::blocking(move || {
                 // Everything but the chunk files goes (the metadata store,
                 // or the simulation's marker of it).
@@ -57,6 +59,9 @@ impl ReplicaCopies {
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                     Err(e) => return Err(e),
+                }
+                if set == me {
+                    start_from_moved_home(&root, &dir)?;
                 }
                 let copy = open_copy(dir, stores.as_deref(), boot)?;
                 let mut b = WriteBatch::new();
@@ -205,6 +210,38 @@ impl ReplicaCopies {
         })?;
         Ok((Reply::ChunkDigests { digests }, Vec::new()))
     }
+}
+
+/// A server catching up on its own set, which moved away: its old store's
+/// chunk files (never served again, `HOME_SET_MOVED`) become the copy's
+/// before the first load compares them, so the load sends only what
+/// changed since, not the whole set. Only where the copy has no chunk
+/// files yet; the old store keeps its metadata (unused).
+fn start_from_moved_home(root: &Path, copy: &Path) -> std::io::Result<()> {
+    let (home, into) = (root.join("chunks"), copy.join("chunks"));
+    if !root.join(crate::failover::HOME_SET_MOVED).exists() || !home.exists() {
+        return Ok(());
+    }
+    // An empty chunk directory (made when the copy was first opened, to
+    // ask whether it was whole) is taken away; one with files is kept.
+    match std::fs::read_dir(&into).map(|mut entries| entries.next().is_none()) {
+        Ok(true) => std::fs::remove_dir(&into)?,
+        Ok(false) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    std::fs::create_dir_all(copy)?;
+    std::fs::rename(&home, &into)?;
+    // Both directory entries durable: a crash after leaves the files in
+    // one place or the other, never in neither.
+    std::fs::File::open(root)?.sync_all()?;
+    std::fs::File::open(copy)?.sync_all()?;
+    tracing::info!(
+        "the chunk files of the moved store in {} start the copy of its set in {}",
+        home.display(),
+        into.display()
+    );
+    Ok(())
 }
 
 fn not_started(me: ServerId) -> String {
