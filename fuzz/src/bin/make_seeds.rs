@@ -4,8 +4,8 @@
 
 use madfs_proto::auth::{Challenge, Hello, Role};
 use madfs_proto::message::{
-    encode_error_message, ChunkDigest, DirEntry, Entry, FsStats, Hold, Op, Rebuild, RebuildPhase, SetAttrs,
-    TouchToken, TouchWait,
+    encode_error_message, ChunkDigest, DirEntry, Entry, FsStats, Hold, Op, Rebuild, RebuildPhase,
+    SetAttrs, TouchToken, TouchWait,
 };
 use madfs_proto::{ErrorCode, FrameHeader, Reply, Request};
 use madfs_types::{
