@@ -47,9 +47,16 @@ impl ChunkStore {
     /// Have the next sync pass fsync chunk file `(ino, index)`: a copy
     /// keeps it through a resync, and the load's closing sync must make it
     /// durable like the files it wrote (it may sit in the page cache only,
-    /// written before this process was killed).
+    /// written before this process was killed), and the directories that
+    /// name it.
     pub fn sync_later(&self, ino: InodeId, index: ChunkIndex) {
         self.mark_dirty(self.chunk_path(ino, index));
+        // And the directories that name it, which may be as new.
+        let dir = self.inode_dir(ino);
+        if let Some(spread) = dir.parent() {
+            self.mark_dirty(spread.to_path_buf());
+        }
+        self.mark_dirty(dir);
     }
 
     /// Remove chunk file `(ino, index)` alone (a copy's file that differs
