@@ -312,6 +312,13 @@ impl ChunkStore {
         self.bytes.load(Ordering::Relaxed)
     }
 
+    /// `n` bytes of chunk files are gone (never below zero: the count is
+    /// an estimate taken at open and kept up as files change).
+    fn forget_bytes(&self, n: u64) {
+        self.bytes
+            .fetch_sub(n.min(self.bytes_used()), Ordering::Relaxed);
+    }
+
     fn inode_dir(&self, ino: InodeId) -> PathBuf {
         let spread = stable_hash(&[&ino.0.to_le_bytes()]) % 256;
         self.root
@@ -670,16 +677,14 @@ impl ChunkStore {
                 let len = entry.metadata()?.len();
                 if start >= size {
                     fs::remove_file(entry.path())?;
-                    self.bytes
-                        .fetch_sub(len.min(self.bytes_used()), Ordering::Relaxed);
+                    self.forget_bytes(len);
                 } else if size - start < len {
                     let keep = size - start;
                     OpenOptions::new()
                         .write(true)
                         .open(entry.path())?
                         .set_len(keep)?;
-                    self.bytes
-                        .fetch_sub((len - keep).min(self.bytes_used()), Ordering::Relaxed);
+                    self.forget_bytes(len - keep);
                     self.mark_dirty(entry.path());
                 }
                 Ok(())
@@ -715,8 +720,7 @@ impl ChunkStore {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(e),
         }
-        self.bytes
-            .fetch_sub(freed.min(self.bytes_used()), Ordering::Relaxed);
+        self.forget_bytes(freed);
         if let Some(parent) = dir.parent() {
             self.mark_dirty(parent.to_path_buf());
         }

@@ -22,7 +22,7 @@ use crate::errors::{err, OpResult};
 use crate::keys;
 use crate::replication::{ack, Record};
 use madfs_kv::{KvStore, RocksStore, WriteBatch};
-use madfs_proto::ErrorCode;
+use madfs_proto::{ErrorCode, WireError};
 use madfs_types::{ChunkIndex, InodeId, ServerId};
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -214,6 +214,31 @@ impl ReplicaCopies {
         slot.as_ref().is_some_and(|c| !c.partial && c.stream != 0)
     }
 
+    /// Refuse a request about `set` unless this server keeps a copy of it.
+    fn keeps(&self, set: ServerId) -> Result<(), WireError> {
+        if self.sets.contains(&set) {
+            return Ok(());
+        }
+        Err(err(
+            ErrorCode::InvalidArgument,
+            format!("server {} keeps no copy of set {set}", self.me),
+        ))
+    }
+
+    /// Refuse records (and a load's questions) for a copy served here.
+    fn not_promoted(&self, set: ServerId) -> Result<(), WireError> {
+        if !self.is_promoted(set) {
+            return Ok(());
+        }
+        Err(err(
+            ErrorCode::Stale,
+            format!(
+                "server {} serves set {set} from its copy now; it takes no records for it",
+                self.me
+            ),
+        ))
+    }
+
     fn is_promoted(&self, set: ServerId) -> bool {
         self.promoted
             .lock()
@@ -230,12 +255,7 @@ impl ReplicaCopies {
         heads: &[u8],
         payloads: Vec<u8>,
     ) -> OpResult {
-        if !self.sets.contains(&set) {
-            return Err(err(
-                ErrorCode::InvalidArgument,
-                format!("server {} keeps no copy of set {set}", self.me),
-            ));
-        }
+        self.keeps(set)?;
         *self.last_apply.lock().unwrap_or_else(|e| e.into_inner()) =
             Some(std::time::Instant::now());
         // The records' payloads are ranges of this buffer, not copies.
@@ -243,15 +263,7 @@ impl ReplicaCopies {
         let slot = self.slot(set);
         // One apply at a time per copy: records go in stream order.
         let mut slot = slot.lock_owned().await;
-        if self.is_promoted(set) {
-            return Err(err(
-                ErrorCode::Stale,
-                format!(
-                    "server {} serves set {set} from its copy now; it takes no records for it",
-                    self.me
-                ),
-            ));
-        }
+        self.not_promoted(set)?;
         self.open_into(set, &mut slot)
             .await
             .map_err(|e| err(ErrorCode::Io, format!("opening the copy of set {set}: {e}")))?;

@@ -9,7 +9,6 @@ use madfs_types::{ChunkIndex, InodeId};
 use std::fs;
 use std::io::{self, Read};
 use std::path::Path;
-use std::sync::atomic::Ordering;
 
 /// Bytes read at a time while hashing a chunk file.
 const DIGEST_READ_BYTES: usize = 1 << 20;
@@ -85,8 +84,7 @@ impl ChunkStore {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(e),
         }
-        self.bytes
-            .fetch_sub(len.min(self.bytes_used()), Ordering::Relaxed);
+        self.forget_bytes(len);
         if let Some(dir) = path.parent() {
             self.mark_dirty(dir.to_path_buf());
         }

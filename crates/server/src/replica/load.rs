@@ -154,20 +154,10 @@ impl ReplicaCopies {
         stream: u64,
         chunks: Vec<(InodeId, ChunkIndex)>,
     ) -> OpResult {
-        if !self.sets.contains(&set) {
-            return Err(err(
-                ErrorCode::InvalidArgument,
-                format!("server {} keeps no copy of set {set}", self.me),
-            ));
-        }
+        self.keeps(set)?;
         let slot = self.slot(set);
         let mut slot = slot.lock_owned().await;
-        if self.is_promoted(set) {
-            return Err(err(
-                ErrorCode::Stale,
-                format!("server {} serves set {set} from its copy now", self.me),
-            ));
-        }
+        self.not_promoted(set)?;
         let stale = || {
             err(
                 ErrorCode::Stale,
