@@ -353,3 +353,65 @@ async fn an_fsync_after_a_truncate_syncs_every_server() {
     f.close().await.unwrap();
     g.close().await.unwrap();
 }
+
+/// A server back from a power loss may have lost writes it acknowledged
+/// and had not synced. An fsync of them that reaches it afterwards fails
+/// (EIO) instead of promising the data (the store answers with a new write
+/// verifier). After a kill -9 in the same boot (the kernel kept every
+/// write) the same fsync succeeds and the data are all there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_fsync_after_a_power_loss_of_a_written_server_fails() {
+    use madfs_client::{ChunkIndex, OpenOptions};
+    let mut tc = TestCluster::start(2);
+    let c = tc.client();
+    // Chunks 0 and 1: the owner and the other server both hold data.
+    let data = pattern(9, (2 * CHUNK) as usize);
+    let open = |path: &'static str| {
+        let c = c.clone();
+        async move {
+            c.open(path, OpenOptions::new().write(true).create(true))
+                .await
+                .unwrap()
+        }
+    };
+    let server_of_chunk_1 = |ino| madfs_types::chunk_server(ino, ChunkIndex(1), 2).0 as usize;
+
+    // A process crash: nothing lost, nothing to report.
+    let kept = open("/kept").await;
+    kept.write_at(0, &data).await.unwrap();
+    let s = server_of_chunk_1(kept.attr().ino);
+    tc.kill9(s);
+    tc.restart(s);
+    kept.fsync().await.unwrap();
+    kept.close().await.unwrap();
+    assert!(c.read_file("/kept").await.unwrap() == data);
+
+    // A power loss (a new kernel boot id, no clean stop) between the
+    // writes and their fsync.
+    let lost = open("/lost").await;
+    lost.write_at(0, &data).await.unwrap();
+    let s = server_of_chunk_1(lost.attr().ino);
+    tc.set_server_env(&[("MADFS_TEST_BOOT_ID", "after a power loss")]);
+    tc.kill9(s);
+    tc.restart(s);
+    for attempt in ["first", "second"] {
+        let e = lost.fsync().await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::Io, "{attempt} fsync: {e}");
+        assert!(e.message.contains("power loss"), "{e}");
+    }
+    lost.close().await.unwrap();
+    // (A handle counts in its file's fsyncs for as long as it lives.)
+    drop(lost);
+    assert!(
+        common::tail(&tc.log_path(s), 50).contains("may have lost writes it had not synced"),
+        "the restarted server says why"
+    );
+
+    // Writes made after the restart are synced as usual, through a new
+    // handle and through another that wrote only since.
+    let again = open("/lost").await;
+    again.write_at(0, &data).await.unwrap();
+    again.fsync().await.unwrap();
+    again.close().await.unwrap();
+    assert!(c.read_file("/lost").await.unwrap() == data);
+}

@@ -22,7 +22,6 @@ use madfs_types::{
     chunk_server, dentry_server, limits, Attr, Credentials, FileKind, FileName, InodeId, ServerId,
     Timestamp,
 };
-use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -138,8 +137,9 @@ pub struct ClusterRoutes {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WriteOutcome {
-    /// Servers that acknowledged data and must be fsynced for durability.
-    pub servers_written: Vec<ServerId>,
+    /// Servers that acknowledged data and must be fsynced for durability,
+    /// with the store incarnation each write went to.
+    pub written: crate::Unsynced,
     /// Whether any chunk past chunk 0 was written: only the owner (holding
     /// chunk 0) grows the size as it writes, so such a write needs an
     /// `UpdateSize` at close or fsync.
@@ -1249,10 +1249,15 @@ impl Client {
         let calls: Vec<_> = calls.collect();
         let sent = try_join_bounded(calls, IN_FLIGHT_PER_CALL).await;
         self.cache.forget_attr(ino);
-        sent?;
-        let written: BTreeSet<ServerId> = placed.iter().map(|&(_, s)| s).collect();
+        let mut written = crate::Unsynced::default();
+        for (reply, &(_, server)) in sent?.into_iter().zip(&placed) {
+            match reply.reply {
+                Reply::Written { verifier } => written.note(server, verifier),
+                other => return Err(ClientError::unexpected("write", &other)),
+            }
+        }
         Ok(WriteOutcome {
-            servers_written: written.into_iter().collect(),
+            written,
             touched_non_zero_chunk: pieces.iter().any(|p| p.chunk.0 != 0),
         })
     }
@@ -1275,11 +1280,29 @@ impl Client {
 
     /// Make everything these servers acknowledged durable.
     pub async fn fsync_servers(&self, servers: &[ServerId]) -> Result<()> {
-        try_join_bounded(
+        self.fsync_written(servers, &crate::Unsynced::default())
+            .await
+    }
+
+    /// Make everything `servers` acknowledged durable, and fail (EIO) if
+    /// one of them answers in another incarnation of its store than the
+    /// one `unsynced` noted for it (its writes may have been lost).
+    pub async fn fsync_written(
+        &self,
+        servers: &[ServerId],
+        unsynced: &crate::Unsynced,
+    ) -> Result<()> {
+        let replies = try_join_bounded(
             servers.iter().map(|&s| self.call(s, Op::Fsync)).collect(),
             FANOUT_MAX,
         )
         .await?;
+        for (reply, &server) in replies.into_iter().zip(servers) {
+            match reply {
+                Reply::Synced { verifier } => unsynced.check(server, verifier)?,
+                other => return Err(ClientError::unexpected("fsync", &other)),
+            }
+        }
         Ok(())
     }
 }

@@ -157,8 +157,8 @@ impl OpenOptions {
 }
 
 impl FileState {
-    pub(crate) fn dirty_servers(&self) -> Vec<ServerId> {
-        self.dirty.iter().copied().collect()
+    pub(crate) fn unsynced(&self) -> &crate::Unsynced {
+        &self.dirty
     }
 }
 
@@ -166,8 +166,9 @@ pub(crate) struct FileState {
     /// The largest size this handle knows of: the size at open, raised by
     /// writes and by fresh attributes.
     pub(crate) size_hint: u64,
-    /// Servers that acknowledged writes not yet fsynced.
-    dirty: BTreeSet<ServerId>,
+    /// Servers that acknowledged writes not yet fsynced, and the store
+    /// incarnations that took them.
+    dirty: crate::Unsynced,
     /// Writes beyond chunk 0 happened since the last UpdateSize.
     pub(crate) needs_size_update: bool,
     /// When the size was last learned from the owner (at open, or by a
@@ -327,7 +328,7 @@ impl File {
     pub fn new(client: &Client, attr: Attr, opts: &OpenOptions) -> File {
         let state = Arc::new(Mutex::new(FileState {
             size_hint: attr.size,
-            dirty: BTreeSet::new(),
+            dirty: crate::Unsynced::default(),
             needs_size_update: false,
             size_checked: Instant::now(),
             size_epoch: client.cache.epoch(),
@@ -522,7 +523,7 @@ impl File {
 
     /// Servers holding writes of this handle not yet fsynced.
     pub fn dirty_servers(&self) -> Vec<ServerId> {
-        self.state().dirty.iter().copied().collect()
+        self.state().dirty.servers()
     }
 
     /// Read up to `len` bytes at `offset`; shorter only at the end of file.
@@ -634,7 +635,7 @@ impl File {
         let outcome = self.client.write(self.attr.ino, offset, data).await?;
         let mut st = self.state();
         st.size_hint = st.size_hint.max(offset + data.len() as u64);
-        st.dirty.extend(outcome.servers_written);
+        st.dirty.merge(&outcome.written);
         st.needs_size_update |= outcome.touched_non_zero_chunk;
         Ok(data.len())
     }
@@ -669,7 +670,7 @@ impl File {
                 // returns sees what fsync and close must publish.
                 let mut st = lock_state(&state);
                 st.size_hint = st.size_hint.max(end);
-                st.dirty.extend(outcome.servers_written);
+                st.dirty.merge(&outcome.written);
                 st.needs_size_update |= outcome.touched_non_zero_chunk;
             });
             wb.finish(ticket, result);
@@ -685,7 +686,7 @@ impl File {
         // fsync(2) is about the file: what other handles of this client
         // wrote must be durable too.
         self.client.open_files.drain_writes(self.attr.ino).await;
-        let others = self.client.open_files.dirty_servers(self.attr.ino);
+        let others = self.client.open_files.unsynced(self.attr.ino);
         // From reading the size to the owner's taking it, no truncate.
         let _turn = self.client.open_files.publishing(self.attr.ino).await;
         // A truncate's cut reaches every server with chunks past the size.
@@ -693,25 +694,27 @@ impl File {
         let (dirty, size, update) = {
             let st = self.state();
             let mut dirty = st.dirty.clone();
-            dirty.extend(others);
-            if cut {
-                dirty.extend(self.client.all_servers());
-            }
+            dirty.merge(&others);
             (dirty, st.size_hint, st.needs_size_update)
         };
+        let mut servers: BTreeSet<ServerId> = dirty.servers().into_iter().collect();
+        if cut {
+            servers.extend(self.client.all_servers());
+        }
         let owner = self.attr.ino.owner();
         let synced = async {
             if update {
                 // The owner is synced once, after the size: that covers its data too.
-                let others: Vec<ServerId> = dirty.iter().copied().filter(|&s| s != owner).collect();
-                self.client.fsync_servers(&others).await?;
+                let others: Vec<ServerId> =
+                    servers.iter().copied().filter(|&s| s != owner).collect();
+                self.client.fsync_written(&others, &dirty).await?;
                 self.client
                     .update_size(self.attr.ino, size, Timestamp::now())
                     .await?;
-                self.client.fsync_servers(&[owner]).await
+                self.client.fsync_written(&[owner], &dirty).await
             } else {
-                let all: Vec<ServerId> = dirty.iter().copied().collect();
-                self.client.fsync_servers(&all).await
+                let all: Vec<ServerId> = servers.iter().copied().collect();
+                self.client.fsync_written(&all, &dirty).await
             }
         }
         .await;
@@ -723,9 +726,7 @@ impl File {
         }
         let mut st = self.state();
         // Writes that raced with this fsync stay pending.
-        for s in &dirty {
-            st.dirty.remove(s);
-        }
+        st.dirty.forget_synced(&dirty);
         if update && st.size_hint == size {
             st.needs_size_update = false;
         }

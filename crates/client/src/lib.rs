@@ -30,6 +30,7 @@ mod find;
 mod open_files;
 mod path;
 mod touched;
+mod unsynced;
 pub mod writebehind;
 
 pub use blocking::{BlockingClient, BlockingFile};
@@ -43,6 +44,7 @@ pub use file::{File, OpenOptions};
 pub use find::{parse_size, parse_type, DuTotals, FindOutput, Found};
 pub use madfs_proto::find::{glob_match, FindAttrs, FindQuery, SizeCmp, SizeTest};
 pub use path::{normalize, AsFsPath, ParsedPath, PathComponent, SYMLINK_FOLLOW_MAX};
+pub use unsynced::Unsynced;
 
 // Re-exported so users need not depend on the lower crates for the types
 // that appear in this crate's signatures.

@@ -272,17 +272,15 @@ impl OpenFiles {
         }
     }
 
-    /// The servers holding unsynced writes of any handle of `ino`: an
+    /// The servers holding unsynced writes of any handle of `ino` (with the
+    /// store incarnations that took them): an
     /// fsync through one descriptor makes the file's data durable, whoever
     /// wrote it (fsync(2) is about the file, not the descriptor).
-    pub(crate) fn dirty_servers(&self, ino: InodeId) -> Vec<madfs_types::ServerId> {
-        let mut all: Vec<madfs_types::ServerId> = self
-            .live(ino)
-            .iter()
-            .flat_map(|(state, _)| lock_state(state).dirty_servers())
-            .collect();
-        all.sort_unstable();
-        all.dedup();
+    pub(crate) fn unsynced(&self, ino: InodeId) -> crate::Unsynced {
+        let mut all = crate::Unsynced::default();
+        for (state, _) in self.live(ino) {
+            all.merge(lock_state(&state).unsynced());
+        }
         all
     }
 

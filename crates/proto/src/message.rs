@@ -280,6 +280,15 @@ pub struct ChunkDigest {
     pub hash: [u8; 16],
 }
 
+/// A store's write verifier: changes whenever the store may have lost
+/// writes it acknowledged but had not synced (opened after a power loss,
+/// or a new store in a replaced server's place). A client compares the
+/// one its writes were answered with against the one its fsync is
+/// answered with, as NFS's COMMIT verifier: another one means the writes
+/// may be gone and the fsync fails (EIO) instead of promising them.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash, PartialOrd, Ord)]
+pub struct WriteVerifier(pub u64);
+
 /// One rmdir attempt's seal, and how long its lease has left.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct SealHolder {
@@ -380,6 +389,7 @@ pub enum Op {
     },
     /// Write the frame's data into one chunk at `offset`. For chunk 0 (held
     /// by the owner) the file size grows to `file_size` in the same step.
+    /// Replies `Reply::Written`.
     Write {
         ino: InodeId,
         chunk: ChunkIndex,
@@ -392,7 +402,8 @@ pub enum Op {
         size: u64,
         mtime: Timestamp,
     },
-    /// Make everything this server acknowledged durable.
+    /// Make everything this server acknowledged durable. Replies
+    /// `Reply::Synced`.
     Fsync,
     /// One page of this server's entries of `dir`, names after `after`.
     ReadDir {
@@ -713,6 +724,15 @@ pub enum Reply {
     /// Membership: the group's answer, opaque here.
     Membership {
         msg: Vec<u8>,
+    },
+    /// Write: done, in the store `verifier` names.
+    Written {
+        verifier: WriteVerifier,
+    },
+    /// Fsync: everything acknowledged before is durable, in the store
+    /// `verifier` names.
+    Synced {
+        verifier: WriteVerifier,
     },
     /// ChunkExtent: the file offset just past the last byte of chunk data
     /// the server holds (0: none).
@@ -1337,6 +1357,8 @@ mod tag {
     pub const EXTENT: u8 = 20;
     pub const SEAL_REPORT: u8 = 21;
     pub const CHUNK_DIGESTS: u8 = 22;
+    pub const WRITTEN: u8 = 23;
+    pub const SYNCED: u8 = 24;
 }
 
 /// u32-prefixed bytes within a body.
@@ -1538,6 +1560,14 @@ impl Reply {
                 e.u8(tag::EXTENT);
                 e.u64(*end);
             }
+            Reply::Written { verifier } => {
+                e.u8(tag::WRITTEN);
+                e.u64(verifier.0);
+            }
+            Reply::Synced { verifier } => {
+                e.u8(tag::SYNCED);
+                e.u64(verifier.0);
+            }
             Reply::Routes {
                 epoch,
                 serving,
@@ -1716,6 +1746,12 @@ impl Reply {
                 Reply::ChunkDigests { digests }
             }
             tag::EXTENT => Reply::Extent { end: d.u64()? },
+            tag::WRITTEN => Reply::Written {
+                verifier: WriteVerifier(d.u64()?),
+            },
+            tag::SYNCED => Reply::Synced {
+                verifier: WriteVerifier(d.u64()?),
+            },
             tag::MEMBERSHIP => Reply::Membership {
                 msg: decode_bytes32(&mut d, "membership message")?,
             },
@@ -2195,6 +2231,12 @@ mod tests {
             },
             Reply::Membership { msg: vec![1, 2, 3] },
             Reply::Extent { end: 5 << 20 },
+            Reply::Written {
+                verifier: WriteVerifier(0x1234_5678_9abc_def1),
+            },
+            Reply::Synced {
+                verifier: WriteVerifier(3),
+            },
             Reply::Routes {
                 epoch: 7,
                 serving: vec![ServerId(0), ServerId(0), ServerId(2)],

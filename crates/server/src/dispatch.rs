@@ -245,7 +245,9 @@ impl Server {
             }
             Op::Fsync => {
                 self.sync.sync().await.map_err(|e| err(ErrorCode::Io, e))?;
-                ok(Reply::Empty)
+                ok(Reply::Synced {
+                    verifier: self.write_verifier(),
+                })
             }
             Op::ReadDir {
                 dir,

@@ -204,6 +204,18 @@ impl Router {
                 );
             }
         }
+        // It may lack writes it acknowledged: fsyncs of them must fail.
+        // (Not kept in the store if it refuses it: this run answers with
+        // the new one all the same.)
+        let verifier = crate::restart::renew_write_verifier(m.server.unreplicated.as_ref())
+            .unwrap_or_else(|e| {
+                tracing::warn!(
+                    "server {}: keeping a new write verifier for set {set}: {e}",
+                    self.home
+                );
+                madfs_proto::message::WriteVerifier(crate::replication::random_stream_id())
+            });
+        m.server.set_write_verifier(verifier);
         m.server.clone().start_background();
         self.sets
             .write()

@@ -69,6 +69,12 @@ pub const META_SERVED_IN_BOOT: &[u8] = b"METAserved_in_boot";
 /// the copies the held store may owe its lost writes to (members.rs
 /// `hand_over`), even if the group took them out meanwhile.
 pub const META_WAITED_COPIES: &[u8] = b"METAwaited_copies";
+/// The store's write verifier (u64 LE; restart.rs `load_write_verifier`):
+/// answered with every write and fsync, and new whenever the store may
+/// have lost acknowledged writes it had not synced. Part of the set: a
+/// resync's load copies it, so a copy that takes the set over answers
+/// with the same one.
+pub const META_WRITE_VERIFIER: &[u8] = b"METAwrite_verifier";
 /// Bumped when a record layout changes; a server refuses a newer format.
 pub const FORMAT_VERSION: u32 = 1;
 

@@ -28,6 +28,7 @@
 use crate::keys;
 use crate::Server;
 use madfs_kv::{KvStore, WriteBatch};
+use madfs_proto::message::WriteVerifier;
 
 /// Step 2: the stream a clean stop left in `kv` (id, last record), taken
 /// away; and any copy position, dropped (see the file header).
@@ -88,6 +89,41 @@ pub(crate) fn opened_after_power_loss(
         note_boot(kv, boot)?;
     }
     Ok(lost)
+}
+
+/// The write verifier `kv` answers writes and fsyncs with
+/// (`META_WRITE_VERIFIER`): the one it keeps, or a new one for a store
+/// without (new, or from before the verifier).
+///
+/// Why: a store opened after a power loss serves again (with one copy,
+/// there is nothing better), and without a verifier an fsync that reached
+/// it would succeed although the writes it was to make durable were lost
+/// with the page cache: a client holding a file open across the restart
+/// would be told its data are safe. With one, the client sees that its
+/// writes were answered by another incarnation of the store than its
+/// fsync and fails the fsync (EIO) instead.
+pub(crate) fn load_write_verifier(kv: &dyn KvStore) -> madfs_kv::Result<WriteVerifier> {
+    match kv.get(keys::META_WRITE_VERIFIER)? {
+        Some(v) if v.len() == 8 => Ok(WriteVerifier(u64::from_le_bytes(
+            v[..].try_into().expect("8 bytes"),
+        ))),
+        _ => renew_write_verifier(kv),
+    }
+}
+
+/// A new write verifier for `kv` (synced before anything is answered with
+/// it): for a store that may have lost acknowledged writes it had not
+/// synced (`opened_after_power_loss`), before it is served.
+pub(crate) fn renew_write_verifier(kv: &dyn KvStore) -> madfs_kv::Result<WriteVerifier> {
+    let old = kv.get(keys::META_WRITE_VERIFIER)?;
+    let mut v = WriteVerifier(crate::replication::random_stream_id());
+    while old.as_deref() == Some(&v.0.to_le_bytes()[..]) {
+        v = WriteVerifier(crate::replication::random_stream_id());
+    }
+    let mut b = WriteBatch::new();
+    b.put(keys::META_WRITE_VERIFIER, &v.0.to_le_bytes());
+    kv.write(b, true)?;
+    Ok(v)
 }
 
 /// Note `boot` as the one `kv` is served in (synced).
@@ -184,5 +220,26 @@ mod tests {
             !opened_after_power_loss(&kv, None, false).unwrap(),
             "no boot id"
         );
+    }
+
+    #[test]
+    fn a_store_keeps_its_write_verifier_until_it_is_renewed() {
+        let kv = MemStore::new();
+        let first = load_write_verifier(&kv).unwrap();
+        assert_eq!(load_write_verifier(&kv).unwrap(), first, "kept");
+        let renewed = renew_write_verifier(&kv).unwrap();
+        assert_ne!(renewed, first);
+        assert_eq!(
+            load_write_verifier(&kv).unwrap(),
+            renewed,
+            "the new one kept"
+        );
+        // A value that does not decode is replaced, not trusted.
+        let mut b = WriteBatch::new();
+        b.put(keys::META_WRITE_VERIFIER, b"bad");
+        kv.write(b, false).unwrap();
+        let replaced = load_write_verifier(&kv).unwrap();
+        assert_ne!(replaced, renewed);
+        assert_eq!(load_write_verifier(&kv).unwrap(), replaced);
     }
 }

@@ -47,6 +47,10 @@ pub struct Server {
     /// kernel and not stopped cleanly, so a power loss may have taken
     /// writes its copies acknowledged (restart.rs `opened_after_power_loss`).
     pub(crate) after_power_loss: bool,
+    /// What writes and fsyncs are answered with (restart.rs
+    /// `load_write_verifier`); renewed when a held store is served after
+    /// all (failover.rs `release`).
+    pub(crate) write_verifier: AtomicU64,
     /// The copies this store's acknowledgements waited for when it was
     /// last served (`META_WAITED_COPIES`, read before anything rewrites
     /// it): after a power loss, the ones that may have what it lost.
@@ -171,10 +175,10 @@ impl Server {
             stores,
         );
         let boot = copies.boot();
-        let after_power_loss =
+        let lost_unsynced =
             crate::restart::opened_after_power_loss(kv.as_ref(), boot, stopped.is_some())
-                .map_err(|e| ServerError::Storage(e.to_string()))?
-                && cfg.replicas > 1;
+                .map_err(|e| ServerError::Storage(e.to_string()))?;
+        let after_power_loss = lost_unsynced && cfg.replicas > 1;
         let waited_before = crate::replication::waited_copies(kv.as_ref())
             .map_err(|e| ServerError::Storage(e.to_string()))?;
         let replication = (cfg.replicas > 1 || !replicas.is_empty()).then(|| {
@@ -219,6 +223,18 @@ impl Server {
                 }
             }
         }
+        // After a power loss, a new verifier, kept from the copies (they may
+        // have every write this store lost: held, members.rs `hand_over`).
+        let write_verifier = if lost_unsynced {
+            let v = crate::restart::renew_write_verifier(unreplicated.as_ref()).map_err(storage)?;
+            tracing::warn!(
+                "set {id}: its store may have lost writes it had not synced (a power loss): \
+                 clients' fsyncs of writes made before fail"
+            );
+            v
+        } else {
+            crate::restart::load_write_verifier(kv.as_ref()).map_err(storage)?
+        };
         // Counter 1 on server 0 is the root; start everyone above it.
         let inode_counter =
             Counter::load(kv.as_ref(), keys::META_NEXT_INODE, 16).map_err(storage)?;
@@ -257,6 +273,7 @@ impl Server {
             id,
             servers: cfg.server_count(),
             after_power_loss,
+            write_verifier: AtomicU64::new(write_verifier.0),
             waited_before,
             chunk_size: cfg.chunk_size,
             space: SpaceGauge::new(data_dir),
@@ -305,6 +322,15 @@ impl Server {
             server.inode_count.fetch_add(1, Ordering::Relaxed);
         }
         Ok(server)
+    }
+
+    /// What this store answers writes and fsyncs with.
+    pub(crate) fn write_verifier(&self) -> madfs_proto::message::WriteVerifier {
+        madfs_proto::message::WriteVerifier(self.write_verifier.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn set_write_verifier(&self, v: madfs_proto::message::WriteVerifier) {
+        self.write_verifier.store(v.0, Ordering::Release);
     }
 
     pub async fn shutdown(&self) {

@@ -9,7 +9,7 @@
 use crate::disk::SimKv;
 use madfs_kv::KvStore;
 use madfs_proto::auth::Role;
-use madfs_proto::{ErrorCode, Op, Reply, Request, WireError};
+use madfs_proto::{ErrorCode, Op, Request, WireError};
 use madfs_rpc::pool::{LocalCall, LocalNet};
 use madfs_rpc::serve::{CallContext, Handler};
 use madfs_rpc::{Response, RpcError};
@@ -290,16 +290,20 @@ impl SimNet {
                         ErrorCode::Unavailable,
                         format!("server {to} no longer serves set {set}"),
                     )),
-                    Some(s) => s.sync_inline().await.map(|()| (Reply::Empty, Vec::new())),
+                    Some(s) => s
+                        .sync_inline()
+                        .await
+                        .map(|()| (s.synced_reply(), Vec::new())),
                 }
             })
-        } else if matches!(req.op, Op::Fsync) {
+        } else if let (Op::Fsync, Target::Plain(s)) = (&req.op, &server) {
             // The server's fsync coalescer waits on a thread of its own,
             // outside the simulated clock: sync the store here instead
             // (chunk files are not lost by a simulated crash anyway).
+            let s = s.clone();
             tokio::spawn(async move {
                 kv.sync_wal()
-                    .map(|()| (Reply::Empty, Vec::new()))
+                    .map(|()| (s.synced_reply(), Vec::new()))
                     .map_err(|e| WireError::new(ErrorCode::Io, e.to_string()))
             })
         } else {

@@ -5,7 +5,7 @@
 use madfs_proto::auth::{Challenge, Hello, Role};
 use madfs_proto::message::{
     encode_error_message, ChunkDigest, DirEntry, Entry, FsStats, Hold, Op, Rebuild, RebuildPhase,
-    SetAttrs, TouchToken, TouchWait,
+    SetAttrs, TouchToken, TouchWait, WriteVerifier,
 };
 use madfs_proto::{ErrorCode, FrameHeader, Reply, Request};
 use madfs_types::{
@@ -237,6 +237,32 @@ fn main() {
                         }),
                         None,
                     ],
+                }
+                .encode(),
+                &[],
+            ),
+        ),
+        (
+            "reply-written",
+            frame(
+                true,
+                12,
+                0,
+                &Reply::Written {
+                    verifier: WriteVerifier(0x0123_4567_89ab_cdef),
+                }
+                .encode(),
+                &[],
+            ),
+        ),
+        (
+            "reply-synced",
+            frame(
+                true,
+                19,
+                0,
+                &Reply::Synced {
+                    verifier: WriteVerifier(7),
                 }
                 .encode(),
                 &[],

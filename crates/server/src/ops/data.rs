@@ -97,7 +97,9 @@ impl Server {
             blocking(move || chunks.write_shared(ino, chunk, offset as u64, &data, cs))
                 .await
                 .map_err(io_err)?;
-            return Ok(Reply::Empty);
+            return Ok(Reply::Written {
+                verifier: self.write_verifier(),
+            });
         }
         // Chunk 0 lives with the inode: data and size change in one step.
         let _g = self.locks.lock(&[LockKey::Inode(ino)]).await?;
@@ -147,7 +149,9 @@ impl Server {
         inode.attr.ctime = now;
         b.put(&keys::inode(ino), &inode.encode());
         self.kv.write(b, false).map_err(kv_err)?;
-        Ok(Reply::Empty)
+        Ok(Reply::Written {
+            verifier: self.write_verifier(),
+        })
     }
 
     pub(crate) async fn update_size(
