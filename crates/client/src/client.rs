@@ -13,7 +13,7 @@ use crate::open_files::OpenFiles;
 use crate::touched::Touched;
 use crate::writebehind::{self, Budget};
 use madfs_proto::auth::{ClusterKey, Role};
-use madfs_proto::message::{DirEntry, Entry, FsStats, Hold, SetAttrs};
+use madfs_proto::message::{DirEntry, Entry, FsStats, Hold, SetAttrs, WriteVerifier};
 use madfs_proto::{ErrorCode, Op, Reply, Request};
 use madfs_rpc::join::{join_bounded, try_join_bounded};
 use madfs_rpc::pool::Timeouts;
@@ -1264,15 +1264,29 @@ impl Client {
 
     /// Grow the size to at least `size` and set mtime, on the owner.
     pub async fn update_size(&self, ino: InodeId, size: u64, mtime: Timestamp) -> Result<Attr> {
+        self.update_size_verified(ino, size, mtime)
+            .await
+            .map(|(attr, _)| attr)
+    }
+
+    /// `update_size`, and the write verifier of the owner's store that
+    /// took it (an fsync after it checks it, `fsync_written`).
+    pub async fn update_size_verified(
+        &self,
+        ino: InodeId,
+        size: u64,
+        mtime: Timestamp,
+    ) -> Result<(Attr, WriteVerifier)> {
         let r = match self
             .call(ino.owner(), Op::UpdateSize { ino, size, mtime })
             .await
         {
-            Ok(reply) => self.attr_reply("update_size", ino, reply).await,
+            Ok(Reply::SizeUpdated { attr, verifier }) => Ok((attr, verifier)),
+            Ok(other) => Err(ClientError::unexpected("update_size", &other)),
             Err(e) => Err(e),
         };
         match &r {
-            Ok(a) => self.cache.changed_attr(a),
+            Ok((a, _)) => self.cache.changed_attr(a),
             Err(_) => self.cache.forget_attr(ino),
         }
         r

@@ -708,10 +708,15 @@ impl File {
                 let others: Vec<ServerId> =
                     servers.iter().copied().filter(|&s| s != owner).collect();
                 self.client.fsync_written(&others, &dirty).await?;
-                self.client
-                    .update_size(self.attr.ino, size, Timestamp::now())
+                let (_, verifier) = self
+                    .client
+                    .update_size_verified(self.attr.ino, size, Timestamp::now())
                     .await?;
-                self.client.fsync_written(&[owner], &dirty).await
+                // The size is unsynced metadata too: a power loss between
+                // it and the owner's fsync must fail the fsync.
+                let mut with_size = dirty.clone();
+                with_size.note(owner, verifier);
+                self.client.fsync_written(&[owner], &with_size).await
             } else {
                 let all: Vec<ServerId> = servers.iter().copied().collect();
                 self.client.fsync_written(&all, &dirty).await

@@ -231,7 +231,13 @@ impl FakeServer {
                 let a = &mut fs.inodes.get_mut(&ino).ok_or_else(not_found)?.0;
                 a.size = a.size.max(size);
                 a.mtime = a.mtime.max(mtime);
-                Ok((Reply::Attr(a.clone()), vec![]))
+                Ok((
+                    Reply::SizeUpdated {
+                        attr: a.clone(),
+                        verifier: VERIFIER,
+                    },
+                    vec![],
+                ))
             }
             Op::Fsync => Ok((Reply::Synced { verifier: VERIFIER }, vec![])),
             Op::ReadDir {

@@ -397,6 +397,7 @@ pub enum Op {
         file_size: u64,
     },
     /// Grow the size to at least `size` and set mtime (close and fsync).
+    /// Replies `Reply::SizeUpdated`.
     UpdateSize {
         ino: InodeId,
         size: u64,
@@ -732,6 +733,11 @@ pub enum Reply {
     /// Fsync: everything acknowledged before is durable, in the store
     /// `verifier` names.
     Synced {
+        verifier: WriteVerifier,
+    },
+    /// UpdateSize: the attributes after it, in the store `verifier` names.
+    SizeUpdated {
+        attr: Attr,
         verifier: WriteVerifier,
     },
     /// ChunkExtent: the file offset just past the last byte of chunk data
@@ -1359,6 +1365,7 @@ mod tag {
     pub const CHUNK_DIGESTS: u8 = 22;
     pub const WRITTEN: u8 = 23;
     pub const SYNCED: u8 = 24;
+    pub const SIZE_UPDATED: u8 = 25;
 }
 
 /// u32-prefixed bytes within a body.
@@ -1568,6 +1575,11 @@ impl Reply {
                 e.u8(tag::SYNCED);
                 e.u64(verifier.0);
             }
+            Reply::SizeUpdated { attr, verifier } => {
+                e.u8(tag::SIZE_UPDATED);
+                e.attr(attr);
+                e.u64(verifier.0);
+            }
             Reply::Routes {
                 epoch,
                 serving,
@@ -1750,6 +1762,10 @@ impl Reply {
                 verifier: WriteVerifier(d.u64()?),
             },
             tag::SYNCED => Reply::Synced {
+                verifier: WriteVerifier(d.u64()?),
+            },
+            tag::SIZE_UPDATED => Reply::SizeUpdated {
+                attr: d.attr()?,
                 verifier: WriteVerifier(d.u64()?),
             },
             tag::MEMBERSHIP => Reply::Membership {
@@ -2236,6 +2252,10 @@ mod tests {
             },
             Reply::Synced {
                 verifier: WriteVerifier(3),
+            },
+            Reply::SizeUpdated {
+                attr: attr(),
+                verifier: WriteVerifier(u64::MAX),
             },
             Reply::Routes {
                 epoch: 7,

@@ -240,9 +240,10 @@ impl Server {
                 offset,
                 file_size,
             } => ok(self.write(ino, chunk, offset, file_size, data).await?),
-            Op::UpdateSize { ino, size, mtime } => {
-                ok(Reply::Attr(self.update_size(ino, size, mtime).await?))
-            }
+            Op::UpdateSize { ino, size, mtime } => ok(Reply::SizeUpdated {
+                attr: self.update_size(ino, size, mtime).await?,
+                verifier: self.write_verifier(),
+            }),
             Op::Fsync => {
                 self.sync.sync().await.map_err(|e| err(ErrorCode::Io, e))?;
                 ok(Reply::Synced {

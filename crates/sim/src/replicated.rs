@@ -59,7 +59,7 @@ struct ProcessStores {
 }
 
 /// The boot id of server `id`'s host after `cuts` power cuts.
-fn boot_id(id: ServerId, cuts: u64) -> madfs_server::replica::BootId {
+pub(crate) fn boot_id(id: ServerId, cuts: u64) -> madfs_server::replica::BootId {
     let mut b = [0u8; 16];
     b[..2].copy_from_slice(&id.0.to_le_bytes());
     b[8..].copy_from_slice(&cuts.to_le_bytes());

@@ -268,6 +268,20 @@ fn main() {
                 &[],
             ),
         ),
+        (
+            "reply-size-updated",
+            frame(
+                true,
+                18,
+                0,
+                &Reply::SizeUpdated {
+                    attr: attr.clone(),
+                    verifier: WriteVerifier(9),
+                }
+                .encode(),
+                &[],
+            ),
+        ),
         ("request-get-routes", request(Op::GetRoutes, &[])),
         (
             "request-membership",
