@@ -306,6 +306,13 @@ impl Cluster {
     }
 }
 
+/// Where a write with its fsync stops for the step's crash: the write is
+/// done (first), the fsync may go (second).
+type Between = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::sync::oneshot::Receiver<()>,
+);
+
 /// What a server of the cluster without replicas gets from its process:
 /// its peers, and a boot of its own per start. Every crash here is a power
 /// cut (a disk loses unsynced batches), so each start is a new boot: a
@@ -617,7 +624,15 @@ impl Sim {
 
     // ---- running --------------------------------------------------------
 
-    async fn perform(client: &Client, a: &Action, servers: usize) -> Result<bool, ClientError> {
+    /// `between`: for a write with its fsync, told once the write is done,
+    /// and waited on before the fsync goes (the step crashes a server
+    /// there).
+    async fn perform(
+        client: &Client,
+        a: &Action,
+        servers: usize,
+        between: Option<Between>,
+    ) -> Result<bool, ClientError> {
         match a {
             Action::Mkdir(p) => client.mkdir(p.as_str(), 0o755).await.map(|_| false),
             Action::Create(p, data) => {
@@ -644,6 +659,10 @@ impl Sim {
                 let mut synced = false;
                 let mut r = f.write_at(*offset, data).await.map(|_| ());
                 if r.is_ok() && *fsync {
+                    if let Some((written, go)) = between {
+                        let _ = written.send(());
+                        let _ = go.await;
+                    }
                     r = f.fsync().await;
                     synced = r.is_ok();
                 }
@@ -787,6 +806,30 @@ impl Sim {
             // set has a copy in sync elsewhere.
             crash_at = None;
         }
+        // A write with its fsync, alone, and a crash: half the time the
+        // crash hits the file's owner (which holds what the write changed
+        // in its store, unsynced) between the write and the fsync, where a
+        // lost write must fail the fsync (the write verifier).
+        let mut crash_between = None;
+        if let (
+            Some((id, at)),
+            [Action::Write {
+                path, fsync: true, ..
+            }],
+        ) = (crash_at, &actions[..])
+        {
+            let owner = self
+                .model
+                .names
+                .get(path)
+                .and_then(|e| e.ino)
+                .map(|i| i.owner());
+            if let (Some(owner), true) = (owner, at.as_micros() % 2 == 0) {
+                crash_between = Some(owner);
+                crash_at = None;
+            }
+            let _ = id;
+        }
         if self.verbose {
             for a in &actions {
                 eprintln!(
@@ -805,20 +848,38 @@ impl Sim {
         let dropped_before = self.cluster.net.dropped();
         let mut crashed = false;
         let results: Vec<Result<bool, ClientError>> = {
+            let (written_tx, written_rx) = tokio::sync::oneshot::channel();
+            let (go_tx, go_rx) = tokio::sync::oneshot::channel();
+            let between = crash_between.map(|_| (written_tx, go_rx));
             let ops = async {
                 if actions.len() == 1 {
-                    vec![Self::perform(&clients[0], &actions[0], servers).await]
+                    vec![Self::perform(&clients[0], &actions[0], servers, between).await]
                 } else {
                     let (a, b) = tokio::join!(
-                        Self::perform(&clients[0], &actions[0], servers),
-                        Self::perform(&clients[1], &actions[1], servers)
+                        Self::perform(&clients[0], &actions[0], servers, None),
+                        Self::perform(&clients[1], &actions[1], servers, None)
                     );
                     vec![a, b]
                 }
             };
-            match crash_at {
-                None => ops.await,
-                Some((id, at)) => {
+            match (crash_at, crash_between) {
+                (_, Some(id)) => {
+                    tokio::pin!(ops);
+                    tokio::select! {
+                        biased;
+                        r = &mut ops => r,
+                        written = written_rx => {
+                            if written.is_ok() {
+                                self.crash(id)?;
+                                crashed = true;
+                            }
+                            let _ = go_tx.send(());
+                            ops.await
+                        }
+                    }
+                }
+                (None, None) => ops.await,
+                (Some((id, at)), None) => {
                     tokio::pin!(ops);
                     tokio::select! {
                         biased;
