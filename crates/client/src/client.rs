@@ -1270,7 +1270,7 @@ impl Client {
     }
 
     /// `update_size`, and the write verifier of the owner's store that
-    /// took it (an fsync after it checks it, `fsync_written`).
+    /// took it (an fsync after it checks it, `Unsynced::check_answers`).
     pub async fn update_size_verified(
         &self,
         ino: InodeId,
@@ -1294,30 +1294,24 @@ impl Client {
 
     /// Make everything these servers acknowledged durable.
     pub async fn fsync_servers(&self, servers: &[ServerId]) -> Result<()> {
-        self.fsync_written(servers, &crate::Unsynced::default())
-            .await
+        self.fsync_answers(servers).await.map(|_| ())
     }
 
-    /// Make everything `servers` acknowledged durable, and fail (EIO) if
-    /// one of them answers in another incarnation of its store than the
-    /// one `unsynced` noted for it (its writes may have been lost).
-    pub async fn fsync_written(
-        &self,
-        servers: &[ServerId],
-        unsynced: &crate::Unsynced,
-    ) -> Result<()> {
+    /// `fsync_servers`, and the write verifier each server answered with,
+    /// in order (`Unsynced::check_answers` compares them with the writes').
+    pub async fn fsync_answers(&self, servers: &[ServerId]) -> Result<Vec<WriteVerifier>> {
         let replies = try_join_bounded(
             servers.iter().map(|&s| self.call(s, Op::Fsync)).collect(),
             FANOUT_MAX,
         )
         .await?;
-        for (reply, &server) in replies.into_iter().zip(servers) {
-            match reply {
-                Reply::Synced { verifier } => unsynced.check(server, verifier)?,
-                other => return Err(ClientError::unexpected("fsync", &other)),
-            }
-        }
-        Ok(())
+        replies
+            .into_iter()
+            .map(|reply| match reply {
+                Reply::Synced { verifier } => Ok(verifier),
+                other => Err(ClientError::unexpected("fsync", &other)),
+            })
+            .collect()
     }
 }
 

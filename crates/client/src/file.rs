@@ -686,7 +686,7 @@ impl File {
         // fsync(2) is about the file: what other handles of this client
         // wrote must be durable too.
         self.client.open_files.drain_writes(self.attr.ino).await;
-        let others = self.client.open_files.unsynced(self.attr.ino);
+        let (others, unknown) = self.client.open_files.unsynced(self.attr.ino);
         // From reading the size to the owner's taking it, no truncate.
         let _turn = self.client.open_files.publishing(self.attr.ino).await;
         // A truncate's cut reaches every server with chunks past the size.
@@ -698,16 +698,21 @@ impl File {
             (dirty, st.size_hint, st.needs_size_update)
         };
         let mut servers: BTreeSet<ServerId> = dirty.servers().into_iter().collect();
-        if cut {
+        if cut || unknown {
             servers.extend(self.client.all_servers());
         }
         let owner = self.attr.ino.owner();
-        let synced = async {
+        // Outer: the fsync could not be done (nothing forgotten, it is
+        // tried again); inner: it was, and found writes a power loss may
+        // have taken (reported once, as a kernel reports a writeback error
+        // once: forgotten like the writes it synced).
+        let synced: Result<Result<()>> = async {
             if update {
                 // The owner is synced once, after the size: that covers its data too.
                 let others: Vec<ServerId> =
                     servers.iter().copied().filter(|&s| s != owner).collect();
-                self.client.fsync_written(&others, &dirty).await?;
+                let answers = self.client.fsync_answers(&others).await?;
+                let lost = dirty.check_answers(&others, &answers);
                 let (_, verifier) = self
                     .client
                     .update_size_verified(self.attr.ino, size, Timestamp::now())
@@ -716,26 +721,32 @@ impl File {
                 // it and the owner's fsync must fail the fsync.
                 let mut with_size = dirty.clone();
                 with_size.note(owner, verifier);
-                self.client.fsync_written(&[owner], &with_size).await
+                let answers = self.client.fsync_answers(&[owner]).await?;
+                Ok(lost.and(with_size.check_answers(&[owner], &answers)))
             } else {
                 let all: Vec<ServerId> = servers.iter().copied().collect();
-                self.client.fsync_written(&all, &dirty).await
+                let answers = self.client.fsync_answers(&all).await?;
+                Ok(dirty.check_answers(&all, &answers))
             }
         }
         .await;
-        if let Err(e) = synced {
-            if cut {
-                self.client.open_files.cut(self.attr.ino);
+        let lost = match synced {
+            Ok(lost) => lost,
+            Err(e) => {
+                if cut {
+                    self.client.open_files.cut(self.attr.ino);
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
+        };
+        self.client.open_files.synced(self.attr.ino, &dirty);
         let mut st = self.state();
         // Writes that raced with this fsync stay pending.
         st.dirty.forget_synced(&dirty);
         if update && st.size_hint == size {
             st.needs_size_update = false;
         }
-        Ok(())
+        lost
     }
 
     /// Set the file size (ftruncate). Chunks this handle wrote beyond the

@@ -26,6 +26,13 @@
 //! last handle of a held inode to close queues it for `Op::Release`
 //! (`Client::release_unlinked`).
 //!
+//! It keeps what closed handles wrote and no fsync synced since
+//! (`closed_unsynced`): fsync(2) is about the file, so `write; close; open;
+//! fsync` (coreutils' `sync FILE`, a database's checkpointer) must sync
+//! the servers the closed handle wrote to, and check their write
+//! verifiers. At most `CLOSED_UNSYNCED_MAX` inodes; past it, an fsync of
+//! an inode not remembered syncs every server.
+//!
 //! And it remembers the inodes whose chunks a truncate through this client
 //! cut and no fsync synced since (`cut`, `take_cut`): the cut happens on
 //! every server holding chunks past the size, not only on those this
@@ -77,7 +84,15 @@ struct Table {
     to_release: Vec<InodeId>,
     /// Inodes whose chunks a truncate cut since their last fsync.
     cut: HashSet<InodeId>,
+    /// What closed handles of each inode wrote and no fsync synced since.
+    closed_unsynced: HashMap<InodeId, crate::Unsynced>,
+    /// A closed handle's writes found `closed_unsynced` full: an inode not
+    /// in it may have unsynced writes anywhere.
+    closed_overflowed: bool,
 }
+
+/// Inodes whose closed handles' unsynced writes are remembered.
+const CLOSED_UNSYNCED_MAX: usize = 4096;
 
 /// Inodes remembered as cut and not yet synced; past it a truncate syncs
 /// its cut at once (`Client::truncate_chunks`).
@@ -141,7 +156,17 @@ impl OpenFiles {
     /// The file of `ino` with this state is done (dropped, and what it had
     /// to publish published): forget it, and any handles already gone.
     pub(crate) fn release(&self, ino: InodeId, state: &Arc<Mutex<FileState>>) {
+        let unsynced = lock_state(state).unsynced().clone();
         let mut t = self.lock();
+        if !unsynced.is_empty() {
+            let t = &mut *t;
+            if t.closed_unsynced.len() < CLOSED_UNSYNCED_MAX || t.closed_unsynced.contains_key(&ino)
+            {
+                t.closed_unsynced.entry(ino).or_default().merge(&unsynced);
+            } else {
+                t.closed_overflowed = true;
+            }
+        }
         if let Some(hs) = t.by_ino.get_mut(&ino) {
             hs.retain(|h| h.alive() && !std::ptr::eq(h.state.as_ptr(), Arc::as_ptr(state)));
             if hs.is_empty() {
@@ -276,12 +301,32 @@ impl OpenFiles {
     /// store incarnations that took them): an
     /// fsync through one descriptor makes the file's data durable, whoever
     /// wrote it (fsync(2) is about the file, not the descriptor).
-    pub(crate) fn unsynced(&self, ino: InodeId) -> crate::Unsynced {
-        let mut all = crate::Unsynced::default();
+    /// And whether writes of `ino` may be unsynced on servers not named
+    /// (closed handles' writes that found no room).
+    pub(crate) fn unsynced(&self, ino: InodeId) -> (crate::Unsynced, bool) {
+        let (mut all, unknown) = {
+            let t = self.lock();
+            match t.closed_unsynced.get(&ino) {
+                Some(u) => (u.clone(), false),
+                None => (crate::Unsynced::default(), t.closed_overflowed),
+            }
+        };
         for (state, _) in self.live(ino) {
             all.merge(lock_state(&state).unsynced());
         }
-        all
+        (all, unknown)
+    }
+
+    /// An fsync of `ino` made `synced` durable: closed handles' writes it
+    /// covered are forgotten.
+    pub(crate) fn synced(&self, ino: InodeId, synced: &crate::Unsynced) {
+        let mut t = self.lock();
+        if let Some(u) = t.closed_unsynced.get_mut(&ino) {
+            u.forget_synced(synced);
+            if u.is_empty() {
+                t.closed_unsynced.remove(&ino);
+            }
+        }
     }
 
     /// `ino` was truncated (or extended) to `size` on its owner.

@@ -89,6 +89,17 @@ impl Unsynced {
     }
 }
 
+impl Unsynced {
+    /// `check` for every server an fsync went to, with its answer.
+    pub fn check_answers(&self, servers: &[ServerId], answers: &[WriteVerifier]) -> Result<()> {
+        debug_assert_eq!(servers.len(), answers.len());
+        servers
+            .iter()
+            .zip(answers)
+            .try_for_each(|(&s, &v)| self.check(s, v))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
