@@ -1294,7 +1294,10 @@ impl Client {
 
     /// Make everything these servers acknowledged durable.
     pub async fn fsync_servers(&self, servers: &[ServerId]) -> Result<()> {
-        self.fsync_answers(servers).await.map(|_| ())
+        let answers = self.fsync_answers(servers).await?;
+        let all = (0..self.server_count() as u16).all(|s| servers.contains(&ServerId(s)));
+        self.open_files.servers_synced(servers, &answers, all);
+        Ok(())
     }
 
     /// `fsync_servers`, and the write verifier each server answered with,

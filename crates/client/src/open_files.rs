@@ -317,6 +317,25 @@ impl OpenFiles {
         (all, unknown)
     }
 
+    /// `servers` were synced whole (`Client::fsync_servers`) and answered
+    /// with `answers`: closed handles' writes they hold are durable, and
+    /// once every server was, none is unknown any more.
+    pub(crate) fn servers_synced(
+        &self,
+        servers: &[madfs_types::ServerId],
+        answers: &[madfs_proto::message::WriteVerifier],
+        all: bool,
+    ) {
+        let mut t = self.lock();
+        t.closed_unsynced.retain(|_, u| {
+            u.forget_answered(servers, answers);
+            !u.is_empty()
+        });
+        if all {
+            t.closed_overflowed = false;
+        }
+    }
+
     /// An fsync of `ino` made `synced` durable: closed handles' writes it
     /// covered are forgotten.
     pub(crate) fn synced(&self, ino: InodeId, synced: &crate::Unsynced) {

@@ -90,6 +90,17 @@ impl Unsynced {
 }
 
 impl Unsynced {
+    /// Forget the writes a whole-server fsync made durable: those whose
+    /// server answered with the verifier they were written under (others
+    /// stay, to be reported).
+    pub fn forget_answered(&mut self, servers: &[ServerId], answers: &[WriteVerifier]) {
+        for (s, v) in servers.iter().zip(answers) {
+            if self.0.get(s) == Some(&Seen::One(*v)) {
+                self.0.remove(s);
+            }
+        }
+    }
+
     /// `check` for every server an fsync went to, with its answer.
     pub fn check_answers(&self, servers: &[ServerId], answers: &[WriteVerifier]) -> Result<()> {
         debug_assert_eq!(servers.len(), answers.len());

@@ -382,6 +382,10 @@ struct Sim {
     /// Files that may hold chunk bytes past their size (a crash or a
     /// failed write since they were made).
     ghosts: BTreeSet<InodeId>,
+    /// Files that existed when a server crashed: the next fsync of one
+    /// through a client that wrote it may report a loss (EIO, the write
+    /// verifier), whatever its own write did.
+    lost_unreported: BTreeSet<InodeId>,
     /// With replicas: the server down and the step it restarts at, and the
     /// server cut off from the others and the step the partition heals.
     down: Option<(ServerId, usize)>,
@@ -481,6 +485,7 @@ impl Sim {
             quick_restarts: cfg.quick_restarts,
             double_faults: cfg.double_faults,
             ghosts: BTreeSet::new(),
+            lost_unreported: BTreeSet::new(),
             down: None,
             isolated: None,
         })
@@ -687,6 +692,11 @@ impl Sim {
 
     /// Crash server `id` and bring it back over what its disk kept.
     fn crash(&mut self, id: ServerId) -> Result<(), Failure> {
+        // Any file: a client that wrote one and did not fsync it itself
+        // reports the loss even when another client's sync of the whole
+        // server made its writes durable before the crash.
+        self.lost_unreported
+            .extend(self.model.content.keys().copied());
         if self.cluster.replicated.is_some() {
             // It stays down a while: its set fails over (run_replicated.rs).
             let power_cut = self.power_cut_now();
@@ -1124,11 +1134,21 @@ impl Sim {
                     // write, close) between concurrent ones are not
                     // explained by an order: another client's unlink frees
                     // an open file, say (docs: "Files unlinked while open").
+                    let reports_loss = |e: &ClientError| {
+                        e.code == ErrorCode::Io
+                            && matches!(action, Action::Write { fsync: true, .. })
+                            && action
+                                .touched_file()
+                                .and_then(|p| old.names.get(p))
+                                .and_then(|e| e.ino)
+                                .is_some_and(|i| self.lost_unreported.contains(&i))
+                    };
                     let loose = match result {
                         Ok(_) => false,
                         Err(e) => {
                             disturbed
                                 || is_uncertain(e)
+                                || reports_loss(e)
                                 || (concurrent
                                     && matches!(
                                         action,
@@ -1353,6 +1373,10 @@ impl Sim {
             self.check_durable(&obs, &bytes)?;
             // Any file may have lost a size update.
             self.ghosts.extend(obs.names.values().map(|(_, i)| *i));
+            // And any file there now (one a lost unlink brought back too)
+            // may have its loss reported by its next fsync.
+            self.lost_unreported
+                .extend(obs.names.values().map(|(_, i)| *i));
         }
         self.ghosts.extend(uncertain_files.iter().copied());
         self.model.resolve(&obs, &bytes);
