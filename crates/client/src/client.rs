@@ -1295,7 +1295,8 @@ impl Client {
     /// Make everything these servers acknowledged durable.
     pub async fn fsync_servers(&self, servers: &[ServerId]) -> Result<()> {
         let answers = self.fsync_answers(servers).await?;
-        let all = (0..self.server_count() as u16).all(|s| servers.contains(&ServerId(s)));
+        let distinct: std::collections::BTreeSet<ServerId> = servers.iter().copied().collect();
+        let all = distinct.len() == self.server_count();
         self.open_files.servers_synced(servers, &answers, all);
         Ok(())
     }

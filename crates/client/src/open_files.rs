@@ -326,9 +326,10 @@ impl OpenFiles {
         answers: &[madfs_proto::message::WriteVerifier],
         all: bool,
     ) {
+        let durable = crate::Unsynced::answered(servers, answers);
         let mut t = self.lock();
         t.closed_unsynced.retain(|_, u| {
-            u.forget_answered(servers, answers);
+            u.forget_synced(&durable);
             !u.is_empty()
         });
         if all {

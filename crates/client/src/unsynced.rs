@@ -47,8 +47,7 @@ impl Unsynced {
         }
     }
 
-    /// Every server the writes went to (a truncate's cut may add servers
-    /// without writes: `add_server`).
+    /// Every server the writes went to.
     pub fn servers(&self) -> Vec<ServerId> {
         self.0.keys().copied().collect()
     }
@@ -87,19 +86,6 @@ impl Unsynced {
             )),
         }
     }
-}
-
-impl Unsynced {
-    /// Forget the writes a whole-server fsync made durable: those whose
-    /// server answered with the verifier they were written under (others
-    /// stay, to be reported).
-    pub fn forget_answered(&mut self, servers: &[ServerId], answers: &[WriteVerifier]) {
-        for (s, v) in servers.iter().zip(answers) {
-            if self.0.get(s) == Some(&Seen::One(*v)) {
-                self.0.remove(s);
-            }
-        }
-    }
 
     /// `check` for every server an fsync went to, with its answer.
     pub fn check_answers(&self, servers: &[ServerId], answers: &[WriteVerifier]) -> Result<()> {
@@ -108,6 +94,20 @@ impl Unsynced {
             .iter()
             .zip(answers)
             .try_for_each(|(&s, &v)| self.check(s, v))
+    }
+
+    /// What a sync of whole servers made durable: on each, the writes
+    /// answered with the verifier it answered the sync with
+    /// (`forget_synced` then keeps those answered by another, to report).
+    pub fn answered(servers: &[ServerId], answers: &[WriteVerifier]) -> Unsynced {
+        debug_assert_eq!(servers.len(), answers.len());
+        Unsynced(
+            servers
+                .iter()
+                .zip(answers)
+                .map(|(&s, &v)| (s, Seen::One(v)))
+                .collect(),
+        )
     }
 }
 

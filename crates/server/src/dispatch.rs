@@ -246,9 +246,7 @@ impl Server {
             }),
             Op::Fsync => {
                 self.sync.sync().await.map_err(|e| err(ErrorCode::Io, e))?;
-                ok(Reply::Synced {
-                    verifier: self.write_verifier(),
-                })
+                ok(self.synced_reply())
             }
             Op::ReadDir {
                 dir,

@@ -11,7 +11,7 @@ use crate::metrics::Metrics;
 use crate::{RunOptions, Server, ServerError};
 use madfs_kv::KvStore;
 use madfs_proto::auth::ClusterKey;
-use madfs_proto::{ErrorCode, Reply, WireError};
+use madfs_proto::{ErrorCode, WireError};
 use madfs_rpc::{ClusterConfig, Pool};
 use madfs_types::ServerId;
 use std::path::{Path, PathBuf};
@@ -177,13 +177,6 @@ pub(crate) fn open_promoted(
 const SYNC_REPLICATION_WAIT: Duration = Duration::from_secs(10);
 
 impl Server {
-    /// What `Op::Fsync` answers once its sync is done.
-    pub fn synced_reply(&self) -> Reply {
-        Reply::Synced {
-            verifier: self.write_verifier(),
-        }
-    }
-
     /// What `Op::Fsync` does, on the calling task instead of the sync
     /// thread (whose wait would let the simulation's paused clock run):
     /// sync the chunk files and the metadata log (a sync record for the

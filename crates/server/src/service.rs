@@ -21,7 +21,7 @@ use crate::{keys, RunOptions, ServerError};
 use madfs_kv::{KvStore, RocksStore, WriteBatch};
 use madfs_proto::auth::{ClusterKey, Role};
 use madfs_proto::message::FsStats;
-use madfs_proto::{ErrorCode, WireError};
+use madfs_proto::{ErrorCode, Reply, WireError};
 use madfs_rpc::pool::Timeouts;
 use madfs_rpc::{ClusterConfig, Pool};
 use madfs_types::{dentry_server, Credentials, FileKind, FileName, InodeId, ServerId};
@@ -327,6 +327,14 @@ impl Server {
     /// What this store answers writes and fsyncs with.
     pub(crate) fn write_verifier(&self) -> madfs_proto::message::WriteVerifier {
         madfs_proto::message::WriteVerifier(self.write_verifier.load(Ordering::Acquire))
+    }
+
+    /// What `Op::Fsync` answers once its sync is done (dispatch.rs, and
+    /// the simulation's own fsync).
+    pub fn synced_reply(&self) -> Reply {
+        Reply::Synced {
+            verifier: self.write_verifier(),
+        }
     }
 
     pub(crate) fn set_write_verifier(&self, v: madfs_proto::message::WriteVerifier) {

@@ -822,7 +822,7 @@ impl Sim {
         // lost write must fail the fsync (the write verifier).
         let mut crash_between = None;
         if let (
-            Some((id, at)),
+            Some((_, at)),
             [Action::Write {
                 path, fsync: true, ..
             }],
@@ -838,7 +838,6 @@ impl Sim {
                 crash_between = Some(owner);
                 crash_at = None;
             }
-            let _ = id;
         }
         if self.verbose {
             for a in &actions {
