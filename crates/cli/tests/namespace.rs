@@ -1057,3 +1057,77 @@ async fn a_request_sent_again_with_its_id_runs_once() {
     let again = pool.call(at, &unlink.resent(), &[]).await.unwrap().reply;
     assert!(matches!(again, Reply::Removed { .. }), "{again:?}");
 }
+
+/// A name removed here while the server that owns its inode is down (an
+/// unlink of a second name, and a rename over one) still takes its link
+/// from the inode once that server is back: the drop is recorded with the
+/// removal and sent again until the owner answers. Before, the call
+/// failed, the name was gone and the link count stayed one too high for
+/// good (a file whose names are all gone was never freed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_dropped_while_its_owner_is_down_goes_when_it_is_back() {
+    let mut tc = TestCluster::start(SERVERS);
+    let c = tc.client();
+    let root_owner = InodeId::ROOT.owner();
+    // Two files whose inodes live on one server other than the root's.
+    let mut owned = Vec::new();
+    for i in 0..64 {
+        let path = format!("/ld-f{i}");
+        c.write_file(&path, b"kept").await.unwrap();
+        let ino = c.stat(&path).await.unwrap().ino;
+        owned.push((path, ino));
+    }
+    let owner = owned
+        .iter()
+        .map(|(_, ino)| ino.owner())
+        .find(|o| *o != root_owner && owned.iter().filter(|(_, i)| i.owner() == *o).count() >= 2)
+        .expect("two files owned by a server other than the root's");
+    let mut mine = owned.iter().filter(|(_, i)| i.owner() == owner);
+    let (unlinked, renamed) = (mine.next().unwrap(), mine.next().unwrap());
+    // Names held by a live server: a second name of each file, and a file
+    // to rename over the second one.
+    let elsewhere = |n: &str| {
+        dentry_server(
+            InodeId::ROOT,
+            &FileName::new(n.as_bytes()).unwrap(),
+            SERVERS,
+        ) != owner
+    };
+    let mut names = (0..).map(|j| format!("ld-n{j}")).filter(|n| elsewhere(n));
+    let (link_a, link_b, src) = (
+        format!("/{}", names.next().unwrap()),
+        format!("/{}", names.next().unwrap()),
+        format!("/{}", names.next().unwrap()),
+    );
+    c.hard_link(&unlinked.0, &link_a).await.unwrap();
+    c.hard_link(&renamed.0, &link_b).await.unwrap();
+    c.write_file(&src, b"moved").await.unwrap();
+    assert_eq!(c.stat(&unlinked.0).await.unwrap().nlink, 2);
+
+    tc.kill9(owner.0 as usize);
+    c.remove_file(&link_a).await.unwrap();
+    c.rename(&src, &link_b).await.unwrap();
+    tc.restart(owner.0 as usize);
+
+    // The owner's counts come down once it answers the drops again.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let fresh = tc.client();
+        let a = fresh.stat(&unlinked.0).await.unwrap().nlink;
+        let b = fresh.stat(&renamed.0).await.unwrap().nlink;
+        if (a, b) == (1, 1) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "link counts {a} and {b} after the owner came back, 1 and 1 expected"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let fresh = tc.client();
+    assert_eq!(fresh.read_file(&unlinked.0).await.unwrap(), b"kept");
+    assert_eq!(fresh.read_file(&renamed.0).await.unwrap(), b"kept");
+    assert_eq!(fresh.read_file(&link_b).await.unwrap(), b"moved");
+    assert_err(fresh.stat(&link_a).await, ErrorCode::NotFound, libc::ENOENT);
+    assert_err(fresh.stat(&src).await, ErrorCode::NotFound, libc::ENOENT);
+}

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 impl Server {
     /// The store is served from now on: keep the copies acknowledgements
     /// wait for in it (`Replicator::start_noting`), and start the background
-    /// work: finish renames, chunk purges and directory removals a crash
-    /// interrupted.
+    /// work: finish renames, chunk purges, directory removals and links
+    /// dropped on other servers that a crash interrupted.
     pub fn start_background(self: Arc<Self>) {
         if let Some(r) = &self.replication {
             r.start_noting(self.unreplicated.clone());
@@ -26,6 +26,9 @@ impl Server {
         }
         // Before anything new of those directories: what a crash left unsent.
         self.resend_touches();
+        // Links to drop on other servers that a crash or an unreachable
+        // owner left (then whatever later sends fail).
+        tokio::spawn(self.clone().resend_link_drops());
         let me = self.clone();
         tokio::spawn(async move {
             crate::rename::recover(&me).await;

@@ -14,6 +14,7 @@
 //! DTCH dir sender               -> u64 last directory touch applied from that server
 //! TOUT dir seq member           -> a change to another server's directory, not yet applied there
 //! DONE time origin seq          -> the reply of a request that must run once (once.rs)
+//! LDRP time origin seq          -> a link to drop on another server, not yet answered (link_drops.rs)
 //! META "next_inode"             -> u64 inode counter (a high-water mark)
 //! META "next_tx"                -> u64 rename transaction counter (likewise)
 //! META "next_touch"             -> u64 directory touch counter (likewise)
@@ -45,6 +46,10 @@ pub const TOUCH_INTENT: &[u8; 4] = b"TOUT";
 /// A request that runs once (`OpId`, its sender's time first so that old
 /// ones sort first and are swept by a scan from the start): its reply.
 pub const DONE: &[u8; 4] = b"DONE";
+/// A link this server asked another to drop (`AdjustLinks -1` of a name
+/// removed here), keyed by the id the call runs under, until the owner
+/// answered (link_drops.rs): written with the name's removal.
+pub const LINK_DROP: &[u8; 4] = b"LDRP";
 pub const META_NEXT_INODE: &[u8] = b"METAnext_inode";
 pub const META_NEXT_TX: &[u8] = b"METAnext_tx";
 pub const META_NEXT_TOUCH: &[u8] = b"METAnext_touch";
@@ -105,13 +110,33 @@ pub fn dir_removal(dir: InodeId) -> Vec<u8> {
     with_ino(DIR_REMOVAL, dir)
 }
 
-pub fn done(id: OpId) -> Vec<u8> {
+fn with_op_id(prefix: &[u8; 4], id: OpId) -> Vec<u8> {
     let mut k = Vec::with_capacity(20);
-    k.extend_from_slice(DONE);
+    k.extend_from_slice(prefix);
     k.extend_from_slice(&id.time.to_be_bytes());
     k.extend_from_slice(&id.origin.to_be_bytes());
     k.extend_from_slice(&id.seq.to_be_bytes());
     k
+}
+
+pub fn done(id: OpId) -> Vec<u8> {
+    with_op_id(DONE, id)
+}
+
+pub fn link_drop(id: OpId) -> Vec<u8> {
+    with_op_id(LINK_DROP, id)
+}
+
+/// The id in a DONE or LDRP key of prefix `prefix`.
+pub fn op_id_from_key(prefix: &[u8; 4], key: &[u8]) -> Option<OpId> {
+    if key.len() != 20 || !key.starts_with(prefix) {
+        return None;
+    }
+    Some(OpId {
+        time: u32::from_be_bytes(key[4..8].try_into().ok()?),
+        origin: u64::from_be_bytes(key[8..16].try_into().ok()?),
+        seq: u32::from_be_bytes(key[16..20].try_into().ok()?),
+    })
 }
 
 /// The first key of the requests made before `time` (seconds): the end

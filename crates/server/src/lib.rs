@@ -15,6 +15,7 @@ pub mod injected;
 pub mod inode;
 mod inode_index;
 pub mod keys;
+mod link_drops;
 pub mod locks;
 mod members;
 mod memory;

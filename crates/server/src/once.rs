@@ -52,6 +52,16 @@ pub(crate) async fn run<F: std::future::Future>(id: Option<OpId>, op: Opcode, f:
     }
 }
 
+/// The id of the request this task runs, if it must run once and is an
+/// `op`.
+pub(crate) fn running(op: Opcode) -> Option<OpId> {
+    RUNNING
+        .try_with(|r| *r)
+        .ok()
+        .filter(|(_, o)| *o == op)
+        .map(|(id, _)| id)
+}
+
 /// Put `reply` into `b` as the result of the request this task runs, if
 /// it must run once: the batch that makes its change. Only a reply of the
 /// request's own kind counts: a handler's helpers that other requests use

@@ -121,17 +121,49 @@ impl Server {
             let once = op
                 .runs_once()
                 .then(|| madfs_proto::RunOnce::first(madfs_types::next_op_id()));
-            let req = Request {
-                creds: Credentials::root(),
-                op,
-                once,
-            };
-            self.peers
-                .call(server, &req, &[])
-                .await
-                .map(|r| r.reply)
-                .map_err(rpc_err)
+            self.call_remote_peer(server, op, once).await
         })
+    }
+
+    /// Call another server as a peer with a request id of the caller's
+    /// (a request sent again after a failure, with the id of its first
+    /// send: link_drops.rs).
+    pub(crate) async fn call_peer_once(
+        &self,
+        server: ServerId,
+        op: Op,
+        once: madfs_proto::RunOnce,
+    ) -> Result<Reply, WireError> {
+        assert!(
+            op.runs_once(),
+            "an id for {:?}, which does not run once",
+            op.opcode()
+        );
+        if server == self.id {
+            return Err(err(
+                ErrorCode::Io,
+                format!("a request with an id sent by server {} to itself", self.id),
+            ));
+        }
+        self.call_remote_peer(server, op, Some(once)).await
+    }
+
+    async fn call_remote_peer(
+        &self,
+        server: ServerId,
+        op: Op,
+        once: Option<madfs_proto::RunOnce>,
+    ) -> Result<Reply, WireError> {
+        let req = Request {
+            creds: Credentials::root(),
+            op,
+            once,
+        };
+        self.peers
+            .call(server, &req, &[])
+            .await
+            .map(|r| r.reply)
+            .map_err(rpc_err)
     }
 
     /// Peer operations this server can run for itself without the network.

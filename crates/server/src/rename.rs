@@ -48,6 +48,7 @@
 use crate::errors::{err, kv_err};
 use crate::inode::Inode;
 use crate::keys;
+use crate::link_drops::{LinkDrop, Sent};
 use crate::locks::LockKey;
 use crate::perm;
 use crate::seals::{DirRemoval, Sealed};
@@ -131,6 +132,9 @@ struct Installed {
     /// The replaced target was an empty directory (its DIR_REMOVAL record
     /// is in the batch).
     removed_dir: Option<DirRemoval>,
+    /// The replaced target's inode lives on another server, which drops
+    /// a link of it next (the record is in the batch: link_drops.rs).
+    link_drop: Option<LinkDrop>,
 }
 
 /// Put `(dst_parent, dst_name) -> ino` into `b`, replacing what is there as
@@ -179,6 +183,10 @@ fn install_into(
                     out.freed = Some(victim);
                 }
             }
+        } else if dk != FileKind::Dir {
+            let drop = LinkDrop::new(dino, dk == FileKind::File && hold.covers(dino));
+            drop.put(b);
+            out.link_drop = Some(drop);
         }
         out.replaced = Some((dino, dk));
     }
@@ -216,11 +224,7 @@ fn install_changes(dp: InodeId, kind: FileKind, done: &Installed) -> DirChanges 
 /// Other servers act on a replaced target only once the install is on
 /// this set's copies (else a failover brings the replaced name back
 /// without its link): until then the outcome is unknown (TimedOut).
-async fn after_install(
-    srv: &Arc<Server>,
-    done: &Installed,
-    hold: &Hold,
-) -> Result<bool, WireError> {
+async fn after_install(srv: &Arc<Server>, done: &Installed) -> Result<bool, WireError> {
     let mut held = done.held;
     if let Some(victim) = &done.freed {
         srv.after_free(victim);
@@ -229,23 +233,15 @@ async fn after_install(
         // A directory has one name: its owner drops it (finish_dir_removal).
         srv.must_be_replicated_dir_removal(r).await?;
         srv.finish_dir_removal(r).await;
-    } else if let Some((dino, dk)) = done.replaced.filter(|(d, _)| d.owner() != srv.id) {
-        srv.must_be_replicated("the rename's install").await?;
-        let hold = dk == FileKind::File && hold.covers(dino);
-        match srv
-            .call_peer(
-                dino.owner(),
-                Op::AdjustLinks {
-                    ino: dino,
-                    delta: -1,
-                    hold,
-                },
-            )
-            .await
-        {
-            Ok(Reply::Links { nlink: 0 }) => held = hold,
-            Ok(_) => {}
-            Err(e) => tracing::warn!("dropping a link of replaced {dino}: {e}"),
+    } else if let Some(drop) = &done.link_drop {
+        if let Err(e) = srv.must_be_replicated("the rename's install").await {
+            // The resender sends the drop once it is.
+            srv.wake_link_drop_resender();
+            return Err(e);
+        }
+        // A drop that failed is sent again later (link_drops.rs).
+        if let Sent::Done(Reply::Links { nlink: 0 }) = srv.send_link_drop(drop, false).await {
+            held = drop.hold;
         }
     }
     Ok(held)
@@ -441,7 +437,7 @@ async fn rename_local(
     match result {
         Ok((done, tickets)) => {
             let touched = srv.touch_queued(tickets);
-            let held = after_install(srv, &done, hold).await?;
+            let held = after_install(srv, &done).await?;
             Ok((touched, done.replaced.filter(|_| held)))
         }
         Err(e) => {
@@ -676,7 +672,7 @@ pub(crate) async fn install(
     match result {
         Ok((done, replaced, tickets)) => {
             srv.touch_remote(tickets).await;
-            let held = after_install(srv, &done, hold).await?;
+            let held = after_install(srv, &done).await?;
             Ok((replaced, held))
         }
         Err(e) => {

@@ -77,6 +77,9 @@ pub struct Server {
     /// records go with the next removal's batch (or the periodic sweep),
     /// not in a write of their own (ops/remove.rs).
     pub(crate) removals_done: Mutex<Vec<InodeId>>,
+    /// Links being dropped on other servers, and the resender's wake-up
+    /// (link_drops.rs).
+    pub(crate) link_drops: crate::link_drops::LinkDrops,
     pub(crate) tx_counter: Counter,
     /// Directory times and link counts sent to other servers (touch.rs).
     pub(crate) touches: crate::touch::Touches,
@@ -288,6 +291,7 @@ impl Server {
             dir_cache: crate::peers::DirPermCache::from_env(),
             seals: Mutex::new(HashMap::new()),
             removals_done: Mutex::new(Vec::new()),
+            link_drops: Default::default(),
             seal_changed: Notify::new(),
             seal_recall: crate::seals::SealRecall::after_start(new_store),
             tx_counter,

@@ -8,7 +8,7 @@ use crate::service::Server;
 use crate::touch::DirChanges;
 use madfs_kv::WriteBatch;
 use madfs_proto::message::{Entry, Op, Reply};
-use madfs_proto::{ErrorCode, WireError};
+use madfs_proto::{ErrorCode, Opcode, WireError};
 use madfs_types::{Credentials, FileKind, FileName, InodeId, Timestamp};
 use std::sync::Arc;
 
@@ -20,6 +20,15 @@ impl Server {
         hold: bool,
     ) -> Result<Reply, WireError> {
         let _g = self.locks.lock(&[LockKey::Inode(ino)]).await?;
+        // A drop sent again while its first send still waited for this
+        // lock (the sender's call ran out meanwhile) passed the dispatch's
+        // look for a stored reply before the first wrote one: look again,
+        // under the lock, or the link goes twice (link_drops.rs).
+        if let Some(id) = crate::once::running(Opcode::AdjustLinks) {
+            if let Some(reply) = crate::once::answered(self.kv.as_ref(), id).map_err(kv_err)? {
+                return Ok(reply);
+            }
+        }
         let mut inode = self.must_inode(ino)?;
         let mut b = WriteBatch::new();
         if delta == 0 {
@@ -103,7 +112,9 @@ impl Server {
         }
         let linked = self.link_locked(ino, attr.kind, parent, name).await;
         if linked.is_err() && !local {
-            let _ = self.call_peer(ino.owner(), adjust(ino, -1)).await;
+            // Undo the count, sent again until the owner answers.
+            let undo = crate::link_drops::LinkDrop::new(ino, false);
+            self.drop_link_durably(&undo).await;
         }
         linked
     }

@@ -4,6 +4,7 @@
 use crate::errors::{err, io_err, kv_err, OpResult};
 use crate::inode::Inode;
 use crate::keys;
+use crate::link_drops::Sent;
 use crate::locks::LockKey;
 use crate::perm::{self};
 use crate::seals::DirRemoval;
@@ -274,6 +275,14 @@ impl Server {
                 }
             }
         }
+        // A file's link on another server goes after this write: recorded
+        // with it, so that it goes even if this server or that one dies
+        // first (link_drops.rs).
+        let link_drop = (removal.is_none() && ino.owner() != self.id)
+            .then(|| crate::link_drops::LinkDrop::new(ino, hold));
+        if let Some(d) = &link_drop {
+            d.put(&mut b);
+        }
         let time = Timestamp::now();
         let tickets = self.touch_local(&mut b, &changes, time)?;
         crate::once::record(
@@ -297,30 +306,24 @@ impl Server {
         if let Some(r) = &removal {
             self.must_be_replicated_dir_removal(r).await?;
         } else if remote {
-            self.must_be_replicated("the removal of the name").await?;
+            if let Err(e) = self.must_be_replicated("the removal of the name").await {
+                // The resender sends the drop once it is.
+                self.wake_link_drop_resender();
+                return Err(e);
+            }
         }
         if let Some(inode) = &freed {
             self.after_free(inode);
         }
         if let Some(r) = &removal {
             self.finish_dir_removal(r).await;
-        } else if freed.is_none() && ino.owner() != self.id {
-            // The name is gone; a failure here only leaks the inode.
-            match self
-                .call_peer(
-                    ino.owner(),
-                    Op::AdjustLinks {
-                        ino,
-                        delta: -1,
-                        hold,
-                    },
-                )
-                .await
-            {
-                // The owner holds a regular file it was asked to at 0.
-                Ok(Reply::Links { nlink: 0 }) => held = hold && kind == FileKind::File,
-                Ok(_) => {}
-                Err(e) => tracing::warn!("dropping a link of {ino} on its owner: {e}"),
+        } else if let Some(d) = &link_drop {
+            // The owner holds a regular file it was asked to at 0. A drop
+            // that failed is sent again later: this client is told the
+            // file is not held (it keeps the inode until its owner's next
+            // start, if it was the last link).
+            if let Sent::Done(Reply::Links { nlink: 0 }) = self.send_link_drop(d, false).await {
+                held = hold && kind == FileKind::File;
             }
         }
         Ok(Reply::Removed {
