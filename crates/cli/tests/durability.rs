@@ -437,7 +437,10 @@ async fn an_fsync_after_a_power_loss_of_a_written_server_fails() {
 /// fsync(2) is about the file: writes through a handle since closed are
 /// made durable by an fsync through another handle opened later, even a
 /// read-only one (coreutils' `sync FILE`, a database's checkpointer), on
-/// every server they went to, once.
+/// every server they went to; and so are another client's (another
+/// process's under `madfs run`): a handle that wrote nothing syncs the
+/// servers holding the file's chunks. A handle that wrote syncs what it
+/// wrote, and nothing when it wrote nothing since.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_fsync_syncs_what_a_closed_handle_wrote() {
     use madfs_client::{Opcode, OpenOptions};
@@ -468,8 +471,33 @@ async fn an_fsync_syncs_what_a_closed_handle_wrote() {
         written.len() as u64,
         "every server written to"
     );
+    // Another client, which wrote nothing of it: the file's servers.
+    let other = tc.client();
+    let r2 = other
+        .open("/later", OpenOptions::new().read(true))
+        .await
+        .unwrap();
+    let before = other.request_counts();
+    r2.fsync().await.unwrap();
+    assert_eq!(
+        other.request_counts().since(&before).get(Opcode::Fsync),
+        written.len() as u64,
+        "another client's fsync: every server holding the file's chunks"
+    );
+    // A writer syncs what it wrote since its last fsync.
+    let w = c
+        .open("/later", OpenOptions::new().write(true))
+        .await
+        .unwrap();
+    w.write_at(0, b"x").await.unwrap();
     let before = c.request_counts();
-    r.fsync().await.unwrap();
+    w.fsync().await.unwrap();
+    assert_eq!(fsyncs(&before), 1, "the one server written to");
+    let before = c.request_counts();
+    w.fsync().await.unwrap();
     assert_eq!(fsyncs(&before), 0, "nothing written since");
-    assert!(c.read_file("/later").await.unwrap() == data);
+    w.close().await.unwrap();
+    let mut expected = data;
+    expected[0] = b'x';
+    assert!(c.read_file("/later").await.unwrap() == expected);
 }

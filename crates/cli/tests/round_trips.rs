@@ -260,3 +260,53 @@ fn stats_report_nothing_for_a_program_that_never_used_madfs() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cache-ttl"));
 }
+
+/// Syncs through `madfs run` reach the servers they must: an fsync of a
+/// directory, syncfs (`sync -f`) and sync(2) (`sync`) every server; `sync
+/// FILE` (an fsync through a descriptor that wrote nothing, in a process
+/// that did not write the file) the servers holding the file's chunks.
+/// Before, each of them sent nothing, and a power loss could take what the
+/// program had been told was durable.
+#[test]
+fn syncs_through_madfs_run_reach_the_servers() {
+    common::need("python3", "python3");
+    const SERVERS: usize = 4;
+    let tc = TestCluster::start(SERVERS);
+    preload_lib();
+    let c = client(&tc);
+    c.mkdir_all("/s", 0o755).unwrap();
+    // Written by another client: four chunks, on the servers they hash to.
+    let data = common::pattern(5, 4 * common::CHUNK as usize);
+    c.write_file("/s/f", &data).unwrap();
+    let ino = c.stat("/s/f").unwrap().ino;
+    let holders: std::collections::BTreeSet<_> = (0..4)
+        .map(|k| madfs_types::chunk_server(ino, madfs_client::ChunkIndex(k), SERVERS))
+        .collect();
+    let fsyncs = |args: &[&str]| -> u64 {
+        let out = Command::new(MADFS)
+            .args(["run", "--stats", "--"])
+            .args(args)
+            .env("MADFS_CLUSTER", tc.cluster_file())
+            .env_remove("MADFS_LOG")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        count_of(&parse_stats(&stderr), "Fsync")
+    };
+    // Python, not coreutils' sync: that one closes stderr at exit, before
+    // the library reports its requests.
+    let py = |code: &str| fsyncs(&["python3", "-c", code]);
+    assert_eq!(py("import os; os.sync()"), SERVERS as u64, "sync(2)");
+    let syncfs = "import ctypes, os; fd = os.open('/madfs/s', os.O_RDONLY); \
+                  assert ctypes.CDLL(None).syncfs(fd) == 0";
+    assert_eq!(py(syncfs), SERVERS as u64, "syncfs(2)");
+    assert_eq!(
+        py("import os; os.fsync(os.open('/madfs/s/f', os.O_RDONLY))"),
+        holders.len() as u64,
+        "fsync of a file another process wrote"
+    );
+    let dir_fsync = "import os; fd = os.open('/madfs/s', os.O_RDONLY); os.fsync(fd)";
+    assert_eq!(py(dir_fsync), SERVERS as u64, "fsync of a directory");
+}

@@ -574,6 +574,31 @@ impl Client {
     }
 
     /// Every server of the cluster.
+    /// The servers holding chunks of `ino` below `size` (chunk 0, the
+    /// owner, always): every server once the chunks cover them all.
+    pub(crate) fn chunk_holders(
+        &self,
+        ino: InodeId,
+        size: u64,
+    ) -> std::collections::BTreeSet<ServerId> {
+        let n = self.server_count();
+        let chunks = size.div_ceil(self.chunk_size()).max(1);
+        let mut holders = std::collections::BTreeSet::new();
+        // Chunks are placed by a hash: past a few rounds of the servers
+        // the answer is every server (but for unlikely misses, taken too).
+        if chunks > 8 * n as u64 {
+            holders.extend(self.all_servers());
+            return holders;
+        }
+        for k in 0..chunks {
+            holders.insert(chunk_server(ino, madfs_types::ChunkIndex(k as u32), n));
+            if holders.len() == n {
+                break;
+            }
+        }
+        holders
+    }
+
     pub(crate) fn all_servers(&self) -> Vec<ServerId> {
         self.pool.servers().collect()
     }
@@ -1290,6 +1315,11 @@ impl Client {
             Err(_) => self.cache.forget_attr(ino),
         }
         r
+    }
+
+    /// Make everything every server acknowledged durable (syncfs(2)).
+    pub async fn fsync_all(&self) -> Result<()> {
+        self.fsync_servers(&self.all_servers()).await
     }
 
     /// Make everything these servers acknowledged durable.

@@ -169,6 +169,9 @@ pub(crate) struct FileState {
     /// Servers that acknowledged writes not yet fsynced, and the store
     /// incarnations that took them.
     dirty: crate::Unsynced,
+    /// This handle wrote (its fsync then syncs what it wrote; one that
+    /// never did syncs the servers holding the file's chunks).
+    wrote: bool,
     /// Writes beyond chunk 0 happened since the last UpdateSize.
     pub(crate) needs_size_update: bool,
     /// When the size was last learned from the owner (at open, or by a
@@ -329,6 +332,7 @@ impl File {
         let state = Arc::new(Mutex::new(FileState {
             size_hint: attr.size,
             dirty: crate::Unsynced::default(),
+            wrote: false,
             needs_size_update: false,
             size_checked: Instant::now(),
             size_epoch: client.cache.epoch(),
@@ -636,6 +640,7 @@ impl File {
         let mut st = self.state();
         st.size_hint = st.size_hint.max(offset + data.len() as u64);
         st.dirty.merge(&outcome.written);
+        st.wrote = true;
         st.needs_size_update |= outcome.touched_non_zero_chunk;
         Ok(data.len())
     }
@@ -671,6 +676,7 @@ impl File {
                 let mut st = lock_state(&state);
                 st.size_hint = st.size_hint.max(end);
                 st.dirty.merge(&outcome.written);
+                st.wrote = true;
                 st.needs_size_update |= outcome.touched_non_zero_chunk;
             });
             wb.finish(ticket, result);
@@ -691,15 +697,26 @@ impl File {
         let _turn = self.client.open_files.publishing(self.attr.ino).await;
         // A truncate's cut reaches every server with chunks past the size.
         let cut = self.client.open_files.take_cut(self.attr.ino);
-        let (dirty, size, update) = {
+        let (dirty, size, update, wrote) = {
             let st = self.state();
             let mut dirty = st.dirty.clone();
             dirty.merge(&others);
-            (dirty, st.size_hint, st.needs_size_update)
+            (dirty, st.size_hint, st.needs_size_update, st.wrote)
         };
         let mut servers: BTreeSet<ServerId> = dirty.servers().into_iter().collect();
         if cut || unknown {
             servers.extend(self.client.all_servers());
+        }
+        // fsync(2) makes the file durable whoever wrote it, as a local file
+        // system's does: through a handle that wrote nothing (`sync FILE`,
+        // a reader's fsync, a file made whole by `create_with_data` or by
+        // another process), the servers holding its chunks up to the size
+        // it knows are synced (the owner alone for a small file). A handle
+        // that wrote syncs what this client wrote: a log appended to and
+        // fsynced after each append syncs one server, not every holder.
+        // Only this client's writes are checked against verifiers.
+        if !wrote {
+            servers.extend(self.client.chunk_holders(self.attr.ino, size));
         }
         let owner = self.attr.ino.owner();
         // Outer: the fsync could not be done (nothing forgotten, it is

@@ -11,7 +11,8 @@
 //! write/pwrite/pwrite64/writev/pwritev(2), lseek/lseek64 (SEEK_DATA and
 //! SEEK_HOLE: one data extent), fstat/stat/lstat/fstatat/newfstatat/statx
 //! and the old `__xstat`/`__fxstat`/`__lxstat`/`__fxstatat` (+64) entry
-//! points, access/faccessat/eaccess, truncate/ftruncate, fsync/fdatasync,
+//! points, access/faccessat/eaccess, truncate/ftruncate, fsync/fdatasync (of a
+//! directory too: every server), syncfs, sync (the kernel's, then every server),
 //! unlink/unlinkat/rmdir/remove, mkdir/mkdirat, rename/renameat/renameat2
 //! (NOREPLACE, EXCHANGE), link/linkat/symlink/symlinkat/readlink/readlinkat,
 //! chmod/fchmod/fchmodat/lchmod, chown/fchown/lchown/fchownat,

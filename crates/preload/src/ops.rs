@@ -316,16 +316,30 @@ pub fn ftruncate(fd: i32, desc: &Desc, len: i64) -> R<()> {
 pub fn fsync(fd: i32, desc: &Desc) -> R<()> {
     not_in_vfork_child()?;
     if desc.kind != Kind::File {
-        return Ok(());
+        // A directory's entries live on every server (by name): syncing
+        // them all makes the names made and removed in it durable, as the
+        // mount's fsyncdir does.
+        return sync_all();
     }
     if desc.capture {
         let _io = desc.lock_io();
         desc.sync_offset(fd)?;
     }
-    if let Some(f) = desc.file_if_open() {
-        let c = conn::get()?;
-        c.block_on(f.fsync())?;
-    }
+    // Through a descriptor not used for I/O yet too (`sync FILE`, a
+    // reader's fsync): what other handles and processes wrote must be
+    // made durable (`File::fsync` of a handle that wrote nothing syncs the
+    // servers holding the file's chunks).
+    let (c, f) = desc.file()?;
+    c.block_on(f.fsync())?;
+    Ok(())
+}
+
+/// Make everything every server acknowledged durable (syncfs(2) of
+/// MadFS, a directory's fsync).
+pub fn sync_all() -> R<()> {
+    not_in_vfork_child()?;
+    let c = conn::get()?;
+    c.block_on(c.client.fsync_all())?;
     Ok(())
 }
 

@@ -86,6 +86,8 @@ real_fns! {
     fn ftruncate64(fd: c_int, len: off64_t) -> c_int;
     fn fsync(fd: c_int) -> c_int;
     fn fdatasync(fd: c_int) -> c_int;
+    fn sync() -> ();
+    fn syncfs(fd: c_int) -> c_int;
     fn unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int;
     fn mkdirat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int;
     fn renameat(olddir: c_int, old: *const c_char, newdir: c_int, new: *const c_char) -> c_int;

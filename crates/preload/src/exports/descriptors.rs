@@ -60,6 +60,33 @@ pub unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
         .map(|_| 0))
 }
 
+/// syncfs(2) on a MadFS descriptor syncs every server.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn syncfs(fd: c_int) -> c_int {
+    on_fd!(fd, -1, real::syncfs(fd), |_d| ops::sync_all().map(|_| 0))
+}
+
+/// sync(2): the kernel's file systems, then MadFS's servers, if this
+/// program runs under `madfs run` with a cluster it can reach (`sync` run
+/// after another process wrote expects their data durable). It has no
+/// result to fail with: a failure is reported on stderr.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn sync() {
+    // SAFETY: pure forward.
+    unsafe { real::sync() };
+    if crate::guard::busy() || crate::config::foreign_child() {
+        return;
+    }
+    crate::shim::run_void(|| {
+        if let Err(e) = ops::sync_all() {
+            crate::shim::warn_once(
+                "sync",
+                format_args!("sync: the MadFS servers were not synced (errno {})", e.0),
+            );
+        }
+    });
+}
+
 // ---- dup, fcntl, locks
 
 #[cfg_attr(not(test), no_mangle)]
