@@ -434,6 +434,71 @@ async fn an_fsync_after_a_power_loss_of_a_written_server_fails() {
     reader.fsync().await.unwrap();
 }
 
+/// A directory's fsync (the mount's fsyncdir, `madfs run`'s fsync of a
+/// directory, syncfs: `Client::fsync_all`) after a power loss of a server
+/// this client made or removed names on fails once with EIO: the names
+/// may be gone (metadata is written unsynced). After a kill -9 in the
+/// same boot it succeeds. Before, it always succeeded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_fsync_after_a_power_loss_of_a_changed_server_fails() {
+    let mut tc = TestCluster::start(2);
+    let c = tc.client();
+    c.mkdir("/d", 0o755).await.unwrap();
+    c.fsync_all().await.unwrap();
+    // A name on each server.
+    let mut names = Vec::new();
+    let parent = c.stat("/d").await.unwrap().ino;
+    for i in 0.. {
+        let name = format!("n{i}");
+        let home = madfs_types::dentry_server(
+            parent,
+            &madfs_client::FileName::new(name.as_bytes()).unwrap(),
+            2,
+        );
+        if names.iter().all(|(_, h)| *h != home) {
+            names.push((name, home));
+            if names.len() == 2 {
+                break;
+            }
+        }
+    }
+    for (name, _) in &names {
+        c.write_file(&format!("/d/{name}"), b"x").await.unwrap();
+    }
+    let s = names[0].1 .0 as usize;
+
+    // A process crash: nothing lost, nothing to report.
+    tc.kill9(s);
+    tc.restart(s);
+    c.fsync_all().await.unwrap();
+
+    // A power loss of the server of one name, after a rename there.
+    let again = (0..)
+        .map(|i| format!("/d/r{i}"))
+        .find(|p| {
+            let name = p.rsplit('/').next().unwrap();
+            madfs_types::dentry_server(
+                parent,
+                &madfs_client::FileName::new(name.as_bytes()).unwrap(),
+                2,
+            )
+            .0 as usize
+                == s
+        })
+        .unwrap();
+    c.rename(&format!("/d/{}", names[0].0), &again)
+        .await
+        .unwrap();
+    tc.set_server_env(&[("MADFS_TEST_BOOT_ID", "after a power loss")]);
+    tc.kill9(s);
+    tc.restart(s);
+    let e = c.fsync_all().await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::Io, "{e}");
+    assert!(e.message.contains("names"), "{e}");
+    // Reported once.
+    c.fsync_all().await.unwrap();
+}
+
 /// fsync(2) is about the file: writes through a handle since closed are
 /// made durable by an fsync through another handle opened later, even a
 /// read-only one (coreutils' `sync FILE`, a database's checkpointer), on

@@ -12,6 +12,7 @@ use crate::error::{ClientError, Result};
 use crate::open_files::OpenFiles;
 use crate::touched::Touched;
 use crate::writebehind::{self, Budget};
+use crate::Unsynced;
 use madfs_proto::auth::{ClusterKey, Role};
 use madfs_proto::message::{DirEntry, Entry, FsStats, Hold, SetAttrs, WriteVerifier};
 use madfs_proto::{ErrorCode, Op, Reply, Request};
@@ -23,7 +24,7 @@ use madfs_types::{
     Timestamp,
 };
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Concurrency of one read or write call: enough to keep every server of a
 /// large stripe busy, few enough that one huge call cannot monopolise a
@@ -63,6 +64,11 @@ pub struct Client {
     /// Tokens of touches of this client's changes to directories not yet
     /// seen applied (touched.rs): a GetAttr of the directory waits for them.
     touched: Arc<Touched>,
+    /// The servers this client changed names on (create, mkdir, unlink,
+    /// rename, link...) since it last synced them whole, and the write
+    /// verifiers they answered with: a whole-cluster sync that finds one
+    /// changed reports the changes may be lost (`fsync_all`).
+    names_unsynced: Arc<Mutex<Unsynced>>,
 }
 
 /// A request of this client: with an id if it must run once (the pool
@@ -139,7 +145,7 @@ pub struct ClusterRoutes {
 pub struct WriteOutcome {
     /// Servers that acknowledged data and must be fsynced for durability,
     /// with the store incarnation each write went to.
-    pub written: crate::Unsynced,
+    pub written: Unsynced,
     /// Whether any chunk past chunk 0 was written: only the owner (holding
     /// chunk 0) grows the size as it writes, so such a write needs an
     /// `UpdateSize` at close or fsync.
@@ -205,6 +211,7 @@ impl Client {
             open_files: Arc::new(OpenFiles::default()),
             preload_bytes: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             touched: Arc::new(Touched::default()),
+            names_unsynced: Arc::default(),
         }
     }
 
@@ -660,16 +667,17 @@ impl Client {
             symlink_target,
         };
         let r = async {
-            let resp = self
-                .call_data(self.dentry_server(parent, name), op, data)
-                .await?;
+            let home = self.dentry_server(parent, name);
+            let resp = self.call_data(home, op, data).await?;
             match resp.reply {
                 Reply::Created {
                     entry,
                     created,
                     touched,
+                    verifier,
                 } => {
                     self.touched.record(&touched);
+                    self.names_changed(home, verifier);
                     Ok((self.entry_attr(entry).await?, created))
                 }
                 other => Err(ClientError::unexpected("create", &other)),
@@ -743,9 +751,16 @@ impl Client {
             rdev,
         };
         let r = async {
-            match self.call(self.dentry_server(parent, name), op).await? {
-                Reply::Created { entry, touched, .. } => {
+            let home = self.dentry_server(parent, name);
+            match self.call(home, op).await? {
+                Reply::Created {
+                    entry,
+                    touched,
+                    verifier,
+                    ..
+                } => {
                     self.touched.record(&touched);
+                    self.names_changed(home, verifier);
                     self.entry_attr(entry).await
                 }
                 other => Err(ClientError::unexpected("mknod", &other)),
@@ -821,13 +836,19 @@ impl Client {
                 self.open_files.hold()
             },
         };
-        match self.call(self.dentry_server(parent, name), op).await {
+        let home = self.dentry_server(parent, name);
+        match self.call(home, op).await {
             Ok(reply) => {
                 let ino = match reply {
                     Reply::Removed {
-                        ino, held, touched, ..
+                        ino,
+                        held,
+                        touched,
+                        verifier,
+                        ..
                     } => {
                         self.touched.record(&touched);
+                        self.names_changed(home, verifier);
                         if held {
                             self.held(ino).await;
                         }
@@ -934,9 +955,8 @@ impl Client {
             self.cache.entry(src_parent, src_name),
             self.cache.entry(dst_parent, dst_name),
         ];
-        let r = self
-            .call(self.dentry_server(src_parent, src_name), op)
-            .await;
+        let home = self.dentry_server(src_parent, src_name);
+        let r = self.call(home, op).await;
         for (ino, _) in moved.into_iter().flatten().flatten() {
             self.cache.forget_attr(ino);
         }
@@ -946,14 +966,19 @@ impl Client {
         self.cache.forget_entry(dst_parent, dst_name);
         self.cache.forget_entry(src_parent, src_name);
         match &r {
-            Ok(Reply::Renamed { touched }) => self.touched.record(touched),
+            Ok(Reply::Renamed { touched, verifier }) => {
+                self.touched.record(touched);
+                self.names_changed(home, *verifier);
+            }
             Ok(Reply::Removed {
                 ino,
                 held: true,
                 touched,
+                verifier,
                 ..
             }) => {
                 self.touched.record(touched);
+                self.names_changed(home, *verifier);
                 self.held(*ino).await;
             }
             _ => {}
@@ -973,12 +998,15 @@ impl Client {
             name: new_name.clone(),
         };
         let r = async {
-            match self
-                .call(self.dentry_server(new_parent, new_name), op)
-                .await?
-            {
-                Reply::Linked { entry, touched } => {
+            let home = self.dentry_server(new_parent, new_name);
+            match self.call(home, op).await? {
+                Reply::Linked {
+                    entry,
+                    touched,
+                    verifier,
+                } => {
                     self.touched.record(&touched);
+                    self.names_changed(home, verifier);
                     self.entry_attr(entry).await
                 }
                 other => Err(ClientError::unexpected("link", &other)),
@@ -1274,7 +1302,7 @@ impl Client {
         let calls: Vec<_> = calls.collect();
         let sent = try_join_bounded(calls, IN_FLIGHT_PER_CALL).await;
         self.cache.forget_attr(ino);
-        let mut written = crate::Unsynced::default();
+        let mut written = Unsynced::default();
         for (reply, &(_, server)) in sent?.into_iter().zip(&placed) {
             match reply.reply {
                 Reply::Written { verifier } => written.note(server, verifier),
@@ -1317,9 +1345,41 @@ impl Client {
         r
     }
 
-    /// Make everything every server acknowledged durable (syncfs(2)).
+    /// Make everything every server acknowledged durable (syncfs(2), a
+    /// directory's fsync). Fails with EIO, once, if a server that this
+    /// client changed names on since its last such sync answers with
+    /// another write verifier than the changes were: it lost power
+    /// meanwhile, and those changes may be gone (the names made may be
+    /// missing, the names removed back), as `File::fsync` reports lost
+    /// writes.
     pub async fn fsync_all(&self) -> Result<()> {
-        self.fsync_servers(&self.all_servers()).await
+        let all = self.all_servers();
+        let changed = self.names_unsynced().clone();
+        let answers = self.fsync_answers(&all).await?;
+        self.open_files.servers_synced(&all, &answers, true);
+        self.names_unsynced().forget_synced(&changed);
+        match changed.first_lost(&all, &answers) {
+            None => Ok(()),
+            Some(s) => Err(ClientError::new(
+                ErrorCode::Io,
+                format!(
+                    "server {s}'s store restarted after a power loss (or was replaced) since \
+                     names were made, removed or renamed on it: those since the last sync of \
+                     every server may be lost"
+                ),
+            )),
+        }
+    }
+
+    /// A change of names answered by `server` with `verifier`.
+    fn names_changed(&self, server: ServerId, verifier: WriteVerifier) {
+        self.names_unsynced().note(server, verifier);
+    }
+
+    fn names_unsynced(&self) -> std::sync::MutexGuard<'_, Unsynced> {
+        self.names_unsynced
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Make everything these servers acknowledged durable.

@@ -96,6 +96,17 @@ impl Unsynced {
             .try_for_each(|(&s, &v)| self.check(s, v))
     }
 
+    /// The first of `servers` whose answer does not cover what was noted
+    /// for it.
+    pub fn first_lost(&self, servers: &[ServerId], answers: &[WriteVerifier]) -> Option<ServerId> {
+        debug_assert_eq!(servers.len(), answers.len());
+        servers
+            .iter()
+            .zip(answers)
+            .find(|(&s, &v)| self.check(s, v).is_err())
+            .map(|(&s, _)| s)
+    }
+
     /// What a sync of whole servers made durable: on each, the writes
     /// answered with the verifier it answered the sync with
     /// (`forget_synced` then keeps those answered by another, to report).

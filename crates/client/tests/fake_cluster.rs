@@ -135,6 +135,7 @@ impl FakeServer {
                             entry,
                             created: false,
                             touched: vec![],
+                            verifier: VERIFIER,
                         },
                         vec![],
                     ));
@@ -156,6 +157,7 @@ impl FakeServer {
                         entry,
                         created: true,
                         touched: vec![],
+                        verifier: VERIFIER,
                     },
                     vec![],
                 ))
@@ -189,6 +191,7 @@ impl FakeServer {
                         kind,
                         held: false,
                         touched: vec![],
+                        verifier: VERIFIER,
                     },
                     vec![],
                 ))
@@ -286,7 +289,13 @@ impl FakeServer {
                 }
                 fs.dentries.remove(&(src_parent, src_name));
                 fs.dentries.insert((dst_parent, dst_name), src);
-                Ok((Reply::Renamed { touched: vec![] }, vec![]))
+                Ok((
+                    Reply::Renamed {
+                        touched: vec![],
+                        verifier: VERIFIER,
+                    },
+                    vec![],
+                ))
             }
             Op::Link { ino, parent, name } => {
                 self.route(dentry_server(parent, &name, n))?;
@@ -302,6 +311,7 @@ impl FakeServer {
                     Reply::Linked {
                         entry: madfs_proto::message::Entry { ino, kind, attr },
                         touched: vec![],
+                        verifier: VERIFIER,
                     },
                     vec![],
                 ))

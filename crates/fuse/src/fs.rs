@@ -32,8 +32,8 @@ use fuser::{
 use madfs_client::writebehind::Ticket;
 use madfs_client::{
     Attr, Client, ClientError, ClusterConfig, ClusterKey, Credentials, DirEntry, ErrorCode, File,
-    FileKind, InodeId, OpenOptions, ServerId, SetAttrs, TimeSet, ACCESS_EXEC, ACCESS_READ,
-    ACCESS_WRITE, RENAME_EXCHANGE, RENAME_NOREPLACE,
+    FileKind, InodeId, OpenOptions, SetAttrs, TimeSet, ACCESS_EXEC, ACCESS_READ, ACCESS_WRITE,
+    RENAME_EXCHANGE, RENAME_NOREPLACE,
 };
 use std::ffi::OsStr;
 use std::future::Future;
@@ -1532,10 +1532,10 @@ impl Filesystem for MadFs {
     ) {
         self.inner.stats.record(FuseOp::FsyncDir);
         // A directory's entries live on every server (hashed by name), and
-        // metadata reaches each server's log unsynced: sync them all.
+        // metadata reaches each server's log unsynced: sync them all (and
+        // report names a power loss may have taken: `fsync_all`).
         self.spawn(req, move |_fs, c| async move {
-            let all: Vec<ServerId> = (0..c.server_count() as u16).map(ServerId).collect();
-            let r = c.fsync_servers(&all).await.map_err(Fail::from);
+            let r = c.fsync_all().await.map_err(Fail::from);
             reply_empty(reply, r)
         });
     }

@@ -683,6 +683,9 @@ pub enum Reply {
         created: bool,
         /// The parent's touch, when it lives on another server.
         touched: Vec<TouchToken>,
+        /// The answering store's write verifier: a whole-server fsync
+        /// answered with another one means the change may be lost.
+        verifier: WriteVerifier,
     },
     Attr(Attr),
     Removed {
@@ -692,6 +695,7 @@ pub enum Reply {
         /// `Op::Release` (see `Hold`).
         held: bool,
         touched: Vec<TouchToken>,
+        verifier: WriteVerifier,
     },
     DirPage {
         entries: Vec<DirEntry>,
@@ -769,10 +773,12 @@ pub enum Reply {
     Linked {
         entry: Entry,
         touched: Vec<TouchToken>,
+        verifier: WriteVerifier,
     },
     /// Rename: the touches of the parents on other servers.
     Renamed {
         touched: Vec<TouchToken>,
+        verifier: WriteVerifier,
     },
     FindPage {
         dirs: Vec<FindDir>,
@@ -1435,11 +1441,13 @@ impl Reply {
                 entry,
                 created,
                 touched,
+                verifier,
             } => {
                 e.u8(tag::CREATED);
                 encode_entry(&mut e, entry);
                 e.bool(*created);
                 encode_touched(&mut e, touched);
+                e.u64(verifier.0);
             }
             Reply::Attr(a) => {
                 e.u8(tag::ATTR);
@@ -1450,21 +1458,29 @@ impl Reply {
                 kind,
                 held,
                 touched,
+                verifier,
             } => {
                 e.u8(tag::REMOVED);
                 e.ino(*ino);
                 e.kind(*kind);
                 e.bool(*held);
                 encode_touched(&mut e, touched);
+                e.u64(verifier.0);
             }
-            Reply::Linked { entry, touched } => {
+            Reply::Linked {
+                entry,
+                touched,
+                verifier,
+            } => {
                 e.u8(tag::LINKED);
                 encode_entry(&mut e, entry);
                 encode_touched(&mut e, touched);
+                e.u64(verifier.0);
             }
-            Reply::Renamed { touched } => {
+            Reply::Renamed { touched, verifier } => {
                 e.u8(tag::RENAMED);
                 encode_touched(&mut e, touched);
+                e.u64(verifier.0);
             }
             Reply::DirPage { entries, more } => {
                 e.u8(tag::DIR_PAGE);
@@ -1644,6 +1660,7 @@ impl Reply {
                 entry: decode_entry(&mut d)?,
                 created: d.bool()?,
                 touched: decode_touched(&mut d)?,
+                verifier: WriteVerifier(d.u64()?),
             },
             tag::ATTR => Reply::Attr(d.attr()?),
             tag::REMOVED => Reply::Removed {
@@ -1651,13 +1668,16 @@ impl Reply {
                 kind: d.kind()?,
                 held: d.bool()?,
                 touched: decode_touched(&mut d)?,
+                verifier: WriteVerifier(d.u64()?),
             },
             tag::LINKED => Reply::Linked {
                 entry: decode_entry(&mut d)?,
                 touched: decode_touched(&mut d)?,
+                verifier: WriteVerifier(d.u64()?),
             },
             tag::RENAMED => Reply::Renamed {
                 touched: decode_touched(&mut d)?,
+                verifier: WriteVerifier(d.u64()?),
             },
             tag::DIR_PAGE => {
                 // Each entry takes at least 11 bytes.
@@ -2149,17 +2169,23 @@ mod tests {
                 entry: entry.clone(),
                 created: true,
                 touched: vec![],
+                verifier: WriteVerifier(1),
             },
             Reply::Created {
                 entry: entry.clone(),
                 created: true,
                 touched: vec![token()],
+                verifier: WriteVerifier(u64::MAX),
             },
             Reply::Linked {
                 entry,
                 touched: vec![token()],
+                verifier: WriteVerifier(7),
             },
-            Reply::Renamed { touched: vec![] },
+            Reply::Renamed {
+                touched: vec![],
+                verifier: WriteVerifier(0),
+            },
             Reply::Renamed {
                 touched: vec![
                     token(),
@@ -2168,6 +2194,7 @@ mod tests {
                         ..token()
                     },
                 ],
+                verifier: WriteVerifier(9),
             },
             Reply::Attr(attr()),
             Reply::Attr(Attr {
@@ -2180,6 +2207,7 @@ mod tests {
                 kind: FileKind::File,
                 held: true,
                 touched: vec![token()],
+                verifier: WriteVerifier(3),
             },
             Reply::DirPage {
                 entries: vec![DirEntry {

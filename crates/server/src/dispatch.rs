@@ -271,7 +271,7 @@ impl Server {
                 })
                 .await?;
                 // A replaced target held for the client: it must release it.
-                ok(crate::rename::rename_reply(held, touched))
+                ok(crate::rename::rename_reply(self, held, touched))
             }
             Op::Link { ino, parent, name } => ok(self.link(c, ino, parent, &name).await?),
             Op::ReadLink { ino } => {

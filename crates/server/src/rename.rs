@@ -200,16 +200,23 @@ fn dir_links(kind: FileKind) -> i64 {
 }
 
 /// A rename's reply: `held`, the replaced inode if it is held for the
-/// client (it must release it), else plain.
-pub(crate) fn rename_reply(held: Option<(InodeId, FileKind)>, touched: Vec<TouchToken>) -> Reply {
+/// client (it must release it), else plain; with the answering store's
+/// write verifier.
+pub(crate) fn rename_reply(
+    srv: &Server,
+    held: Option<(InodeId, FileKind)>,
+    touched: Vec<TouchToken>,
+) -> Reply {
+    let verifier = srv.write_verifier();
     match held {
         Some((ino, kind)) => Reply::Removed {
             ino,
             kind,
             held: true,
             touched,
+            verifier,
         },
-        None => Reply::Renamed { touched },
+        None => Reply::Renamed { touched, verifier },
     }
 }
 
@@ -421,7 +428,7 @@ async fn rename_local(
         // later: a retry learns only of a local one.
         crate::once::record(
             &mut b,
-            &rename_reply(done.replaced.filter(|_| done.held), Vec::new()),
+            &rename_reply(srv, done.replaced.filter(|_| done.held), Vec::new()),
         );
         // A directory's new place, as a new directory's (ops/create.rs):
         // other servers may put entries, or move directories, under it at
@@ -549,7 +556,7 @@ async fn rename_remote(
                 b.delete(&keys::dentry(sp, sn));
             }
             b.delete(&keys::rename_intent(tx));
-            crate::once::record(&mut b, &rename_reply(held, Vec::new()));
+            crate::once::record(&mut b, &rename_reply(srv, held, Vec::new()));
             srv.kv.write(b, true).map_err(kv_err)?;
             drop(guard);
             let touched = if same {

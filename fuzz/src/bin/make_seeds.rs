@@ -153,6 +153,7 @@ fn main() {
                     kind: FileKind::File,
                     held: true,
                     touched: vec![],
+                    verifier: WriteVerifier(0x5eed),
                 }
                 .encode(),
                 &[],
@@ -346,6 +347,7 @@ fn main() {
                         sender: ServerId(2),
                         seq: 4097,
                     }],
+                    verifier: WriteVerifier(1),
                 }
                 .encode(),
                 &[],
@@ -370,6 +372,7 @@ fn main() {
                             seq: 8,
                         },
                     ],
+                    verifier: WriteVerifier(u64::MAX),
                 }
                 .encode(),
                 &[],

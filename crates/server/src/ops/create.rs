@@ -127,6 +127,7 @@ impl Server {
                 },
                 created: false,
                 touched: Vec::new(),
+                verifier: self.write_verifier(),
             });
         }
         perm::check_dir_write(&dir, c)?;
@@ -171,6 +172,7 @@ impl Server {
                 entry: entry.clone(),
                 created: true,
                 touched: Vec::new(),
+                verifier: self.write_verifier(),
             },
         );
         // Other servers may put entries into a new directory at once: it
@@ -183,6 +185,7 @@ impl Server {
             entry,
             created: true,
             touched,
+            verifier: self.write_verifier(),
         })
     }
 }

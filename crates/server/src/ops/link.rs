@@ -164,12 +164,17 @@ impl Server {
             &Reply::Linked {
                 entry: entry.clone(),
                 touched: Vec::new(),
+                verifier: self.write_verifier(),
             },
         );
         self.kv.write(b, false).map_err(kv_err)?;
         drop(held);
         let touched = self.touch_queued(tickets);
-        Ok(Reply::Linked { entry, touched })
+        Ok(Reply::Linked {
+            entry,
+            touched,
+            verifier: self.write_verifier(),
+        })
     }
 }
 

@@ -292,6 +292,7 @@ impl Server {
                 kind,
                 held,
                 touched: Vec::new(),
+                verifier: self.write_verifier(),
             },
         );
         // Other servers act on the removal next (the owner drops the link,
@@ -331,6 +332,7 @@ impl Server {
             kind,
             held,
             touched,
+            verifier: self.write_verifier(),
         })
     }
 
