@@ -93,6 +93,7 @@ pub enum Opcode {
     Membership = 48,
     ChunkExtent = 49,
     ReplicaDigests = 50,
+    ReportSeals = 51,
 }
 
 impl Opcode {
@@ -133,6 +134,7 @@ impl Opcode {
             48 => Membership,
             49 => ChunkExtent,
             50 => ReplicaDigests,
+            51 => ReportSeals,
             _ => return None,
         })
     }
@@ -258,12 +260,6 @@ pub enum SealAction {
     /// before it heard the outcome: did the removal happen? Answered with
     /// `RemovalSettled` once the set's replicas agree.
     Settle = 4,
-    /// Asked of every server by one that started (or took a set over)
-    /// less than a seal's lease ago, the first time an entry goes into
-    /// `dir`: which seals of it do you hold? (Seals live in memory; the
-    /// others still hold those taken before this one started.) Answered
-    /// with `SealReport`.
-    Report = 5,
 }
 
 /// Rmdir attempts that may hold one directory's seal at once.
@@ -296,7 +292,7 @@ pub struct SealHolder {
     pub left_ms: u32,
 }
 
-/// What one server holds for a directory (`SealAction::Report`).
+/// What one server holds for a directory (`Op::ReportSeals`).
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum SealReport {
     Unsealed,
@@ -540,6 +536,14 @@ pub enum Op {
         stream: u64,
         chunks: Vec<(InodeId, ChunkIndex)>,
     },
+    /// Asked of every server by one that started (or took a set over)
+    /// less than a seal's lease ago, the first time an entry goes into
+    /// `dir`: which seals of it do you hold? (Seals live in memory; the
+    /// others still hold those taken before this one started.) Answered
+    /// with `SealReport`.
+    ReportSeals {
+        dir: InodeId,
+    },
 }
 
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -712,7 +716,7 @@ pub enum Reply {
     RemovalSettled {
         removed: bool,
     },
-    /// SealAction::Report.
+    /// ReportSeals.
     SealReport(SealReport),
     Links {
         nlink: u32,
@@ -845,6 +849,7 @@ impl Op {
             Op::Membership { .. } => Opcode::Membership,
             Op::ChunkExtent { .. } => Opcode::ChunkExtent,
             Op::ReplicaDigests { .. } => Opcode::ReplicaDigests,
+            Op::ReportSeals { .. } => Opcode::ReportSeals,
         }
     }
 
@@ -1079,6 +1084,9 @@ impl Request {
                     e.u32(index.0);
                 }
             }
+            Op::ReportSeals { dir } => {
+                e.ino(*dir);
+            }
             Op::RenameInstall {
                 tx,
                 coordinator,
@@ -1269,7 +1277,6 @@ impl Request {
                     2 => SealAction::Unseal,
                     3 => SealAction::Removed,
                     4 => SealAction::Settle,
-                    5 => SealAction::Report,
                     _ => return Err(ProtoError::BadValue("seal action")),
                 },
                 seal: SealId(d.u64()?),
@@ -1315,6 +1322,7 @@ impl Request {
                     chunks,
                 }
             }
+            Opcode::ReportSeals => Op::ReportSeals { dir: d.ino()? },
             Opcode::RenameInstall => Op::RenameInstall {
                 tx: TxId(d.u64()?),
                 coordinator: ServerId(d.u16()?),
@@ -2091,6 +2099,7 @@ mod tests {
                     (InodeId(5), ChunkIndex(0)),
                 ],
             },
+            Op::ReportSeals { dir: InodeId(77) },
             Op::Find {
                 query: FindQuery::default(),
                 after: None,
@@ -2453,6 +2462,7 @@ mod tests {
         }
         assert!(Opcode::Seal.is_peer_only());
         assert!(Opcode::ChunkExtent.is_peer_only());
+        assert!(Opcode::ReportSeals.is_peer_only());
         assert!(!Opcode::StatFs.is_peer_only());
     }
 }

@@ -381,6 +381,7 @@ impl Server {
                 voters: Vec::new(),
             }),
             op @ (Op::Seal { .. }
+            | Op::ReportSeals { .. }
             | Op::PurgeChunks { .. }
             | Op::ChunkExtent { .. }
             | Op::InvalidateDir { .. }) => {

@@ -176,6 +176,7 @@ impl Server {
                 action,
                 seal,
             } => self.seal(dir, parent, name, action, seal).await,
+            Op::ReportSeals { dir } => self.report_seals(dir),
             Op::PurgeChunks { ino } => self.purge_local(ino).await,
             Op::ChunkExtent { ino, first, last } => self.chunk_extent_local(ino, first, last).await,
             Op::InvalidateDir { dir } => {

@@ -187,14 +187,7 @@ impl Server {
         if !self.seal_recall.to_ask(dir) {
             return;
         }
-        let op = Op::Seal {
-            dir,
-            // Not read by a Report.
-            parent: InodeId::ROOT,
-            name: FileName::new(b"?").expect("a valid name"),
-            action: SealAction::Report,
-            seal: SealId(0),
-        };
+        let op = Op::ReportSeals { dir };
         let answers = self.broadcast_within(op, SEAL_REPORT_WITHIN).await;
         let now = Instant::now();
         let lifted = self.seal_recall.lifted_here(dir);
@@ -286,6 +279,35 @@ impl Server {
         Ok(())
     }
 
+    /// What this server holds of `dir`'s seals (`Op::ReportSeals`).
+    pub(crate) fn report_seals(&self, dir: InodeId) -> OpResult {
+        let now = Instant::now();
+        let report = match self.seal_state(dir) {
+            None => SealReport::Unsealed,
+            Some(SealState::Removed) => SealReport::Removed,
+            Some(SealState::Sealed {
+                holders,
+                parent,
+                name,
+            }) => SealReport::Sealed {
+                parent,
+                name,
+                holders: holders
+                    .iter()
+                    .map(|&(seal, until)| SealHolder {
+                        seal,
+                        left_ms: until
+                            .saturating_duration_since(now)
+                            .as_millis()
+                            .try_into()
+                            .unwrap_or(u32::MAX),
+                    })
+                    .collect(),
+            },
+        };
+        Ok((Reply::SealReport(report), Vec::new()))
+    }
+
     pub(crate) async fn seal(
         &self,
         dir: InodeId,
@@ -373,33 +395,6 @@ impl Server {
                 self.dir_cache.forget(dir);
                 self.seal_changed.notify_waiters();
                 Ok((Reply::Sealed { empty: true }, Vec::new()))
-            }
-            SealAction::Report => {
-                let now = Instant::now();
-                let report = match self.seal_state(dir) {
-                    None => SealReport::Unsealed,
-                    Some(SealState::Removed) => SealReport::Removed,
-                    Some(SealState::Sealed {
-                        holders,
-                        parent,
-                        name,
-                    }) => SealReport::Sealed {
-                        parent,
-                        name,
-                        holders: holders
-                            .iter()
-                            .map(|&(seal, until)| SealHolder {
-                                seal,
-                                left_ms: until
-                                    .saturating_duration_since(now)
-                                    .as_millis()
-                                    .try_into()
-                                    .unwrap_or(u32::MAX),
-                            })
-                            .collect(),
-                    },
-                };
-                Ok((Reply::SealReport(report), Vec::new()))
             }
             SealAction::Settle => {
                 // Asked of the name's server: its DIR_REMOVAL record is

@@ -225,6 +225,10 @@ fn main() {
             ),
         ),
         (
+            "request-report-seals",
+            request(Op::ReportSeals { dir: ino }, &[]),
+        ),
+        (
             "reply-chunk-digests",
             frame(
                 true,
