@@ -176,6 +176,28 @@ fn parse_stats(stderr: &str) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// Run `program` under `madfs run --stats` with `opts`: the requests it
+/// reported.
+fn run_with_stats(
+    tc: &TestCluster,
+    opts: &[&str],
+    program: &[&std::ffi::OsStr],
+) -> Vec<(String, u64)> {
+    let out = Command::new(MADFS)
+        .args(["run", "--stats"])
+        .args(opts)
+        .arg("--")
+        .args(program)
+        .env("MADFS_CLUSTER", tc.cluster_file())
+        .env_remove("MADFS_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{program:?}: {stderr}");
+    parse_stats(&stderr)
+}
+
 fn count_of(stats: &[(String, u64)], op: &str) -> u64 {
     stats
         .iter()
@@ -194,18 +216,9 @@ fn each_mdtest_operation_costs_one_request_through_madfs_run() {
     let dir = format!("/madfs{DIR}");
     let n = FILES as u64;
     let run = |args: &[&str]| -> Vec<(String, u64)> {
-        let out = Command::new(MADFS)
-            .args(["run", "--stats", "--cache-ttl", "600", "--"])
-            .arg(&mdops)
-            .args(args)
-            .env("MADFS_CLUSTER", tc.cluster_file())
-            .env_remove("MADFS_LOG")
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "mdops {args:?}: {stderr}");
-        parse_stats(&stderr)
+        let mut program = vec![mdops.as_os_str()];
+        program.extend(args.iter().map(std::ffi::OsStr::new));
+        run_with_stats(&tc, &["--cache-ttl", "600"], &program)
     };
     let files = FILES.to_string();
     let hard = HARD.to_string();
@@ -283,17 +296,8 @@ fn syncs_through_madfs_run_reach_the_servers() {
         .map(|k| madfs_types::chunk_server(ino, madfs_client::ChunkIndex(k), SERVERS))
         .collect();
     let fsyncs = |args: &[&str]| -> u64 {
-        let out = Command::new(MADFS)
-            .args(["run", "--stats", "--"])
-            .args(args)
-            .env("MADFS_CLUSTER", tc.cluster_file())
-            .env_remove("MADFS_LOG")
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{args:?}: {stderr}");
-        count_of(&parse_stats(&stderr), "Fsync")
+        let program: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+        count_of(&run_with_stats(&tc, &[], &program), "Fsync")
     };
     // Python, not coreutils' sync: that one closes stderr at exit, before
     // the library reports its requests.
