@@ -283,3 +283,65 @@ fn the_metrics_flag_overrides_the_cluster_file() {
     let out = tc.madfs_ok(["metrics", "--address", &addr.to_string()]);
     assert!(out.contains("requests"), "{out}");
 }
+
+/// A link dropped on a server that is down shows in the name's server's
+/// metrics (a failed send, a drop waiting), and the wait ends once the
+/// owner is back and has dropped the link (link_drops.rs).
+#[test]
+fn a_link_drop_waiting_for_its_owner_shows_until_it_is_answered() {
+    use madfs_client::{FileName, InodeId};
+    let mut tc = TestCluster::start_with(
+        2,
+        Options {
+            metrics: true,
+            ..Default::default()
+        },
+    );
+    let c = BlockingClient::from_client(tc.client()).unwrap();
+    // A file whose inode lives on the server that does not own the root,
+    // and a second name for it on the other one.
+    let owner = (0..)
+        .map(|i| format!("/f{i}"))
+        .find_map(|p| {
+            c.write_file(&p, b"kept").unwrap();
+            let ino = c.stat(&p).unwrap().ino;
+            (ino.owner() != InodeId::ROOT.owner()).then_some((p, ino.owner()))
+        })
+        .unwrap();
+    let (file, owner) = owner;
+    let link = (0..)
+        .map(|i| format!("l{i}"))
+        .find(|n| {
+            madfs_types::dentry_server(InodeId::ROOT, &FileName::new(n.as_bytes()).unwrap(), 2)
+                != owner
+        })
+        .unwrap();
+    let link = format!("/{link}");
+    c.hard_link(&file, &link).unwrap();
+    let names_server = 1 - owner.0 as usize;
+    let addr = tc.config().servers[names_server]
+        .metrics
+        .expect("a metrics address");
+    let value = |metric: &str| sum(&scrape(addr), metric, &[]);
+    assert_eq!(value("madfs_link_drops_waiting"), 0.0);
+
+    tc.kill9(owner.0 as usize);
+    c.remove_file(&link).unwrap();
+    assert!(value("madfs_link_drops_failed_total") >= 1.0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while value("madfs_link_drops_waiting") < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no drop shown waiting"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    tc.restart(owner.0 as usize);
+    while value("madfs_link_drops_waiting") > 0.0 {
+        assert!(std::time::Instant::now() < deadline, "the drop still waits");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let fresh = BlockingClient::from_client(tc.client()).unwrap();
+    assert_eq!(fresh.stat(&file).unwrap().nlink, 1);
+    assert_eq!(value("madfs_link_drops_abandoned_total"), 0.0);
+}

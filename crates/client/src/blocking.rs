@@ -188,6 +188,7 @@ impl BlockingClient {
         fn write(&self, ino: InodeId, offset: u64, data: &[u8]) -> Result<WriteOutcome>;
         fn update_size(&self, ino: InodeId, size: u64, mtime: Timestamp) -> Result<Attr>;
         fn fsync_servers(&self, servers: &[ServerId]) -> Result<()>;
+        fn fsync_all(&self) -> Result<()>;
         // Path level.
         fn resolve(&self, path: impl AsFsPath, follow_last: bool) -> Result<Attr>;
         fn stat(&self, path: impl AsFsPath) -> Result<Attr>;

@@ -155,6 +155,21 @@ mod tests {
     }
 
     #[test]
+    fn the_first_lost_server_is_the_first_answer_that_differs() {
+        let mut u = Unsynced::default();
+        u.note(ServerId(1), A);
+        u.note(ServerId(2), A);
+        let servers = [ServerId(0), ServerId(1), ServerId(2)];
+        assert_eq!(
+            u.first_lost(&servers, &[B, A, A]),
+            None,
+            "0 was not changed"
+        );
+        assert_eq!(u.first_lost(&servers, &[A, A, B]), Some(ServerId(2)));
+        assert_eq!(u.first_lost(&servers, &[A, B, B]), Some(ServerId(1)));
+    }
+
+    #[test]
     fn forgetting_keeps_writes_that_raced_with_the_fsync() {
         let mut u = Unsynced::default();
         u.note(ServerId(0), A);

@@ -27,6 +27,7 @@ use madfs_proto::message::{Op, Reply};
 use madfs_proto::{ErrorCode, RunOnce};
 use madfs_types::{InodeId, OpId, ServerId};
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -99,6 +100,12 @@ pub(crate) struct LinkDrops {
     /// (the owner does not serialize two runs of one id that overlap).
     sending: Mutex<HashSet<OpId>>,
     failed: Notify,
+    /// For the metrics: sends that failed, drops given up after
+    /// `SEND_WITHIN` (each a link count left one too high), and the
+    /// records the resender's last pass left unanswered.
+    pub(crate) failed_sends: AtomicU64,
+    pub(crate) abandoned: AtomicU64,
+    pub(crate) waiting: AtomicU64,
 }
 
 impl LinkDrops {
@@ -155,6 +162,7 @@ impl Server {
             }
         };
         if sent == Sent::Failed {
+            self.link_drops.failed_sends.fetch_add(1, Ordering::Relaxed);
             self.wake_link_drop_resender();
         } else {
             self.forget_link_drop(drop.id);
@@ -231,11 +239,15 @@ impl Server {
             }
         };
         if page.is_empty() {
+            self.link_drops.waiting.store(0, Ordering::Relaxed);
             return (0, false);
         }
         // Other servers act on these drops: the names' removals must be on
         // the set's copies first (as at the first send).
         if !self.replicated_now().await {
+            self.link_drops
+                .waiting
+                .store(page.len() as u64, Ordering::Relaxed);
             return (page.len(), false);
         }
         let now = crate::rename::now_secs();
@@ -257,6 +269,7 @@ impl Server {
                     drop.ino,
                     SEND_WITHIN.as_secs()
                 );
+                self.link_drops.abandoned.fetch_add(1, Ordering::Relaxed);
                 self.forget_link_drop(drop.id);
                 continue;
             }
@@ -271,6 +284,9 @@ impl Server {
                 failed += 1;
             }
         }
+        self.link_drops
+            .waiting
+            .store(failed as u64, Ordering::Relaxed);
         // A pass that read a full page and sent it all goes on at once.
         (failed, full && failed == 0)
     }

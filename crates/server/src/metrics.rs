@@ -113,6 +113,9 @@ pub struct Metrics {
     data_bytes: Gauge,
     find_index_bytes: Gauge,
     chunk_store_poisoned: Gauge,
+    link_drops_failed: Counter<u64, AtomicU64>,
+    link_drops_abandoned: Counter<u64, AtomicU64>,
+    link_drops_waiting: Gauge,
     handler_panics: Counter<u64, AtomicU64>,
     protocol_errors: Counter<u64, AtomicU64>,
     invalidations_lost: Counter<u64, AtomicU64>,
@@ -240,6 +243,24 @@ impl Metrics {
             "1 once a failed sync poisoned the chunk store (writes refused until restart), else 0",
             chunk_store_poisoned.clone(),
         );
+        let link_drops_failed = Counter::<u64, AtomicU64>::default();
+        registry.register(
+            "link_drops_failed",
+            "Links to drop on another server (a remote unlink's) whose send failed; sent again",
+            link_drops_failed.clone(),
+        );
+        let link_drops_abandoned = Counter::<u64, AtomicU64>::default();
+        registry.register(
+            "link_drops_abandoned",
+            "Links to drop on another server given up after 9 minutes unanswered (each a leak)",
+            link_drops_abandoned.clone(),
+        );
+        let link_drops_waiting = Gauge::default();
+        registry.register(
+            "link_drops_waiting",
+            "Links to drop on another server still unanswered at the last resend",
+            link_drops_waiting.clone(),
+        );
         let handler_panics = Counter::<u64, AtomicU64>::default();
         registry.register(
             "handler_panics",
@@ -270,6 +291,9 @@ impl Metrics {
             data_bytes,
             find_index_bytes,
             chunk_store_poisoned,
+            link_drops_failed,
+            link_drops_abandoned,
+            link_drops_waiting,
             handler_panics,
             protocol_errors,
             invalidations_lost,
@@ -327,6 +351,19 @@ impl Metrics {
             Err(e) => tracing::warn!("metrics: statfs failed: {}", e.message),
         }
         gauge(&self.find_index_bytes, server.indexed.index_bytes() as u64);
+        let drops = &server.link_drops;
+        store(
+            &self.link_drops_failed,
+            drops.failed_sends.load(Ordering::Relaxed),
+        );
+        store(
+            &self.link_drops_abandoned,
+            drops.abandoned.load(Ordering::Relaxed),
+        );
+        gauge(
+            &self.link_drops_waiting,
+            drops.waiting.load(Ordering::Relaxed),
+        );
         store(&self.handler_panics, madfs_rpc::serve::handler_panics());
         store(&self.protocol_errors, madfs_rpc::serve::protocol_errors());
         store(
