@@ -580,7 +580,6 @@ impl Client {
         r
     }
 
-    /// Every server of the cluster.
     /// The servers holding chunks of `ino` below `size` (chunk 0, the
     /// owner, always): every server once the chunks cover them all.
     pub(crate) fn chunk_holders(
@@ -606,6 +605,7 @@ impl Client {
         holders
     }
 
+    /// Every server of the cluster.
     pub(crate) fn all_servers(&self) -> Vec<ServerId> {
         self.pool.servers().collect()
     }

@@ -73,17 +73,24 @@ impl Unsynced {
     /// Whether `server`'s answer to an fsync, `verifier`, covers the writes
     /// noted for it: an error naming what may be lost if not.
     pub fn check(&self, server: ServerId, verifier: WriteVerifier) -> Result<()> {
+        if self.covers(server, verifier) {
+            return Ok(());
+        }
+        Err(ClientError::new(
+            ErrorCode::Io,
+            format!(
+                "server {server}'s store restarted after a power loss (or was replaced) \
+                 between writes of this file and their fsync: data written since the last \
+                 successful fsync may be lost"
+            ),
+        ))
+    }
+
+    /// Whether `server`'s answer `verifier` covers the writes noted for it.
+    fn covers(&self, server: ServerId, verifier: WriteVerifier) -> bool {
         match self.0.get(&server) {
-            None => Ok(()),
-            Some(Seen::One(v)) if *v == verifier => Ok(()),
-            Some(_) => Err(ClientError::new(
-                ErrorCode::Io,
-                format!(
-                    "server {server}'s store restarted after a power loss (or was replaced) \
-                     between writes of this file and their fsync: data written since the last \
-                     successful fsync may be lost"
-                ),
-            )),
+            None => true,
+            Some(seen) => *seen == Seen::One(verifier),
         }
     }
 
@@ -103,7 +110,7 @@ impl Unsynced {
         servers
             .iter()
             .zip(answers)
-            .find(|(&s, &v)| self.check(s, v).is_err())
+            .find(|(&s, &v)| !self.covers(s, v))
             .map(|(&s, _)| s)
     }
 
