@@ -266,7 +266,11 @@ async fn connection<H: Handler>(
             // is caught: a panic there must still answer the caller (who
             // would otherwise wait out its whole call timeout) and must not
             // take the connection's other requests down with it.
-            let work = std::pin::pin!(async {
+            // Boxed: the handler's future is large (14 KB in a test build:
+            // every operation's state machine), and tokio moves a task's
+            // whole future several times (into its cell, through each
+            // stage); a move of a box is a pointer.
+            let work = Box::pin(async {
                 let result = if opcode.is_peer_only() && ctx.role != Role::Peer {
                     Err(WireError::new(
                         ErrorCode::NotPermitted,
