@@ -468,3 +468,55 @@ fn cli_failures_exit_non_zero_with_readable_messages() {
     assert!(err.contains("nope.toml"), "stderr: {err}");
     assert!(!err.contains("panicked"), "stderr: {err}");
 }
+
+/// A RocksDB library named in MADFS_ROCKSDB_LIB is the one loaded: one
+/// that cannot be loaded stops the server with a message naming it (no
+/// silent fallback to the system's); unset, the server's log (at info)
+/// says which library it loaded.
+#[test]
+fn a_rocksdb_library_that_cannot_load_stops_the_server_with_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let up = |lib: Option<&str>| {
+        let mut cmd = std::process::Command::new(common::MADFS);
+        cmd.args(["up", "--servers", "1", "--data"])
+            .arg(&data)
+            .env("MADFS_LOG", "info");
+        match lib {
+            Some(l) => cmd.env("MADFS_ROCKSDB_LIB", l),
+            None => cmd.env_remove("MADFS_ROCKSDB_LIB"),
+        };
+        cmd.output().unwrap()
+    };
+    let down = || {
+        std::process::Command::new(common::MADFS)
+            .args(["down", "--data"])
+            .arg(&data)
+            .output()
+            .unwrap()
+    };
+    let missing = dir.path().join("no-such-librocksdb.so");
+    let out = up(Some(missing.to_str().unwrap()));
+    let log = std::fs::read_to_string(data.join("server-0.log")).unwrap_or_default();
+    down();
+    assert!(
+        !out.status.success(),
+        "up with an unloadable RocksDB succeeded"
+    );
+    let said = format!("{}{log}", stderr_of(&out));
+    assert!(
+        said.contains("no-such-librocksdb.so") && said.contains("MADFS_ROCKSDB_LIB"),
+        "up's stderr and the server's log: {said}"
+    );
+    assert!(!said.contains("panicked"), "{said}");
+
+    std::fs::remove_dir_all(&data).unwrap();
+    let out = up(None);
+    let log = std::fs::read_to_string(data.join("server-0.log")).unwrap_or_default();
+    down();
+    assert!(out.status.success(), "up: {}", stderr_of(&out));
+    assert!(
+        log.contains("RocksDB from librocksdb.so"),
+        "server log: {log}"
+    );
+}

@@ -14,6 +14,7 @@ mod tests;
 
 use std::fmt;
 
+pub use ffi::{loaded_from as rocksdb_library, LIBRARY_ENV as ROCKSDB_LIBRARY_ENV};
 pub use mem::MemStore;
 pub use rocks::RocksStore;
 

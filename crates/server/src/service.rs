@@ -114,6 +114,10 @@ impl Server {
             RocksStore::open(&data_dir.join("meta"))
                 .map_err(|e| ServerError::Storage(e.to_string()))?,
         );
+        tracing::info!(
+            "server {id}: RocksDB from {}",
+            madfs_kv::rocksdb_library().unwrap_or("?")
+        );
         Self::with_store(cfg, id, key, kv, data_dir, opts)
     }
 
