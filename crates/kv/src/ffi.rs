@@ -1,6 +1,7 @@
 //! RocksDB's C API (`/usr/include/rocksdb/c.h`, RocksDB 7.8): the small
 //! subset `RocksStore` uses, declared by hand, and loaded with dlopen the
-//! first time a store is opened.
+//! first time a store is opened (Debian's library, or the one
+//! `MADFS_ROCKSDB_LIB` names: `load`).
 //!
 //! Why loaded, not linked: only `madfs server` opens a store, but every
 //! `madfs` process (each CLI command, `madfs run`'s launcher, the external
@@ -92,10 +93,10 @@ static API: OnceLock<Result<Api, String>> = OnceLock::new();
 
 /// Environment variable naming the RocksDB library to load instead of the
 /// system's: Debian's is built with assertions on (it imports
-/// `__assert_fail` and runs RocksDB's test sync points), and a release
-/// build from RocksDB's sources (scripts/build-rocksdb) took 10-35% less
-/// server CPU per create (docs/PERFORMANCE.md). Any RocksDB from 7.8 on
-/// has the functions declared here.
+/// `__assert_fail` and runs RocksDB's test sync points), and the RocksDB
+/// project's release build (scripts/fetch-rocksdb) took 10-35% less server
+/// CPU per create (docs/PERFORMANCE.md). Any RocksDB from 7.8 on has the
+/// functions declared here.
 pub const LIBRARY_ENV: &str = "MADFS_ROCKSDB_LIB";
 
 /// File name a library shipped beside the `madfs` executable has.

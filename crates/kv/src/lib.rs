@@ -14,7 +14,7 @@ mod tests;
 
 use std::fmt;
 
-pub use ffi::{loaded_from as rocksdb_library, LIBRARY_ENV as ROCKSDB_LIBRARY_ENV};
+pub use ffi::loaded_from as rocksdb_library;
 pub use mem::MemStore;
 pub use rocks::RocksStore;
 

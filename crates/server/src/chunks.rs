@@ -164,8 +164,9 @@ pub struct ChunkStore {
     order: crate::write_order::WriteOrder,
     /// Without a chunk cache (a replica's copy): the aligned buffers of
     /// direct writes, kept for the next ones. A fresh buffer costs the
-    /// kernel a cleared page and a fault per 4 KiB (a fifth of the
-    /// servers' CPU in ior-easy-write at R = 2, docs/PERFORMANCE.md).
+    /// kernel a cleared page and a fault per 4 KiB (with the primaries'
+    /// growing caches, a fifth of the servers' CPU in ior-easy-write at
+    /// R = 2, docs/PERFORMANCE.md).
     spare: Mutex<Vec<Box<dyn CacheBytes>>>,
     /// Aligned buffers made afresh for direct writes.
     fresh_buffers: AtomicU64,
