@@ -14,7 +14,7 @@ use crate::touched::Touched;
 use crate::writebehind::{self, Budget};
 use crate::Unsynced;
 use madfs_proto::auth::{ClusterKey, Role};
-use madfs_proto::message::{DirEntry, Entry, FsStats, Hold, SetAttrs, WriteVerifier};
+use madfs_proto::message::{DirEntry, Entry, FsStats, Hold, SetAttrs, TouchToken, WriteVerifier};
 use madfs_proto::{ErrorCode, Op, Reply, Request};
 use madfs_rpc::join::{join_bounded, try_join_bounded};
 use madfs_rpc::pool::Timeouts;
@@ -676,8 +676,7 @@ impl Client {
                     touched,
                     verifier,
                 } => {
-                    self.touched.record(&touched);
-                    self.names_changed(home, verifier);
+                    self.names_changed(home, &touched, verifier);
                     Ok((self.entry_attr(entry).await?, created))
                 }
                 other => Err(ClientError::unexpected("create", &other)),
@@ -759,8 +758,7 @@ impl Client {
                     verifier,
                     ..
                 } => {
-                    self.touched.record(&touched);
-                    self.names_changed(home, verifier);
+                    self.names_changed(home, &touched, verifier);
                     self.entry_attr(entry).await
                 }
                 other => Err(ClientError::unexpected("mknod", &other)),
@@ -847,8 +845,7 @@ impl Client {
                         verifier,
                         ..
                     } => {
-                        self.touched.record(&touched);
-                        self.names_changed(home, verifier);
+                        self.names_changed(home, &touched, verifier);
                         if held {
                             self.held(ino).await;
                         }
@@ -967,8 +964,7 @@ impl Client {
         self.cache.forget_entry(src_parent, src_name);
         match &r {
             Ok(Reply::Renamed { touched, verifier }) => {
-                self.touched.record(touched);
-                self.names_changed(home, *verifier);
+                self.names_changed(home, touched, *verifier);
             }
             Ok(Reply::Removed {
                 ino,
@@ -977,8 +973,7 @@ impl Client {
                 verifier,
                 ..
             }) => {
-                self.touched.record(touched);
-                self.names_changed(home, *verifier);
+                self.names_changed(home, touched, *verifier);
                 self.held(*ino).await;
             }
             _ => {}
@@ -1005,8 +1000,7 @@ impl Client {
                     touched,
                     verifier,
                 } => {
-                    self.touched.record(&touched);
-                    self.names_changed(home, verifier);
+                    self.names_changed(home, &touched, verifier);
                     self.entry_attr(entry).await
                 }
                 other => Err(ClientError::unexpected("link", &other)),
@@ -1371,8 +1365,10 @@ impl Client {
         }
     }
 
-    /// A change of names answered by `server` with `verifier`.
-    fn names_changed(&self, server: ServerId, verifier: WriteVerifier) {
+    /// A change of names answered by `server` with the tokens of the
+    /// directory touches it queued and its store's `verifier`.
+    fn names_changed(&self, server: ServerId, touched: &[TouchToken], verifier: WriteVerifier) {
+        self.touched.record(touched);
         self.names_unsynced().note(server, verifier);
     }
 
