@@ -151,9 +151,8 @@ fn every_change_reaches_the_replicas_copy_key_for_key_and_byte_for_byte() {
 }
 
 /// A cluster stopped cleanly, every server at once as `madfs down` does,
-/// and started again continues each set's record stream: no copy is wiped
-/// and loaded again (a file left in each copy's directory survives, where
-/// a resync's wipe removes it), the copies take the writes made after the
+/// and started again continues each set's record stream: no copy is
+/// loaded again (no copy logs a load's reset), the copies take the writes made after the
 /// start, and each equals its primary key for key and byte for byte.
 /// Before, every start opened a new stream and every copy was reloaded.
 #[test]
@@ -163,7 +162,7 @@ fn a_clean_restart_keeps_every_copy_and_continues_the_streams() {
     let mut files: Expected = Vec::new();
     rt.block_on(write_round(&c, "/a", 0, 12, &mut files));
     drop(c);
-    let sentinels: Vec<PathBuf> = (0..SERVERS)
+    let holders: Vec<(usize, usize)> = (0..SERVERS)
         .map(|s| {
             let cfg = tc.config();
             let holder = cfg.replica_set(madfs_types::ServerId(s as u16))[1].0 as usize;
@@ -173,9 +172,7 @@ fn a_clean_restart_keeps_every_copy_and_continues_the_streams() {
                 "no copy of set {s} in {}",
                 dir.display()
             );
-            let sentinel = dir.join("kept-across-the-restart");
-            std::fs::write(&sentinel, b"").unwrap();
-            sentinel
+            (holder, loads_into(&tc, holder, s as u16))
         })
         .collect();
 
@@ -188,10 +185,11 @@ fn a_clean_restart_keeps_every_copy_and_continues_the_streams() {
     wait_all_in_sync(&in_sync, 30, "after the restart");
     rt.block_on(read_back(&c, &files));
     drop(c);
-    for (s, sentinel) in sentinels.iter().enumerate() {
-        assert!(
-            sentinel.exists(),
-            "the copy of set {s} was wiped and loaded again after a clean restart"
+    for (s, &(holder, loads)) in holders.iter().enumerate() {
+        assert_eq!(
+            loads_into(&tc, holder, s as u16),
+            loads,
+            "the copy of set {s} was loaded again after a clean restart"
         );
     }
     stop_all_cleanly(&mut tc);
@@ -200,8 +198,8 @@ fn a_clean_restart_keeps_every_copy_and_continues_the_streams() {
 
 /// A replica cut off for a while (SIGSTOP: no crash, its copy stays
 /// whole in memory) leaves its set, and when it answers again the records
-/// it missed are replayed from where it stopped: its copy is not wiped and
-/// loaded again (a file left in its directory survives), and it ends equal
+/// it missed are replayed from where it stopped: its copy is not loaded
+/// again (it logs no load's reset), and it ends equal
 /// to its primary key for key and byte for byte. Before, the primary kept
 /// nothing for a replica out of the set, and every return was a whole load.
 /// Calls waiting on the hung server (it is also set 3's primary) follow
@@ -219,8 +217,7 @@ fn a_replica_cut_off_for_a_while_gets_the_records_it_missed_not_a_load() {
         cfg.servers[3].data_dir.join("replica-of-2")
     };
     assert!(copy.join("meta").is_dir());
-    let sentinel = copy.join("kept-while-cut-off");
-    std::fs::write(&sentinel, b"").unwrap();
+    let loads = loads_into(&tc, 3, 2);
     let in_sync = || copies_in_sync(&rt, &c);
 
     let pid = tc.pid(3) as i32;
@@ -256,9 +253,10 @@ fn a_replica_cut_off_for_a_while_gets_the_records_it_missed_not_a_load() {
     );
     rt.block_on(read_back(&c, &files));
     drop(c);
-    assert!(
-        sentinel.exists(),
-        "server 3's copy of set 2 was wiped and loaded again"
+    assert_eq!(
+        loads_into(&tc, 3, 2),
+        loads,
+        "server 3's copy of set 2 was loaded again"
     );
     // All at once (as `madfs down`): none is failed over meanwhile.
     stop_all_cleanly(&mut tc);
@@ -510,8 +508,7 @@ fn a_restarted_server_resyncs_and_takes_over_again() {
     // Server 3 keeps the copy of set 2.
     let copy = tc.config().servers[3].data_dir.join("replica-of-2");
     assert!(copy.join("meta").is_dir());
-    let sentinel = copy.join("kept-across-the-kill");
-    std::fs::write(&sentinel, b"").unwrap();
+    let loads = loads_into(&tc, 3, 2);
 
     // Server 3 dies; set 3 moves to server 0, and sets 2 and 3 are left
     // with one copy each.
@@ -534,9 +531,10 @@ fn a_restarted_server_resyncs_and_takes_over_again() {
         "server 3 was in sync again {:?} after its restart",
         t.elapsed()
     );
-    assert!(
-        sentinel.exists(),
-        "server 3's copy of set 2 was wiped and loaded again after a kill -9"
+    assert_eq!(
+        loads_into(&tc, 3, 2),
+        loads,
+        "server 3's copy of set 2 was loaded again after a kill -9"
     );
     assert!(
         bytes_kept_by_load(&tc, 0, 3, 3) > 0,
@@ -561,6 +559,35 @@ fn a_restarted_server_resyncs_and_takes_over_again() {
     assert_eq!(routes[3], madfs_types::ServerId(3), "{routes:?}");
     write(&mut files, 4);
     check(&files);
+}
+
+/// The keys the last load of set `set` into `replica`'s copy held, and
+/// how many of them were in ranges the replica held as they were (kept),
+/// from the log of `primary`.
+fn keys_kept_by_load(tc: &TestCluster, primary: usize, set: u16, replica: u16) -> (u64, u64) {
+    let log = common::tail(&tc.log_path(primary), 4000);
+    let loaded = log
+        .lines()
+        .rev()
+        .find(|l| l.contains(&format!("set {set}: server {replica} has the copy")))
+        .unwrap_or_else(|| panic!("no load of set {set} on server {replica}:\n{log}"));
+    let number = |after: &str| -> u64 {
+        loaded
+            .split(after)
+            .nth(1)
+            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no count after {after:?} in: {loaded}"))
+    };
+    (number("has the copy ("), number(" keys, "))
+}
+
+/// How many resync loads into server `holder`'s copy of set `set` have
+/// started (each begins with a reset the copy logs).
+fn loads_into(tc: &TestCluster, holder: usize, set: u16) -> usize {
+    let log = std::fs::read_to_string(tc.log_path(holder)).unwrap_or_default();
+    let reset = format!("copy of set {set} reset for a resync's load");
+    log.lines().filter(|l| l.contains(&reset)).count()
 }
 
 /// The chunk bytes the last load of set `set` into `replica`'s copy kept
@@ -1136,7 +1163,9 @@ fn a_held_set_waits_for_its_copy_taken_out_while_down_and_goes_to_it() {
 #[test]
 fn a_copy_back_at_once_from_a_power_loss_leaves_the_set_and_is_loaded_again() {
     let slow_failover = ("MADFS_TEST_DOWN_AFTER_MS", "20000");
-    let (mut tc, rt) = replicated_cluster_with(&[slow_failover]);
+    // Pages of 8 keys: the store spans ranges enough to keep some.
+    let small_pages = ("MADFS_TEST_LOAD_KEYS_PER_CALL", "8");
+    let (mut tc, rt) = replicated_cluster_with(&[slow_failover, small_pages]);
     assert_eq!(
         tc.config().replica_set(madfs_types::ServerId(0)),
         vec![madfs_types::ServerId(0), madfs_types::ServerId(1)]
@@ -1168,6 +1197,25 @@ fn a_copy_back_at_once_from_a_power_loss_leaves_the_set_and_is_loaded_again() {
             kept_bytes += bytes.len() as u64;
         }
     }
+    // Its metadata too: a key set 0 never had, a value changed, a key
+    // gone.
+    let (changed, gone) = {
+        let kv = RocksStore::open(&copy.join("meta")).unwrap();
+        let mut inodes = Vec::new();
+        kv.scan_visit(b"INOD", b"", &mut |k, _| {
+            inodes.push(k.to_vec());
+            true
+        })
+        .unwrap();
+        assert!(inodes.len() >= 4, "{} inodes in the copy", inodes.len());
+        let (changed, gone) = (inodes[1].clone(), inodes[inodes.len() - 2].clone());
+        let mut b = madfs_kv::WriteBatch::new();
+        b.put(b"INOD-never-set-0s", b"stray");
+        b.put(&changed, b"not the inode");
+        b.delete(&gone);
+        kv.write(b, true).unwrap();
+        (changed, gone)
+    };
     let stray = copy.join("chunks/00/00000000000fffff/3");
     std::fs::create_dir_all(stray.parent().unwrap()).unwrap();
     std::fs::write(&stray, b"never set 0's").unwrap();
@@ -1190,6 +1238,13 @@ fn a_copy_back_at_once_from_a_power_loss_leaves_the_set_and_is_loaded_again() {
     assert_eq!(
         kept, kept_bytes,
         "the load kept other bytes than those of the untouched files"
+    );
+    // Only the ranges of keys the power loss changed were sent again.
+    let (keys, keys_kept) = keys_kept_by_load(&tc, 0, 0, 1);
+    eprintln!("the load kept {keys_kept} of {keys} keys and {kept} chunk bytes");
+    assert!(
+        keys_kept > 0 && keys_kept + 3 * 8 >= keys,
+        "the load kept {keys_kept} of {keys} keys, where 3 ranges of 8 changed"
     );
     // Counted in sync again: its chunk files are set 0's, while the
     // servers run (no write comes, so neither side changes). At a stop,
@@ -1216,6 +1271,16 @@ fn a_copy_back_at_once_from_a_power_loss_leaves_the_set_and_is_loaded_again() {
     drop(c);
     stop_all_cleanly(&mut tc);
     assert_same_store(0, &cfg.servers[0].data_dir, &copy);
+    let kv = RocksStore::open(&copy.join("meta")).unwrap();
+    assert_eq!(kv.get(b"INOD-never-set-0s").unwrap(), None);
+    assert_ne!(
+        kv.get(&changed).unwrap().as_deref(),
+        Some(&b"not the inode"[..])
+    );
+    assert!(
+        kv.get(&gone).unwrap().is_some(),
+        "a removed key not sent again"
+    );
 }
 
 /// Truncate every file under `dir` to nothing; how many there were.

@@ -94,6 +94,7 @@ pub enum Opcode {
     ChunkExtent = 49,
     ReplicaDigests = 50,
     ReportSeals = 51,
+    ReplicaKeyRange = 52,
 }
 
 impl Opcode {
@@ -135,6 +136,7 @@ impl Opcode {
             49 => ChunkExtent,
             50 => ReplicaDigests,
             51 => ReportSeals,
+            52 => ReplicaKeyRange,
             _ => return None,
         })
     }
@@ -267,6 +269,10 @@ pub const SEAL_HOLDERS_MAX: usize = 16;
 
 /// ReplicaDigests: chunk files asked about in one request, at most.
 pub const REPLICA_DIGESTS_MAX: usize = 4096;
+
+/// ReplicaKeyRange: the longest key a range may start after or end at
+/// (store keys are a prefix, ids and at most a 255-byte name).
+pub const REPLICA_KEY_MAX_BYTES: usize = 1024;
 
 /// A chunk file as a copy holds it: its length and a 128-bit hash of its
 /// bytes (the server's replication module picks the hash).
@@ -536,6 +542,18 @@ pub enum Op {
         stream: u64,
         chunks: Vec<(InodeId, ChunkIndex)>,
     },
+    /// A resync's question to a replica about its copy's metadata: do its
+    /// keys after `after` (from the first, if None) up to `upto`
+    /// (inclusive; to the last, if None) hash to `digest`, the primary's
+    /// for the same range? If not, the copy drops them (the load sends the
+    /// primary's next). Answered with `KeyRangeSame`.
+    ReplicaKeyRange {
+        set: ServerId,
+        stream: u64,
+        after: Option<Vec<u8>>,
+        upto: Option<Vec<u8>>,
+        digest: [u8; 16],
+    },
     /// Asked of every server by one that started (or took a set over)
     /// less than a seal's lease ago, the first time an entry goes into
     /// `dir`: which seals of it do you hold? (Seals live in memory; the
@@ -725,6 +743,11 @@ pub enum Reply {
     ReplicaAck {
         applied: u64,
     },
+    /// ReplicaKeyRange: whether the copy held the range as the primary
+    /// does (if not, it dropped it).
+    KeyRangeSame {
+        same: bool,
+    },
     /// ReplicaDigests: for each chunk file asked about, in order, how the
     /// copy holds it (None: it holds no such file).
     ChunkDigests {
@@ -798,6 +821,16 @@ pub enum Reply {
 }
 
 impl Op {
+    /// Sent by a set's primary to a server holding a copy of it (a
+    /// resync's records and questions): handled by the process whatever
+    /// set its connection named, and never waited on for replicas.
+    pub fn for_a_copy(&self) -> bool {
+        matches!(
+            self,
+            Op::ReplicaApply { .. } | Op::ReplicaDigests { .. } | Op::ReplicaKeyRange { .. }
+        )
+    }
+
     /// Whether running it twice may do what running it once does not: a
     /// create or mkdir after another client removed the first's result,
     /// an unlink, rmdir or rename after the name changed meanwhile, a
@@ -850,6 +883,7 @@ impl Op {
             Op::ChunkExtent { .. } => Opcode::ChunkExtent,
             Op::ReplicaDigests { .. } => Opcode::ReplicaDigests,
             Op::ReportSeals { .. } => Opcode::ReportSeals,
+            Op::ReplicaKeyRange { .. } => Opcode::ReplicaKeyRange,
         }
     }
 
@@ -1083,6 +1117,22 @@ impl Request {
                     e.ino(*ino);
                     e.u32(index.0);
                 }
+            }
+            Op::ReplicaKeyRange {
+                set,
+                stream,
+                after,
+                upto,
+                digest,
+            } => {
+                e.u16(set.0);
+                e.u64(*stream);
+                for k in [after, upto] {
+                    debug_assert!(k.as_ref().is_none_or(|k| k.len() <= REPLICA_KEY_MAX_BYTES));
+                    e.bool(k.is_some());
+                    e.bytes16(k.as_deref().unwrap_or_default());
+                }
+                e.raw(digest);
             }
             Op::ReportSeals { dir } => {
                 e.ino(*dir);
@@ -1323,6 +1373,24 @@ impl Request {
                 }
             }
             Opcode::ReportSeals => Op::ReportSeals { dir: d.ino()? },
+            Opcode::ReplicaKeyRange => {
+                let set = ServerId(d.u16()?);
+                let stream = d.u64()?;
+                let mut key = |what| -> Result<Option<Vec<u8>>, ProtoError> {
+                    let some = d.bool()?;
+                    let k = d.bytes16(REPLICA_KEY_MAX_BYTES, what)?;
+                    Ok(some.then_some(k))
+                };
+                let after = key("range start key")?;
+                let upto = key("range end key")?;
+                Op::ReplicaKeyRange {
+                    set,
+                    stream,
+                    after,
+                    upto,
+                    digest: d.raw(16)?.try_into().expect("16 bytes taken"),
+                }
+            }
             Opcode::RenameInstall => Op::RenameInstall {
                 tx: TxId(d.u64()?),
                 coordinator: ServerId(d.u16()?),
@@ -1380,6 +1448,7 @@ mod tag {
     pub const WRITTEN: u8 = 23;
     pub const SYNCED: u8 = 24;
     pub const SIZE_UPDATED: u8 = 25;
+    pub const KEY_RANGE_SAME: u8 = 26;
 }
 
 /// u32-prefixed bytes within a body.
@@ -1566,6 +1635,10 @@ impl Reply {
             Reply::ReplicaAck { applied } => {
                 e.u8(tag::REPLICA_ACK);
                 e.u64(*applied);
+            }
+            Reply::KeyRangeSame { same } => {
+                e.u8(tag::KEY_RANGE_SAME);
+                e.bool(*same);
             }
             Reply::ChunkDigests { digests } => {
                 debug_assert!(digests.len() <= REPLICA_DIGESTS_MAX);
@@ -1786,6 +1859,7 @@ impl Reply {
                 Reply::ChunkDigests { digests }
             }
             tag::EXTENT => Reply::Extent { end: d.u64()? },
+            tag::KEY_RANGE_SAME => Reply::KeyRangeSame { same: d.bool()? },
             tag::WRITTEN => Reply::Written {
                 verifier: WriteVerifier(d.u64()?),
             },
@@ -2100,6 +2174,20 @@ mod tests {
                 ],
             },
             Op::ReportSeals { dir: InodeId(77) },
+            Op::ReplicaKeyRange {
+                set: ServerId(1),
+                stream: 0xcafe,
+                after: None,
+                upto: Some(b"DENTzz".to_vec()),
+                digest: [3; 16],
+            },
+            Op::ReplicaKeyRange {
+                set: ServerId(0),
+                stream: 1,
+                after: Some(Vec::new()),
+                upto: None,
+                digest: [0; 16],
+            },
             Op::Find {
                 query: FindQuery::default(),
                 after: None,
@@ -2273,6 +2361,8 @@ mod tests {
             }),
             Reply::Links { nlink: 3 },
             Reply::ReplicaAck { applied: 99 },
+            Reply::KeyRangeSame { same: true },
+            Reply::KeyRangeSame { same: false },
             Reply::ChunkDigests {
                 digests: vec![
                     None,

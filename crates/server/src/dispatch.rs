@@ -114,7 +114,7 @@ impl Server {
         req: Request,
         data: Vec<u8>,
     ) -> OpResult {
-        let replicated = !matches!(req.op, Op::ReplicaApply { .. } | Op::ReplicaDigests { .. });
+        let replicated = !req.op.for_a_copy();
         // A request that must run once and already ran (here, or on the
         // primary whose copy this store was: a retry after a failover)
         // gets the reply it got then (once.rs).
@@ -364,6 +364,18 @@ impl Server {
             } => {
                 debug_assert_eq!(ctx.role, Role::Peer);
                 self.copies.digests(set, stream, chunks).await
+            }
+            Op::ReplicaKeyRange {
+                set,
+                stream,
+                after,
+                upto,
+                digest,
+            } => {
+                debug_assert_eq!(ctx.role, Role::Peer);
+                self.copies
+                    .key_range(set, stream, after, upto, digest)
+                    .await
             }
             Op::Membership { .. } => Err(err(
                 ErrorCode::InvalidArgument,

@@ -464,7 +464,7 @@ impl Handler for Router {
         }
         // Records for this process's copies, whatever set the connection
         // named (a resync reaches a server whose own set moved away).
-        if let Op::ReplicaApply { .. } | Op::ReplicaDigests { .. } = req.op {
+        if req.op.for_a_copy() {
             return self.home_metered.handle(ctx, req, data).await;
         }
         if self.stopping.load(std::sync::atomic::Ordering::Acquire) {
@@ -477,9 +477,7 @@ impl Handler for Router {
         // it answers nothing (records for its copies excepted: those come
         // from a primary that holds one).
         if let Some(g) = self.group.get() {
-            if !g.may_serve()
-                && !matches!(req.op, Op::ReplicaApply { .. } | Op::ReplicaDigests { .. })
-            {
+            if !g.may_serve() && !req.op.for_a_copy() {
                 return Err(WireError::new(
                     ErrorCode::Unavailable,
                     format!(

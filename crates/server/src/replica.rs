@@ -29,6 +29,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 mod load;
+pub(crate) use load::{local_only_key, KeyRangeDigest};
 
 /// One copy of another server's set.
 pub(crate) struct ReplicaCopy {
@@ -146,7 +147,7 @@ impl ReplicaCopies {
 
     /// `set` is no longer served from its copy here (the map gave it to
     /// another server): take records for it again. The copy stays closed
-    /// until a record comes; the resync that follows wipes it first.
+    /// until a record comes; the resync that follows loads it first.
     pub(crate) fn unpromote(&self, set: ServerId) {
         self.promoted
             .lock()
@@ -809,6 +810,85 @@ mod tests {
         assert!(p.whole(boot), "written in this boot");
         assert!(!p.whole(Some([8u8; 16])), "after a power cut");
         assert!(!p.whole(None), "where the boot is unknown");
+    }
+
+    /// A resync's load compares the copy's metadata range by range, over
+    /// the copy it had: a range that hashes as the primary's stays, one
+    /// that differs is dropped (only it), the copy's own keys (its
+    /// position) are in no range, and a copy whose load this process did
+    /// not see answers no question.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_load_keeps_the_key_ranges_that_hash_as_the_primarys_and_drops_the_others() {
+        let root = tempfile::tempdir().unwrap();
+        let copies = copies_in(root.path());
+        let held: [(&[u8], &[u8]); 4] = [(b"a", b"1"), (b"b", b"2"), (b"c", b"3"), (b"d", b"4")];
+        let records: Vec<Record> = held.iter().map(|(k, v)| kv(k, v, false)).collect();
+        assert_eq!(send(&copies, 5, 1, &records).await, Ok(4));
+        let load = 6; // the stream `ask` names
+        assert_eq!(
+            send(&copies, load, 0, &[Record::Reset { applied: 0 }]).await,
+            Ok(0)
+        );
+        let digest = |pairs: &[(&[u8], &[u8])]| {
+            let mut d = KeyRangeDigest::new();
+            for (k, v) in pairs {
+                d.add(k, v);
+            }
+            d.finish()
+        };
+        async fn ask(
+            copies: &ReplicaCopies,
+            after: Option<&[u8]>,
+            upto: Option<&[u8]>,
+            digest: [u8; 16],
+        ) -> Result<bool, ErrorCode> {
+            let (after, upto) = (after.map(<[u8]>::to_vec), upto.map(<[u8]>::to_vec));
+            match copies.key_range(ServerId(0), 6, after, upto, digest).await {
+                Ok((madfs_proto::message::Reply::KeyRangeSame { same }, _)) => Ok(same),
+                Ok((other, _)) => panic!("{other:?}"),
+                Err(e) => Err(e.code),
+            }
+        }
+        // Up to "b" as the primary holds it: kept.
+        assert_eq!(
+            ask(&copies, None, Some(b"b"), digest(&held[..2])).await,
+            Ok(true)
+        );
+        // After "b" the primary holds c = 3 and e = 5 (d gone, e new).
+        let theirs: [(&[u8], &[u8]); 2] = [(b"c", b"3"), (b"e", b"5")];
+        assert_eq!(
+            ask(&copies, Some(b"b"), None, digest(&theirs)).await,
+            Ok(false)
+        );
+        let kv = copies
+            .slot(ServerId(0))
+            .lock()
+            .await
+            .as_ref()
+            .unwrap()
+            .kv
+            .clone();
+        for (k, v) in &held[..2] {
+            assert_eq!(kv.get(k).unwrap().as_deref(), Some(*v));
+        }
+        for (k, _) in &held[2..] {
+            assert_eq!(kv.get(k).unwrap(), None, "{k:?} outlived its range");
+        }
+        assert_eq!(
+            at(kv.as_ref()),
+            (load, 0),
+            "the copy's position went with a range"
+        );
+        // The same range again, now empty there: it hashes as nothing.
+        assert_eq!(ask(&copies, Some(b"b"), None, digest(&[])).await, Ok(true));
+        drop(kv);
+        drop(copies);
+        // Reopened (a restart mid-load): it did not see the reset.
+        let copies = copies_in(root.path());
+        assert_eq!(
+            ask(&copies, None, None, digest(&[])).await,
+            Err(ErrorCode::Stale)
+        );
     }
 
     /// Positions of the format before boots (17 bytes) still read, and

@@ -24,9 +24,9 @@
 //! A replica that fails (its call errors) leaves the set once the
 //! membership group took it out: records are no longer waited for there.
 //! It comes back through a resync (`catch_up`): the records from that
-//! moment on are kept for it, its copy is wiped and loaded from this
-//! server's store (every key, every chunk file: a fuzzy copy, taken while
-//! writes go on), and then the kept records are shipped in order on top,
+//! moment on are kept for it, its copy is loaded from this server's store
+//! (every range of keys and every chunk file the copy does not hold as
+//! they are here: a fuzzy copy, taken while writes go on), and then the kept records are shipped in order on top,
 //! which brings every key and byte the copy took mid-change to its final
 //! value (each record is idempotent when replayed in order). Once it has
 //! them all, the group counts it in sync again.
@@ -149,7 +149,10 @@ impl std::fmt::Debug for SharedBytes {
 
 /// What a resync's load copied.
 struct Loaded {
+    /// Keys the primary held (at their page's read), and of those, keys in
+    /// ranges the replica held as they were, and kept.
     keys: u64,
+    keys_kept: u64,
     /// Chunk files the primary held at the load's start.
     files: u64,
     /// Chunk bytes sent, and bytes the replica held as they were (equal
@@ -183,10 +186,11 @@ pub(crate) enum Record {
     },
     /// Everything before is durable on the primary: make it so here.
     Sync,
-    /// Start a resync: wipe the copy's metadata, follow this stream from
-    /// record `applied + 1` (sent in a load call, before the copy's
-    /// contents). Its chunk files stay for the load to compare
-    /// (`Op::ReplicaDigests`); the load's end drops those not asked about.
+    /// Start a resync: follow this stream from record `applied + 1` (sent
+    /// in a load call, before the copy's contents). The copy's keys and
+    /// chunk files stay for the load to compare (`Op::ReplicaKeyRange`,
+    /// `Op::ReplicaDigests`); the load's end drops the chunk files not
+    /// asked about.
     Reset {
         applied: u64,
     },
@@ -967,10 +971,12 @@ impl Replicator {
         } else {
             match self.load(server, replica, from, (i, generation)).await {
                 Ok(l) => tracing::info!(
-                    "set {}: server {replica} has the copy ({} keys, {} chunk files: {} bytes \
-                     sent, {} bytes it held already kept); now the records since",
+                    "set {}: server {replica} has the copy ({} keys, {} it held already kept; \
+                     {} chunk files: {} bytes sent, {} bytes it held already kept); now the \
+                     records since",
                     self.set,
                     l.keys,
+                    l.keys_kept,
                     l.files,
                     l.bytes_sent,
                     l.bytes_kept
@@ -1053,8 +1059,9 @@ impl Replicator {
             Reply::ReplicaAck { applied } if applied + 1 >= from && applied <= last))
     }
 
-    /// The load of a resync: wipe `replica`'s copy and send it every key
-    /// and every chunk file of this server's store, noting progress for
+    /// The load of a resync: bring `replica`'s copy to this server's store,
+    /// sending the ranges of keys and the chunk files it does not hold as
+    /// they are here, noting progress for
     /// replica index and generation `of`. (keys, chunk files).
     async fn load(
         &self,
@@ -1099,115 +1106,167 @@ impl Replicator {
             p.phase = RebuildPhase::Keys;
             p.bytes_total = total;
         });
-        let (mut keys, mut start) = (0u64, Vec::new());
+        // Pages of keys in order, each compared with the copy's keys over
+        // the same range (after the last page's last key, up to this
+        // page's; the final range runs to the end): a copy back after a
+        // power cut or a long absence holds most ranges as they are here.
+        let (mut keys, mut keys_kept) = (0u64, 0u64);
+        let mut after: Option<Vec<u8>> = None;
         loop {
             let kv = server.kv.clone();
-            let from_key = start.clone();
+            let mut from_key = after.clone().unwrap_or_default();
+            if !from_key.is_empty() {
+                from_key.push(0);
+            }
             let rows = crate::service::blocking(move || {
-                kv.scan(b"", &from_key, LOAD_KEYS_PER_CALL)
+                kv.scan(b"", &from_key, load_keys_per_call())
                     .map_err(|e| std::io::Error::other(e.to_string()))
             })
             .await
             .map_err(|e| e.to_string())?;
-            let Some((last, _)) = rows.last() else { break };
-            start = last.clone();
-            start.push(0);
-            let mut b = WriteBatch::new();
-            // The boot a store was served in is the host's, not the set's;
-            // the copies its acknowledgements waited for are its own.
-            for (k, v) in rows.iter().filter(|(k, _)| {
-                k != crate::keys::META_SERVED_IN_BOOT && k != crate::keys::META_WAITED_COPIES
-            }) {
-                b.put(k, v);
+            // A short page is the last: its range runs to the end.
+            let upto = (rows.len() == load_keys_per_call())
+                .then(|| rows.last().map(|(k, _)| k.clone()))
+                .flatten();
+            let rows: Vec<_> = rows
+                .into_iter()
+                .filter(|(k, _)| !crate::replica::local_only_key(k))
+                .collect();
+            let mut digest = crate::replica::KeyRangeDigest::new();
+            for (k, v) in &rows {
+                digest.add(k, v);
             }
+            let same = self
+                .same_key_range(
+                    server,
+                    replica,
+                    after.clone(),
+                    upto.clone(),
+                    digest.finish(),
+                )
+                .await?;
             keys += rows.len() as u64;
-            let full = rows.len() == LOAD_KEYS_PER_CALL;
-            send(vec![Record::Kv {
-                batch: SharedBytes::new(b.encode()),
-                sync: false,
-            }])
-            .await?;
-            progress(&|p| p.keys = keys);
-            if !full {
-                break;
+            if same {
+                keys_kept += rows.len() as u64;
+            } else if !rows.is_empty() {
+                let mut b = WriteBatch::new();
+                for (k, v) in &rows {
+                    b.put(k, v);
+                }
+                send(vec![Record::Kv {
+                    batch: SharedBytes::new(b.encode()),
+                    sync: false,
+                }])
+                .await?;
+            }
+            progress(&|p| {
+                p.keys = keys;
+            });
+            match upto {
+                Some(last) => after = Some(last),
+                None => break,
             }
         }
         progress(&|p| p.phase = RebuildPhase::Chunks);
         let (mut bytes_sent, mut bytes_kept) = (0u64, 0u64);
-        for batch in files.chunks(REPLICA_DIGESTS_MAX) {
+        // The copy hashes each next 4096 files while these are compared and
+        // sent (it answers from outside the copy's lock).
+        let mut batches = files.chunks(REPLICA_DIGESTS_MAX);
+        let mut current = batches.next();
+        let mut theirs = match current {
+            Some(batch) => self.their_digests(server, replica, batch).await?,
+            None => Vec::new(),
+        };
+        while let Some(batch) = current {
+            let next = batches.next();
+            let ask_next = async {
+                match next {
+                    Some(b) => self.their_digests(server, replica, b).await.map(Some),
+                    None => Ok(None),
+                }
+            };
+            let these = std::mem::take(&mut theirs);
+            let (bytes_sent, bytes_kept) = (&mut bytes_sent, &mut bytes_kept);
             // How the copy holds these files: one that equals ours is kept
             // (a copy back after a power cut or a long absence holds most
             // of them), one that differs is dropped and sent whole.
-            let theirs = self.their_digests(server, replica, batch).await?;
-            for ((ino, index, path), theirs) in batch.iter().zip(theirs) {
-                let mut drop_first = None;
-                if let Some(theirs) = theirs {
-                    let (chunks, i, x) = (server.chunks.clone(), *ino, *index);
-                    let ours = crate::service::blocking(move || chunks.digest(i, x))
+            let this = async {
+                for ((ino, index, path), theirs) in batch.iter().zip(these) {
+                    let mut drop_first = None;
+                    if let Some(theirs) = theirs {
+                        let (chunks, i, x) = (server.chunks.clone(), *ino, *index);
+                        let ours = crate::service::blocking(move || chunks.digest(i, x))
+                            .await
+                            .map_err(|e| format!("{}: {e}", path.display()))?;
+                        if ours == Some(theirs) {
+                            *bytes_kept += theirs.len;
+                            progress(&|p| {
+                                p.bytes_done += theirs.len;
+                                p.bytes_kept += theirs.len;
+                            });
+                            continue;
+                        }
+                        drop_first = Some(Record::ChunkDrop {
+                            ino: *ino,
+                            index: *index,
+                        });
+                    }
+                    let mut offset = 0u64;
+                    loop {
+                        let (p, at) = (path.clone(), offset);
+                        let piece = crate::service::blocking(move || {
+                            use std::os::unix::fs::FileExt;
+                            let f = match std::fs::File::open(&p) {
+                                Ok(f) => f,
+                                // Purged meanwhile: the records say so.
+                                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                                    return Ok(Vec::new())
+                                }
+                                Err(e) => return Err(e),
+                            };
+                            let mut buf = vec![0u8; LOAD_CHUNK_PIECE];
+                            let n = f.read_at(&mut buf, at)?;
+                            buf.truncate(n);
+                            Ok(buf)
+                        })
                         .await
                         .map_err(|e| format!("{}: {e}", path.display()))?;
-                    if ours == Some(theirs) {
-                        bytes_kept += theirs.len;
-                        progress(&|p| {
-                            p.bytes_done += theirs.len;
-                            p.bytes_kept += theirs.len;
-                        });
-                        continue;
-                    }
-                    drop_first = Some(Record::ChunkDrop {
-                        ino: *ino,
-                        index: *index,
-                    });
-                }
-                let mut offset = 0u64;
-                loop {
-                    let (p, at) = (path.clone(), offset);
-                    let piece = crate::service::blocking(move || {
-                        use std::os::unix::fs::FileExt;
-                        let f = match std::fs::File::open(&p) {
-                            Ok(f) => f,
-                            // Purged meanwhile: the records say so.
-                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                                return Ok(Vec::new())
+                        let mut records: Vec<Record> = drop_first.take().into_iter().collect();
+                        if piece.is_empty() {
+                            if !records.is_empty() {
+                                send(records).await?;
                             }
-                            Err(e) => return Err(e),
-                        };
-                        let mut buf = vec![0u8; LOAD_CHUNK_PIECE];
-                        let n = f.read_at(&mut buf, at)?;
-                        buf.truncate(n);
-                        Ok(buf)
-                    })
-                    .await
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
-                    let mut records: Vec<Record> = drop_first.take().into_iter().collect();
-                    if piece.is_empty() {
-                        if !records.is_empty() {
-                            send(records).await?;
+                            break;
                         }
-                        break;
-                    }
-                    let n = piece.len() as u64;
-                    records.push(Record::ChunkWrite {
-                        ino: *ino,
-                        index: *index,
-                        offset,
-                        chunk_size: server.chunk_size,
-                        data: SharedBytes::new(piece),
-                    });
-                    send(records).await?;
-                    bytes_sent += n;
-                    offset += n;
-                    progress(&|p| p.bytes_done += n);
-                    if let Some(pause) = rebuild_piece_pause() {
-                        tokio::time::sleep(pause).await;
+                        let n = piece.len() as u64;
+                        records.push(Record::ChunkWrite {
+                            ino: *ino,
+                            index: *index,
+                            offset,
+                            chunk_size: server.chunk_size,
+                            data: SharedBytes::new(piece),
+                        });
+                        send(records).await?;
+                        *bytes_sent += n;
+                        offset += n;
+                        progress(&|p| p.bytes_done += n);
+                        if let Some(pause) = rebuild_piece_pause() {
+                            tokio::time::sleep(pause).await;
+                        }
                     }
                 }
-            }
+                Ok::<(), String>(())
+            };
+            let (done, asked) = tokio::join!(this, ask_next);
+            done?;
+            theirs = asked?.unwrap_or_default();
+            current = next;
         }
         // Durable there before the records resume.
         send(vec![Record::Sync]).await?;
         Ok(Loaded {
             keys,
+            keys_kept,
             files: files.len() as u64,
             bytes_sent,
             bytes_kept,
@@ -1231,6 +1290,39 @@ impl Replicator {
     /// The pool records go through: one that reaches server processes,
     /// whatever sets moved (set by the process, `set_pool`), else the
     /// server's peers.
+    /// A load's question to `replica`: whether its copy's keys after
+    /// `after` up to `upto` hash to `digest` (`Op::ReplicaKeyRange`; if
+    /// not, it dropped them).
+    async fn same_key_range(
+        &self,
+        server: &crate::Server,
+        replica: ServerId,
+        after: Option<Vec<u8>>,
+        upto: Option<Vec<u8>>,
+        digest: [u8; 16],
+    ) -> Result<bool, String> {
+        let req = Request {
+            creds: Credentials::root(),
+            op: Op::ReplicaKeyRange {
+                set: self.set,
+                stream: self.stream_id,
+                after,
+                upto,
+                digest,
+            },
+            once: None,
+        };
+        match self.pool(server).call_once(replica, &req, &[]).await {
+            Ok(r) => match r.reply {
+                Reply::KeyRangeSame { same } => Ok(same),
+                other => Err(format!(
+                    "replica {replica} answered a key range question with {other:?}"
+                )),
+            },
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     /// A load's question to `replica`: how its copy holds each of `files`
     /// (`Op::ReplicaDigests`), in order.
     async fn their_digests(
@@ -1380,6 +1472,19 @@ fn rebuild_piece_pause() -> Option<Duration> {
             .ok()
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(|ms| Duration::from_millis(ms.min(1000)))
+    })
+}
+
+/// Keys per page of a load: `LOAD_KEYS_PER_CALL`, fewer where a test
+/// asks (`MADFS_TEST_LOAD_KEYS_PER_CALL`), so that a small store spans
+/// several ranges to compare.
+fn load_keys_per_call() -> usize {
+    static KEYS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *KEYS.get_or_init(|| {
+        std::env::var("MADFS_TEST_LOAD_KEYS_PER_CALL")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .map_or(LOAD_KEYS_PER_CALL, |n| n.clamp(1, LOAD_KEYS_PER_CALL))
     })
 }
 

@@ -1,11 +1,14 @@
 //! A resync's load, the replica's side (replication.rs `load` is the
-//! primary's): the reset that wipes the copy's metadata, the digests the
-//! primary compares chunk files by, and the load's records. Chunk files
-//! survive the reset: the primary asks how the copy holds each of its own
-//! (`digests`) and sends only those that differ, so a copy back after a
-//! power cut or a long absence is not sent what it already holds. The
-//! load's end drops the copy's chunk files the primary did not ask about
-//! (removed on the primary while the copy was away).
+//! primary's): the reset that starts it, the questions the primary
+//! compares metadata ranges and chunk files by, and the load's records.
+//! The copy's keys and chunk files survive the reset: the primary asks
+//! whether each range of its keys hashes as the copy's (`key_range`; the
+//! copy drops a range that differs, and the primary sends its own) and how
+//! the copy holds each of its chunk files (`digests`; it sends only those
+//! that differ), so a copy back after a power cut or a long absence is not
+//! sent what it already holds. The load's end drops the copy's chunk files
+//! the primary did not ask about (removed on the primary while the copy
+//! was away).
 
 use super::{ack, copy_dir, keys, open_copy, Position, ReplicaCopies, ReplicaCopy};
 use crate::errors::{err, OpResult};
@@ -36,35 +39,41 @@ impl ReplicaCopies {
         };
         if let Some(Record::Reset { applied }) = records.first() {
             let applied = *applied;
-            // Dropped first: RocksDB's lock goes with it.
-            *slot = None;
             let (dir, stores, boot) = (copy_dir(&self.root, set), self.stores.clone(), self.boot);
             let (root, me) = (self.root.clone(), self.me);
+            let open = slot.take();
             let copy = crate::service::blocking(move || {
-                // Everything but the chunk files goes (the metadata store,
-                // or the simulation's marker of it).
-                match std::fs::read_dir(&dir) {
-                    Ok(entries) => {
-                        for e in entries {
-                            let e = e?;
-                            if e.file_name() == "chunks" {
-                                continue;
-                            }
-                            if e.file_type()?.is_dir() {
-                                std::fs::remove_dir_all(e.path())?;
-                            } else {
-                                std::fs::remove_file(e.path())?;
-                            }
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(e),
-                }
                 if set == me {
                     start_from_moved_home(&root, &dir)?;
                 }
-                let copy = open_copy(dir, stores.as_deref(), boot)?;
+                // The copy's metadata stays, to be compared range by range
+                // (`key_range`). One that does not open (damaged) goes,
+                // with everything but the chunk files.
+                let copy = match open {
+                    Some(copy) => copy,
+                    None => match open_copy(dir.clone(), stores.as_deref(), boot) {
+                        Ok(copy) => copy,
+                        Err(e) => {
+                            tracing::warn!(
+                                "server {me}: copy of set {set} does not open ({e}); its \
+                                 metadata is dropped for the resync"
+                            );
+                            wipe_all_but_chunks(&dir)?;
+                            open_copy(dir, stores.as_deref(), boot)?
+                        }
+                    },
+                };
                 let mut b = WriteBatch::new();
+                // A copy once served (promoted, then the set moved on)
+                // still holds a served store's own records; as a copy it
+                // has none (a wipe dropped them before).
+                for k in [
+                    keys::META_SERVED_IN_BOOT,
+                    keys::META_WAITED_COPIES,
+                    keys::META_STREAM_STOPPED,
+                ] {
+                    b.delete(k);
+                }
                 b.put(
                     keys::META_REPLICA_POSITION,
                     &Position::new(stream, applied, false, None).encode(),
@@ -85,8 +94,8 @@ impl ReplicaCopies {
                 ..copy
             });
             tracing::info!(
-                "server {}: copy of set {set} wiped for a resync (its chunk files kept to \
-                 compare), from record {}",
+                "server {}: copy of set {set} reset for a resync's load (its keys and chunk \
+                 files kept to compare), from record {}",
                 self.me,
                 applied + 1
             );
@@ -179,6 +188,9 @@ impl ReplicaCopies {
         };
         seen.extend(chunks.iter().copied());
         let store = copy.chunks.clone();
+        // Hashed outside the lock: the load's records for the files asked
+        // about before (never these) apply meanwhile.
+        drop(slot);
         let digests = crate::service::blocking(move || {
             chunks
                 .into_iter()
@@ -200,6 +212,142 @@ impl ReplicaCopies {
         })?;
         Ok((Reply::ChunkDigests { digests }, Vec::new()))
     }
+
+    /// A resync's question about the copy's metadata
+    /// (`Op::ReplicaKeyRange`): whether its keys after `after` up to
+    /// `upto` hash to the primary's `digest`; those that do not are
+    /// dropped, and the load sends the primary's. Keys a store keeps for
+    /// itself (`local_only_key`) are neither compared nor dropped.
+    pub(crate) async fn key_range(
+        &self,
+        set: ServerId,
+        stream: u64,
+        after: Option<Vec<u8>>,
+        upto: Option<Vec<u8>>,
+        digest: [u8; 16],
+    ) -> OpResult {
+        self.keeps(set)?;
+        let slot = self.slot(set);
+        let slot = slot.lock_owned().await;
+        self.not_promoted(set)?;
+        let kv = match slot.as_ref() {
+            Some(copy) if copy.stream == stream && copy.load_seen.is_some() => copy.kv.clone(),
+            _ => {
+                return Err(err(
+                    ErrorCode::Stale,
+                    format!(
+                        "server {}'s copy of set {set}: {}",
+                        self.me,
+                        not_started(self.me)
+                    ),
+                ))
+            }
+        };
+        let same = crate::service::blocking(move || {
+            let mut start = after.unwrap_or_default();
+            if !start.is_empty() {
+                start.push(0); // the first key after `after`
+            }
+            let io = |e: madfs_kv::KvError| std::io::Error::other(e.to_string());
+            let visit = |f: &mut dyn FnMut(&[u8], &[u8])| {
+                kv.scan_visit(b"", &start, &mut |k, v| {
+                    if upto.as_deref().is_some_and(|u| k > u) {
+                        return false;
+                    }
+                    if !local_only_key(k) {
+                        f(k, v);
+                    }
+                    true
+                })
+                .map_err(io)
+            };
+            let mut mine = KeyRangeDigest::new();
+            visit(&mut |k, v| mine.add(k, v))?;
+            if mine.finish() == digest {
+                return Ok(true);
+            }
+            let mut drops = Vec::new();
+            visit(&mut |k, _| drops.push(k.to_vec()))?;
+            for keys in drops.chunks(KEY_DROPS_PER_BATCH) {
+                let mut b = WriteBatch::new();
+                for k in keys {
+                    b.delete(k);
+                }
+                kv.write(b, false).map_err(io)?;
+            }
+            Ok(false)
+        })
+        .await
+        .map_err(|e| {
+            err(
+                ErrorCode::Io,
+                format!("server {}'s copy of set {set}: key range: {e}", self.me),
+            )
+        })?;
+        Ok((Reply::KeyRangeSame { same }, Vec::new()))
+    }
+}
+
+/// Keys dropped from a copy in one batch when a range differs.
+const KEY_DROPS_PER_BATCH: usize = 4096;
+
+/// Keys a store keeps for itself, not part of its set's contents: a load
+/// neither sends, compares nor drops them. (The boot a store was served in
+/// is its host's, not the set's; the copies its acknowledgements waited
+/// for are its own; a copy's position is the copy's.)
+pub(crate) fn local_only_key(k: &[u8]) -> bool {
+    [
+        keys::META_SERVED_IN_BOOT,
+        keys::META_WAITED_COPIES,
+        keys::META_STREAM_STOPPED,
+        keys::META_REPLICA_POSITION,
+        keys::META_REPLICA_LOADING,
+    ]
+    .contains(&k)
+}
+
+/// The hash a load compares a range of keys by, on both sides: xxh3-128
+/// over each pair in key order, lengths first (so that no two different
+/// lists of pairs feed it the same bytes).
+pub(crate) struct KeyRangeDigest(xxhash_rust::xxh3::Xxh3);
+
+impl KeyRangeDigest {
+    pub(crate) fn new() -> KeyRangeDigest {
+        KeyRangeDigest(xxhash_rust::xxh3::Xxh3::new())
+    }
+
+    pub(crate) fn add(&mut self, key: &[u8], value: &[u8]) {
+        self.0.update(&(key.len() as u64).to_le_bytes());
+        self.0.update(key);
+        self.0.update(&(value.len() as u64).to_le_bytes());
+        self.0.update(value);
+    }
+
+    pub(crate) fn finish(&self) -> [u8; 16] {
+        self.0.digest128().to_le_bytes()
+    }
+}
+
+/// Everything in a copy's directory but its chunk files (a metadata store
+/// that does not open).
+fn wipe_all_but_chunks(dir: &Path) -> std::io::Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for e in entries {
+        let e = e?;
+        if e.file_name() == "chunks" {
+            continue;
+        }
+        if e.file_type()?.is_dir() {
+            std::fs::remove_dir_all(e.path())?;
+        } else {
+            std::fs::remove_file(e.path())?;
+        }
+    }
+    Ok(())
 }
 
 /// A server catching up on its own set, which moved away: its old store's
