@@ -490,7 +490,9 @@ fn killed_servers_fail_over_to_their_replicas_and_lose_nothing_acknowledged() {
 /// after is lost.
 #[test]
 fn a_restarted_server_resyncs_and_takes_over_again() {
-    let (mut tc, rt) = replicated_cluster();
+    // Pages of 2 keys: set 3 takes new keys in most ranges of 8 while
+    // server 3 is away.
+    let (mut tc, rt) = replicated_cluster_with(&[("MADFS_TEST_LOAD_KEYS_PER_CALL", "2")]);
     let c = tc.client();
     let mut files: Expected = Vec::new();
     let write = |files: &mut Expected, round: u64| {
@@ -520,9 +522,9 @@ fn a_restarted_server_resyncs_and_takes_over_again() {
 
     // It comes back and catches up on both, while writes go on: its own
     // store is not served again, so set 3 is loaded into a copy, which
-    // starts from that store's chunk files (only what changed is sent);
-    // its copy of set 2 lost nothing the kernel had (a process died, not
-    // the machine), so only the records it missed are replayed.
+    // starts from that store's chunk files and keys (only what changed is
+    // sent); its copy of set 2 lost nothing the kernel had (a process
+    // died, not the machine), so only the records it missed are replayed.
     tc.restart(3);
     write(&mut files, 2);
     let t = std::time::Instant::now();
@@ -539,6 +541,11 @@ fn a_restarted_server_resyncs_and_takes_over_again() {
     assert!(
         bytes_kept_by_load(&tc, 0, 3, 3) > 0,
         "set 3 was sent whole to server 3, which held most of it"
+    );
+    let (keys, kept) = keys_kept_by_load(&tc, 0, 3, 3);
+    assert!(
+        kept > 0,
+        "every one of set 3's {keys} keys was sent to server 3, whose old store held them"
     );
     stop_all_cleanly(&mut tc);
     let servers = tc.config().servers.clone();

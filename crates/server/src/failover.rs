@@ -366,8 +366,8 @@ impl Router {
         }
         // If it was served from this server's copy (another's set, or its
         // own after it moved away once), the copy takes records again, so
-        // that a resync can rebuild it (it starts with a reset that wipes
-        // the stale copy).
+        // that a resync can rebuild it (its load sends what the stale copy
+        // does not hold as the primary does).
         self.home_server.copies.unpromote(set);
     }
 

@@ -80,6 +80,9 @@ pub(crate) struct ReplicaCopies {
     last_apply: Mutex<Option<std::time::Instant>>,
     /// The kernel boot positions are written in (`Position::whole`).
     boot: Option<BootId>,
+    /// This server's own store: once its set moved away (never served
+    /// again), the copy of that set starts from its keys (load.rs).
+    home: Option<Arc<dyn KvStore>>,
 }
 
 /// Where server `me` (data directory `root`) keeps its copy of `set`.
@@ -93,11 +96,13 @@ impl ReplicaCopies {
         root: PathBuf,
         sets: Vec<ServerId>,
         stores: Option<Arc<dyn crate::injected::Stores>>,
+        home: Option<Arc<dyn KvStore>>,
     ) -> ReplicaCopies {
         ReplicaCopies {
             me,
             root,
             sets,
+            home,
             copies: Mutex::new(HashMap::new()),
             promoted: Mutex::new(Default::default()),
             boot: match &stores {
@@ -317,11 +322,17 @@ impl ReplicaCopies {
         // append, which the primary made inline too: a hop to a blocking
         // thread was most of a replicated create's added time (a
         // ReplicaApply took 144 us on average, the whole create 69 us at
-        // R = 1). Chunk files and syncs go to a blocking thread.
+        // R = 1). Short chunk writes are buffered copies into the page
+        // cache, also inline on the primary (`SMALL_WRITE_INLINE_MAX_BYTES`);
+        // longer ones, and syncs, go to a blocking thread.
+        // (At most 4 such writes' worth in all: a call may carry many.)
+        let inline_bytes = todo.iter().try_fold(0usize, |n, r| match r {
+            Record::Kv { sync: false, .. } => Some(n),
+            Record::ChunkWrite { data, .. } => Some(n + data.len()),
+            _ => None,
+        });
         let applied = if mark.is_none()
-            && todo
-                .iter()
-                .all(|r| matches!(r, Record::Kv { sync: false, .. }))
+            && inline_bytes.is_some_and(|n| n <= 4 * crate::service::SMALL_WRITE_INLINE_MAX_BYTES)
         {
             apply_records(kv.as_ref(), &chunks, (stream, boot), start, todo)
         } else {
@@ -669,7 +680,13 @@ mod tests {
     }
 
     fn copies_in(root: &std::path::Path) -> ReplicaCopies {
-        ReplicaCopies::new(ServerId(1), root.to_path_buf(), vec![ServerId(0)], None)
+        ReplicaCopies::new(
+            ServerId(1),
+            root.to_path_buf(),
+            vec![ServerId(0)],
+            None,
+            None,
+        )
     }
 
     /// `copies_in`, in kernel boot `boot`.

@@ -180,6 +180,7 @@ impl Server {
                 .filter(|&s| cfg.replicas > 1 && cfg.replica_set(s).contains(&id))
                 .collect(),
             stores,
+            Some(kv.clone()),
         );
         let boot = copies.boot();
         let lost_unsynced =
@@ -457,6 +458,16 @@ impl Server {
         dentry_server(parent, name, self.servers) == self.id
     }
 }
+
+/// Chunk writes this short run on the runtime thread, on the primary and
+/// on a copy: they are buffered (direct I/O starts at 256 KiB), a copy
+/// into the page cache of a few microseconds, less than the hand-over to
+/// a blocking thread and back. ior-hard's 47,008-byte writes through
+/// `madfs run` (2 ranks, 4 servers): 397-451 -> 443-478 MiB/s at R = 1
+/// and 203-222 -> 224-230 at R = 2, servers' CPU 23-30% and 12-18% less
+/// (docs/PERFORMANCE.md). As RocksDB's inline WAL appends, such a write
+/// can stall the thread when the kernel throttles dirty pages.
+pub(crate) const SMALL_WRITE_INLINE_MAX_BYTES: usize = 64 << 10;
 
 /// Set by `run_disk_io_inline`.
 static DISK_IO_INLINE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);

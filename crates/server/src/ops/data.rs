@@ -4,7 +4,7 @@ use crate::errors::{err, io_err, kv_err, OpResult};
 use crate::keys;
 use crate::locks::LockKey;
 use crate::replication::SharedBytes;
-use crate::service::{blocking, Server};
+use crate::service::{blocking, Server, SMALL_WRITE_INLINE_MAX_BYTES};
 use madfs_kv::WriteBatch;
 use madfs_proto::message::{Op, Reply};
 use madfs_proto::{ErrorCode, WireError};
@@ -94,9 +94,15 @@ impl Server {
         let data = SharedBytes::new(data);
         if chunk.0 != 0 {
             let chunks = self.chunks.clone();
-            blocking(move || chunks.write_shared(ino, chunk, offset as u64, &data, cs))
-                .await
-                .map_err(io_err)?;
+            if data.len() <= SMALL_WRITE_INLINE_MAX_BYTES {
+                chunks
+                    .write_shared(ino, chunk, offset as u64, &data, cs)
+                    .map_err(io_err)?;
+            } else {
+                blocking(move || chunks.write_shared(ino, chunk, offset as u64, &data, cs))
+                    .await
+                    .map_err(io_err)?;
+            }
             return Ok(Reply::Written {
                 verifier: self.write_verifier(),
             });
@@ -132,6 +138,10 @@ impl Server {
                 inode.chunk0_in_file = true;
                 b.delete(&keys::inline_data(ino));
             }
+        } else if data.len() <= SMALL_WRITE_INLINE_MAX_BYTES {
+            self.chunks
+                .write_shared(ino, ChunkIndex(0), offset as u64, &data, cs)
+                .map_err(io_err)?;
         } else {
             let chunks = self.chunks.clone();
             blocking(move || chunks.write_shared(ino, ChunkIndex(0), offset as u64, &data, cs))

@@ -12,8 +12,9 @@
 
 use super::{ack, copy_dir, keys, open_copy, Position, ReplicaCopies, ReplicaCopy};
 use crate::errors::{err, OpResult};
+use crate::failover::HOME_SET_MOVED;
 use crate::replication::Record;
-use madfs_kv::WriteBatch;
+use madfs_kv::{KvStore, WriteBatch};
 use madfs_proto::message::Reply;
 use madfs_proto::ErrorCode;
 use madfs_types::{ChunkIndex, InodeId, ServerId};
@@ -42,8 +43,10 @@ impl ReplicaCopies {
             let (dir, stores, boot) = (copy_dir(&self.root, set), self.stores.clone(), self.boot);
             let (root, me) = (self.root.clone(), self.me);
             let open = slot.take();
+            let home = self.home.clone().filter(|_| set == me);
             let copy = crate::service::blocking(move || {
-                if set == me {
+                let moved_home = home.filter(|_| root.join(HOME_SET_MOVED).exists());
+                if moved_home.is_some() {
                     start_from_moved_home(&root, &dir)?;
                 }
                 // The copy's metadata stays, to be compared range by range
@@ -63,6 +66,9 @@ impl ReplicaCopies {
                         }
                     },
                 };
+                if let Some(home) = moved_home {
+                    keys_from_moved_home(home.as_ref(), copy.kv.as_ref())?;
+                }
                 let mut b = WriteBatch::new();
                 // A copy once served (promoted, then the set moved on)
                 // still holds a served store's own records; as a copy it
@@ -268,7 +274,7 @@ impl ReplicaCopies {
             }
             let mut drops = Vec::new();
             visit(&mut |k, _| drops.push(k.to_vec()))?;
-            for keys in drops.chunks(KEY_DROPS_PER_BATCH) {
+            for keys in drops.chunks(KEYS_PER_BATCH) {
                 let mut b = WriteBatch::new();
                 for k in keys {
                     b.delete(k);
@@ -288,8 +294,8 @@ impl ReplicaCopies {
     }
 }
 
-/// Keys dropped from a copy in one batch when a range differs.
-const KEY_DROPS_PER_BATCH: usize = 4096;
+/// Keys dropped from (or copied into) a copy in one batch.
+const KEYS_PER_BATCH: usize = 4096;
 
 /// Keys a store keeps for itself, not part of its set's contents: a load
 /// neither sends, compares nor drops them. (The boot a store was served in
@@ -354,10 +360,10 @@ fn wipe_all_but_chunks(dir: &Path) -> std::io::Result<()> {
 /// chunk files (never served again, `HOME_SET_MOVED`) become the copy's
 /// before the first load compares them, so the load sends only what
 /// changed since, not the whole set. Only where the copy has no chunk
-/// files yet; the old store keeps its metadata (unused).
+/// files yet (its keys: `keys_from_moved_home`).
 fn start_from_moved_home(root: &Path, copy: &Path) -> std::io::Result<()> {
     let (home, into) = (root.join("chunks"), copy.join("chunks"));
-    if !root.join(crate::failover::HOME_SET_MOVED).exists() || !home.exists() {
+    if !home.exists() {
         return Ok(());
     }
     // An empty chunk directory (made when the copy was first opened, to
@@ -379,6 +385,44 @@ fn start_from_moved_home(root: &Path, copy: &Path) -> std::io::Result<()> {
         home.display(),
         into.display()
     );
+    Ok(())
+}
+
+/// The same for the moved store's keys: where the copy holds none of the
+/// set's yet, they are copied in (the home store stays open, unused), so
+/// that the load finds most ranges as the primary holds them.
+fn keys_from_moved_home(home: &dyn KvStore, copy: &dyn KvStore) -> std::io::Result<()> {
+    let io = |e: madfs_kv::KvError| std::io::Error::other(e.to_string());
+    let mut any = false;
+    copy.scan_visit(b"", b"", &mut |k, _| {
+        any = !local_only_key(k);
+        !any
+    })
+    .map_err(io)?;
+    if any {
+        return Ok(());
+    }
+    let (mut b, mut n) = (WriteBatch::new(), 0u64);
+    let mut failed = None;
+    home.scan_visit(b"", b"", &mut |k, v| {
+        if !local_only_key(k) {
+            b.put(k, v);
+            n += 1;
+        }
+        if b.len() >= KEYS_PER_BATCH {
+            if let Err(e) = copy.write(std::mem::take(&mut b), false) {
+                failed = Some(e);
+                return false;
+            }
+        }
+        true
+    })
+    .map_err(io)?;
+    if let Some(e) = failed {
+        return Err(io(e));
+    }
+    copy.write(b, false).map_err(io)?;
+    tracing::info!("the keys of the moved store ({n}) start the copy of its set");
     Ok(())
 }
 
