@@ -26,10 +26,11 @@
 //! It comes back through a resync (`catch_up`): the records from that
 //! moment on are kept for it, its copy is loaded from this server's store
 //! (every range of keys and every chunk file the copy does not hold as
-//! they are here: a fuzzy copy, taken while writes go on), and then the kept records are shipped in order on top,
-//! which brings every key and byte the copy took mid-change to its final
-//! value (each record is idempotent when replayed in order). Once it has
-//! them all, the group counts it in sync again.
+//! they are here: a fuzzy copy, taken while writes go on), and then the
+//! kept records are shipped in order on top, which brings every key and
+//! byte the copy took mid-change to its final value (each record is
+//! idempotent when replayed in order). Once it has them all, the group
+//! counts it in sync again.
 
 use crate::errors::{err, OpResult};
 use madfs_kv::{KvStore, WriteBatch};
@@ -1061,8 +1062,8 @@ impl Replicator {
 
     /// The load of a resync: bring `replica`'s copy to this server's store,
     /// sending the ranges of keys and the chunk files it does not hold as
-    /// they are here, noting progress for
-    /// replica index and generation `of`. (keys, chunk files).
+    /// they are here, noting progress for replica index and generation
+    /// `of`.
     async fn load(
         &self,
         server: &crate::Server,
@@ -1213,24 +1214,7 @@ impl Replicator {
                     }
                     let mut offset = 0u64;
                     loop {
-                        let (p, at) = (path.clone(), offset);
-                        let piece = crate::service::blocking(move || {
-                            use std::os::unix::fs::FileExt;
-                            let f = match std::fs::File::open(&p) {
-                                Ok(f) => f,
-                                // Purged meanwhile: the records say so.
-                                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                                    return Ok(Vec::new())
-                                }
-                                Err(e) => return Err(e),
-                            };
-                            let mut buf = vec![0u8; LOAD_CHUNK_PIECE];
-                            let n = f.read_at(&mut buf, at)?;
-                            buf.truncate(n);
-                            Ok(buf)
-                        })
-                        .await
-                        .map_err(|e| format!("{}: {e}", path.display()))?;
+                        let piece = read_piece(path, offset).await?;
                         let mut records: Vec<Record> = drop_first.take().into_iter().collect();
                         if piece.is_empty() {
                             if !records.is_empty() {
@@ -1473,6 +1457,26 @@ fn rebuild_piece_pause() -> Option<Duration> {
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(|ms| Duration::from_millis(ms.min(1000)))
     })
+}
+
+/// Up to `LOAD_CHUNK_PIECE` bytes of chunk file `path` from `at`, for a
+/// load (none: its end, or purged meanwhile, which the records say).
+async fn read_piece(path: &std::path::Path, at: u64) -> Result<Vec<u8>, String> {
+    let p = path.to_path_buf();
+    crate::service::blocking(move || {
+        use std::os::unix::fs::FileExt;
+        let f = match std::fs::File::open(&p) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut buf = vec![0u8; LOAD_CHUNK_PIECE];
+        let n = f.read_at(&mut buf, at)?;
+        buf.truncate(n);
+        Ok(buf)
+    })
+    .await
+    .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Keys per page of a load: `LOAD_KEYS_PER_CALL`, fewer where a test
