@@ -503,10 +503,11 @@ fn describe_rebuild(set: u16, r: &madfs_client::Rebuild) -> String {
         100.0 * r.bytes_done as f64 / r.bytes_total as f64
     };
     format!(
-        "rebuilding set {set} on server {}: {}; {} metadata records, {} of {} of chunk data ({percent:.0}%, {} of it already there)",
+        "rebuilding set {set} on server {}: {}; {} metadata records ({} of them already there), {} of {} of chunk data ({percent:.0}%, {} of it already there)",
         r.replica,
         r.phase.describe(),
         r.keys,
+        r.keys_kept,
         human_bytes(r.bytes_done),
         human_bytes(r.bytes_total),
         human_bytes(r.bytes_kept),

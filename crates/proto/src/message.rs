@@ -651,8 +651,10 @@ pub struct Rebuild {
     pub replica: ServerId,
     /// Which step the rebuild is at (see `RebuildPhase`).
     pub phase: RebuildPhase,
-    /// Metadata records copied so far.
+    /// Metadata records compared so far, and of those, records in ranges
+    /// the replica already held as they are (compared by digest), not sent.
     pub keys: u64,
+    pub keys_kept: u64,
     /// Chunk bytes copied so far, and in all (as listed at the start).
     pub bytes_done: u64,
     pub bytes_total: u64,
@@ -664,12 +666,12 @@ pub struct Rebuild {
 /// The steps of a rebuild, in order.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub enum RebuildPhase {
-    /// Wiping the replica's old copy.
+    /// Resetting the replica's copy (kept, to compare).
     #[default]
     Starting = 0,
-    /// Copying every metadata record.
+    /// Comparing the metadata, range by range, sending what differs.
     Keys = 1,
-    /// Copying every chunk file.
+    /// Comparing the chunk files, sending those that differ.
     Chunks = 2,
     /// Shipping the records written since the rebuild started.
     CatchingUp = 3,
@@ -689,8 +691,8 @@ impl RebuildPhase {
     pub fn describe(self) -> &'static str {
         match self {
             RebuildPhase::Starting => "starting",
-            RebuildPhase::Keys => "copying metadata",
-            RebuildPhase::Chunks => "copying chunk data",
+            RebuildPhase::Keys => "comparing and copying metadata",
+            RebuildPhase::Chunks => "comparing and copying chunk data",
             RebuildPhase::CatchingUp => "applying the changes since",
         }
     }
@@ -1593,6 +1595,7 @@ impl Reply {
                     e.u16(r.replica.0);
                     e.u8(r.phase as u8);
                     e.u64(r.keys);
+                    e.u64(r.keys_kept);
                     e.u64(r.bytes_done);
                     e.u64(r.bytes_total);
                     e.u64(r.bytes_kept);
@@ -1797,7 +1800,7 @@ impl Reply {
                 },
                 rebuilds: {
                     let n = d.u16()? as usize;
-                    let n = d.list_len(n, limits::SERVERS_MAX, 35, "rebuild count")?;
+                    let n = d.list_len(n, limits::SERVERS_MAX, 43, "rebuild count")?;
                     let mut all = Vec::with_capacity(n);
                     for _ in 0..n {
                         all.push(Rebuild {
@@ -1805,6 +1808,7 @@ impl Reply {
                             phase: RebuildPhase::from_u8(d.u8()?)
                                 .ok_or(ProtoError::BadValue("rebuild phase"))?,
                             keys: d.u64()?,
+                            keys_kept: d.u64()?,
                             bytes_done: d.u64()?,
                             bytes_total: d.u64()?,
                             bytes_kept: d.u64()?,
@@ -2336,6 +2340,7 @@ mod tests {
                     replica: ServerId(3),
                     phase: RebuildPhase::Chunks,
                     keys: 4096,
+                    keys_kept: 4000,
                     bytes_done: 1 << 20,
                     bytes_total: 3 << 20,
                     bytes_kept: 1 << 19,

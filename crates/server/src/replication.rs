@@ -854,6 +854,7 @@ impl Replicator {
             replica: server,
             phase: RebuildPhase::Starting,
             keys: 0,
+            keys_kept: 0,
             bytes_done: 0,
             bytes_total: 0,
             bytes_kept: 0,
@@ -1162,6 +1163,7 @@ impl Replicator {
             }
             progress(&|p| {
                 p.keys = keys;
+                p.keys_kept = keys_kept;
             });
             match upto {
                 Some(last) => after = Some(last),

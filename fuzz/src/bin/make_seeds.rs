@@ -176,6 +176,7 @@ fn main() {
                         replica: ServerId(2),
                         phase: RebuildPhase::Chunks,
                         keys: 4096,
+                        keys_kept: 4000,
                         bytes_done: 1 << 20,
                         bytes_total: 3 << 20,
                         bytes_kept: 1 << 19,
@@ -220,6 +221,19 @@ fn main() {
                     set: ServerId(1),
                     stream: 0x5eed,
                     chunks: vec![(InodeId(1 << 48 | 5), ChunkIndex(0)), (ino, ChunkIndex(9))],
+                },
+                &[],
+            ),
+        ),
+        (
+            "request-replica-key-range",
+            request(
+                Op::ReplicaKeyRange {
+                    set: ServerId(2),
+                    stream: 0x5eed,
+                    after: Some(b"DENT\x00\x01".to_vec()),
+                    upto: None,
+                    digest: [9; 16],
                 },
                 &[],
             ),
