@@ -29,7 +29,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 mod load;
-pub(crate) use load::{local_only_key, KeyRangeDigest};
+pub(crate) use load::{first_key_after, local_only_key, KeyRangeDigest};
 
 /// One copy of another server's set.
 pub(crate) struct ReplicaCopy {
@@ -841,7 +841,7 @@ mod tests {
         let held: [(&[u8], &[u8]); 4] = [(b"a", b"1"), (b"b", b"2"), (b"c", b"3"), (b"d", b"4")];
         let records: Vec<Record> = held.iter().map(|(k, v)| kv(k, v, false)).collect();
         assert_eq!(send(&copies, 5, 1, &records).await, Ok(4));
-        let load = 6; // the stream `ask` names
+        let load = 6;
         assert_eq!(
             send(&copies, load, 0, &[Record::Reset { applied: 0 }]).await,
             Ok(0)
@@ -855,12 +855,16 @@ mod tests {
         };
         async fn ask(
             copies: &ReplicaCopies,
+            load: u64,
             after: Option<&[u8]>,
             upto: Option<&[u8]>,
             digest: [u8; 16],
         ) -> Result<bool, ErrorCode> {
             let (after, upto) = (after.map(<[u8]>::to_vec), upto.map(<[u8]>::to_vec));
-            match copies.key_range(ServerId(0), 6, after, upto, digest).await {
+            match copies
+                .key_range(ServerId(0), load, after, upto, digest)
+                .await
+            {
                 Ok((madfs_proto::message::Reply::KeyRangeSame { same }, _)) => Ok(same),
                 Ok((other, _)) => panic!("{other:?}"),
                 Err(e) => Err(e.code),
@@ -868,13 +872,13 @@ mod tests {
         }
         // Up to "b" as the primary holds it: kept.
         assert_eq!(
-            ask(&copies, None, Some(b"b"), digest(&held[..2])).await,
+            ask(&copies, load, None, Some(b"b"), digest(&held[..2])).await,
             Ok(true)
         );
         // After "b" the primary holds c = 3 and e = 5 (d gone, e new).
         let theirs: [(&[u8], &[u8]); 2] = [(b"c", b"3"), (b"e", b"5")];
         assert_eq!(
-            ask(&copies, Some(b"b"), None, digest(&theirs)).await,
+            ask(&copies, load, Some(b"b"), None, digest(&theirs)).await,
             Ok(false)
         );
         let kv = copies
@@ -897,13 +901,16 @@ mod tests {
             "the copy's position went with a range"
         );
         // The same range again, now empty there: it hashes as nothing.
-        assert_eq!(ask(&copies, Some(b"b"), None, digest(&[])).await, Ok(true));
+        assert_eq!(
+            ask(&copies, load, Some(b"b"), None, digest(&[])).await,
+            Ok(true)
+        );
         drop(kv);
         drop(copies);
         // Reopened (a restart mid-load): it did not see the reset.
         let copies = copies_in(root.path());
         assert_eq!(
-            ask(&copies, None, None, digest(&[])).await,
+            ask(&copies, load, None, None, digest(&[])).await,
             Err(ErrorCode::Stale)
         );
     }

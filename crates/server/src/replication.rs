@@ -1116,10 +1116,7 @@ impl Replicator {
         let mut after: Option<Vec<u8>> = None;
         loop {
             let kv = server.kv.clone();
-            let mut from_key = after.clone().unwrap_or_default();
-            if !from_key.is_empty() {
-                from_key.push(0);
-            }
+            let from_key = crate::replica::first_key_after(after.clone());
             let rows = crate::service::blocking(move || {
                 kv.scan(b"", &from_key, load_keys_per_call())
                     .map_err(|e| std::io::Error::other(e.to_string()))

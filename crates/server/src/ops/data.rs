@@ -19,6 +19,25 @@ const CACHED_READ_INLINE_MAX_BYTES: u32 = 4 << 20;
 const EXTENT_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Server {
+    /// Write `data` at `offset` of chunk file `(ino, chunk)`: on this
+    /// thread when short (`SMALL_WRITE_INLINE_MAX_BYTES`), else on the
+    /// blocking pool.
+    async fn write_chunk_file(
+        &self,
+        ino: InodeId,
+        chunk: ChunkIndex,
+        offset: u32,
+        data: SharedBytes,
+    ) -> Result<(), WireError> {
+        let (chunks, cs) = (self.chunks.clone(), self.chunk_size);
+        if data.len() <= SMALL_WRITE_INLINE_MAX_BYTES {
+            chunks.write_shared(ino, chunk, offset as u64, &data, cs)
+        } else {
+            blocking(move || chunks.write_shared(ino, chunk, offset as u64, &data, cs)).await
+        }
+        .map_err(io_err)
+    }
+
     pub(crate) async fn read(
         &self,
         ino: InodeId,
@@ -93,16 +112,7 @@ impl Server {
         // Shared with the replication record of the write, not copied.
         let data = SharedBytes::new(data);
         if chunk.0 != 0 {
-            let chunks = self.chunks.clone();
-            if data.len() <= SMALL_WRITE_INLINE_MAX_BYTES {
-                chunks
-                    .write_shared(ino, chunk, offset as u64, &data, cs)
-                    .map_err(io_err)?;
-            } else {
-                blocking(move || chunks.write_shared(ino, chunk, offset as u64, &data, cs))
-                    .await
-                    .map_err(io_err)?;
-            }
+            self.write_chunk_file(ino, chunk, offset, data).await?;
             return Ok(Reply::Written {
                 verifier: self.write_verifier(),
             });
@@ -138,15 +148,9 @@ impl Server {
                 inode.chunk0_in_file = true;
                 b.delete(&keys::inline_data(ino));
             }
-        } else if data.len() <= SMALL_WRITE_INLINE_MAX_BYTES {
-            self.chunks
-                .write_shared(ino, ChunkIndex(0), offset as u64, &data, cs)
-                .map_err(io_err)?;
         } else {
-            let chunks = self.chunks.clone();
-            blocking(move || chunks.write_shared(ino, ChunkIndex(0), offset as u64, &data, cs))
-                .await
-                .map_err(io_err)?;
+            self.write_chunk_file(ino, ChunkIndex(0), offset, data)
+                .await?;
         }
         let now = Timestamp::now();
         let before = inode.attr.size;

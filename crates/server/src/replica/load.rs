@@ -250,10 +250,7 @@ impl ReplicaCopies {
             }
         };
         let same = crate::service::blocking(move || {
-            let mut start = after.unwrap_or_default();
-            if !start.is_empty() {
-                start.push(0); // the first key after `after`
-            }
+            let start = first_key_after(after);
             let io = |e: madfs_kv::KvError| std::io::Error::other(e.to_string());
             let visit = |f: &mut dyn FnMut(&[u8], &[u8])| {
                 kv.scan_visit(b"", &start, &mut |k, v| {
@@ -292,6 +289,16 @@ impl ReplicaCopies {
         })?;
         Ok((Reply::KeyRangeSame { same }, Vec::new()))
     }
+}
+
+/// Where a scan of the keys after `after` starts (from the first key, if
+/// None): the smallest key above it is it with a zero byte appended.
+pub(crate) fn first_key_after(after: Option<Vec<u8>>) -> Vec<u8> {
+    let mut start = after.unwrap_or_default();
+    if !start.is_empty() {
+        start.push(0);
+    }
+    start
 }
 
 /// Keys dropped from (or copied into) a copy in one batch.
