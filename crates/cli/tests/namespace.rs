@@ -368,6 +368,133 @@ async fn renames_of_every_kind() {
     assert_eq!(c.read_file("/r0").await.unwrap(), b"P");
 }
 
+/// A directory never moves below itself, also when the request names its
+/// directories by inode (as the mount and other clients do): no path is
+/// there to check, so the server walks up from the destination by the
+/// parents the directories' owners keep, including the parents of
+/// directories moved before (their owners learn the new parent from the
+/// server of the moved name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_never_moves_below_itself_by_inode() {
+    let tc = TestCluster::start(SERVERS);
+    let c = tc.client();
+    let name = |s: &str| FileName::new(s.as_bytes()).unwrap();
+    let ino = |p: String| {
+        let c = c.clone();
+        async move { c.stat(&p).await.unwrap().ino }
+    };
+    let mut crossed = 0;
+    for i in 0..8 {
+        let (up, side) = (format!("/up{i}"), format!("/side{i}"));
+        c.mkdir_all(format!("{up}/a/b/c"), 0o755).await.unwrap();
+        c.mkdir(&side, 0o755).await.unwrap();
+        c.write_file(format!("{up}/a/b/c/leaf"), b"leaf")
+            .await
+            .unwrap();
+        let root = InodeId::ROOT;
+        for below in ["a", "a/b", "a/b/c"] {
+            let into = ino(format!("{up}/{below}")).await;
+            assert_err(
+                c.rename_at(root, &name(&format!("up{i}")), into, &name("loop"), 0)
+                    .await,
+                ErrorCode::InvalidArgument,
+                libc::EINVAL,
+            );
+        }
+        assert_eq!(
+            c.read_file(format!("{up}/a/b/c/leaf")).await.unwrap(),
+            b"leaf"
+        );
+        // Moves that change parents, then checks that walk through them:
+        // b goes to side (side/b/c), up goes below c (side/b/c/up/a), and
+        // side may then go below neither up nor a.
+        let (a, s) = (ino(format!("{up}/a")).await, ino(side.clone()).await);
+        if dentry_server(s, &name("b"), SERVERS) != dentry_server(a, &name("b"), SERVERS) {
+            crossed += 1;
+        }
+        c.rename_at(a, &name("b"), s, &name("b"), 0).await.unwrap();
+        let c_dir = ino(format!("{side}/b/c")).await;
+        c.rename_at(root, &name(&format!("up{i}")), c_dir, &name("up"), 0)
+            .await
+            .unwrap();
+        for below in ["b/c/up", "b/c/up/a", "b"] {
+            let into = ino(format!("{side}/{below}")).await;
+            assert_err(
+                c.rename_at(root, &name(&format!("side{i}")), into, &name("loop"), 0)
+                    .await,
+                ErrorCode::InvalidArgument,
+                libc::EINVAL,
+            );
+        }
+        assert_eq!(
+            c.read_file(format!("{side}/b/c/leaf")).await.unwrap(),
+            b"leaf"
+        );
+        assert_eq!(
+            names(&c.read_dir(format!("{side}/b/c/up")).await.unwrap()),
+            vec!["a"]
+        );
+        // Back out again: allowed, and the parents follow.
+        c.rename(format!("{side}/b/c/up"), &up).await.unwrap();
+        c.rename(&side, format!("{up}/a/side")).await.unwrap();
+        let inner = ino(format!("{up}/a/side/b/c")).await;
+        assert_err(
+            c.rename_at(root, &name(&format!("up{i}")), inner, &name("loop"), 0)
+                .await,
+            ErrorCode::InvalidArgument,
+            libc::EINVAL,
+        );
+    }
+    assert!(crossed > 0, "no move crossed servers");
+}
+
+/// Two clients moving two directories into each other at once: one move
+/// wins, the other fails (EINVAL, or ENOENT if its source was gone from
+/// its path by then), and both directories stay reachable from the root;
+/// before moves were ordered, both could succeed and leave a ring.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_directories_moved_into_each_other_at_once_keep_a_tree() {
+    let tc = TestCluster::start(SERVERS);
+    let (c1, c2) = (tc.client(), tc.client());
+    for i in 0..24 {
+        let (x, y) = (format!("/x{i}"), format!("/y{i}"));
+        c1.mkdir(&x, 0o755).await.unwrap();
+        c1.mkdir(&y, 0o755).await.unwrap();
+        // Both clients know both paths before they race.
+        c2.stat(&x).await.unwrap();
+        c2.stat(&y).await.unwrap();
+        let (a, b) = tokio::join!(
+            c1.rename(&x, format!("{y}/x")),
+            c2.rename(&y, format!("{x}/y"))
+        );
+        let a_won = a.is_ok();
+        assert!(
+            a_won != b.is_ok(),
+            "round {i}: exactly one move must win: {a:?}, {b:?}"
+        );
+        let loser = if a_won {
+            b.unwrap_err()
+        } else {
+            a.unwrap_err()
+        };
+        assert!(
+            matches!(loser.code, ErrorCode::InvalidArgument | ErrorCode::NotFound),
+            "round {i}: {loser}"
+        );
+        // The winner's move, seen by a client that cached nothing.
+        let fresh = tc.client();
+        let (top, moved, inside) = if a_won {
+            (&y, &x, format!("{y}/x"))
+        } else {
+            (&x, &y, format!("{x}/y"))
+        };
+        assert_eq!(fresh.stat(top).await.unwrap().kind, FileKind::Dir);
+        assert_eq!(fresh.stat(&inside).await.unwrap().kind, FileKind::Dir);
+        assert_err(fresh.stat(moved).await, ErrorCode::NotFound, libc::ENOENT);
+        assert_eq!(names(&fresh.read_dir(top).await.unwrap()).len(), 1);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hard_links_and_symlinks() {
     let tc = TestCluster::start(SERVERS);

@@ -95,6 +95,8 @@ pub enum Opcode {
     ReplicaDigests = 50,
     ReportSeals = 51,
     ReplicaKeyRange = 52,
+    DirMoveLock = 53,
+    DirParent = 54,
 }
 
 impl Opcode {
@@ -137,6 +139,8 @@ impl Opcode {
             50 => ReplicaDigests,
             51 => ReportSeals,
             52 => ReplicaKeyRange,
+            53 => DirMoveLock,
+            54 => DirParent,
             _ => return None,
         })
     }
@@ -489,6 +493,23 @@ pub enum Op {
         coordinator: ServerId,
         forget: bool,
     },
+    /// The cluster's one lock on moves of directories between parents,
+    /// kept by the server of set 0 (the server's dir_moves.rs): take it
+    /// for `holder`'s move `token` (waiting a moment if another holds it;
+    /// TryAgain after that), or with `release`, let it go. Answered with
+    /// `Empty`.
+    DirMoveLock {
+        holder: ServerId,
+        token: u64,
+        release: bool,
+    },
+    /// Ask `ino`'s owner for the directory's parent; with `change =
+    /// (from, to)`, first set it to `to` if it is `from` (or unknown).
+    /// Answered with `DirParent`.
+    DirParent {
+        ino: InodeId,
+        change: Option<(InodeId, InodeId)>,
+    },
     PurgeChunks {
         ino: InodeId,
     },
@@ -750,6 +771,11 @@ pub enum Reply {
     KeyRangeSame {
         same: bool,
     },
+    /// DirParent: the directory's parent as its owner records it (None:
+    /// not recorded, a directory made before parents were kept, or gone).
+    DirParent {
+        parent: Option<InodeId>,
+    },
     /// ReplicaDigests: for each chunk file asked about, in order, how the
     /// copy holds it (None: it holds no such file).
     ChunkDigests {
@@ -876,6 +902,8 @@ impl Op {
             Op::AdjustLinks { .. } => Opcode::AdjustLinks,
             Op::RenameInstall { .. } => Opcode::RenameInstall,
             Op::RenameResolve { .. } => Opcode::RenameResolve,
+            Op::DirMoveLock { .. } => Opcode::DirMoveLock,
+            Op::DirParent { .. } => Opcode::DirParent,
             Op::PurgeChunks { .. } => Opcode::PurgeChunks,
             Op::InvalidateDir { .. } => Opcode::InvalidateDir,
             Op::TouchDir { .. } => Opcode::TouchDir,
@@ -1167,6 +1195,23 @@ impl Request {
                 e.u16(coordinator.0);
                 e.bool(*forget);
             }
+            Op::DirMoveLock {
+                holder,
+                token,
+                release,
+            } => {
+                e.u16(holder.0);
+                e.u64(*token);
+                e.bool(*release);
+            }
+            Op::DirParent { ino, change } => {
+                e.ino(*ino);
+                e.bool(change.is_some());
+                if let Some((from, to)) = change {
+                    e.ino(*from);
+                    e.ino(*to);
+                }
+            }
             Op::Find {
                 query,
                 after,
@@ -1408,6 +1453,19 @@ impl Request {
                 coordinator: ServerId(d.u16()?),
                 forget: d.bool()?,
             },
+            Opcode::DirMoveLock => Op::DirMoveLock {
+                holder: ServerId(d.u16()?),
+                token: d.u64()?,
+                release: d.bool()?,
+            },
+            Opcode::DirParent => Op::DirParent {
+                ino: d.ino()?,
+                change: if d.bool()? {
+                    Some((d.ino()?, d.ino()?))
+                } else {
+                    None
+                },
+            },
             Opcode::Find => Op::Find {
                 query: FindQuery::decode(&mut d)?,
                 after: if d.bool()? {
@@ -1451,6 +1509,7 @@ mod tag {
     pub const SYNCED: u8 = 24;
     pub const SIZE_UPDATED: u8 = 25;
     pub const KEY_RANGE_SAME: u8 = 26;
+    pub const DIR_PARENT: u8 = 27;
 }
 
 /// u32-prefixed bytes within a body.
@@ -1721,6 +1780,13 @@ impl Reply {
                 e.u8(tag::RESOLVED);
                 e.bool(*installed);
             }
+            Reply::DirParent { parent } => {
+                e.u8(tag::DIR_PARENT);
+                e.bool(parent.is_some());
+                if let Some(p) = parent {
+                    e.ino(*p);
+                }
+            }
             Reply::FindPage {
                 dirs,
                 matches,
@@ -1923,6 +1989,9 @@ impl Reply {
             },
             tag::RESOLVED => Reply::Resolved {
                 installed: d.bool()?,
+            },
+            tag::DIR_PARENT => Reply::DirParent {
+                parent: if d.bool()? { Some(d.ino()?) } else { None },
             },
             tag::FIND_PAGE => {
                 let (dirs, matches, unresolved, resume, scanned) = find::decode_page(&mut d)?;
@@ -2160,6 +2229,16 @@ mod tests {
                 tx: TxId(9),
                 coordinator: ServerId(2),
                 forget: true,
+            },
+            Op::DirMoveLock {
+                holder: ServerId(3),
+                token: u64::MAX,
+                release: true,
+            },
+            Op::DirParent { ino, change: None },
+            Op::DirParent {
+                ino,
+                change: Some((InodeId::ROOT, InodeId(1 << 48 | 7))),
             },
             Op::PurgeChunks { ino },
             Op::InvalidateDir { dir: ino },
@@ -2405,6 +2484,10 @@ mod tests {
                 held: false,
             },
             Reply::Resolved { installed: true },
+            Reply::DirParent { parent: None },
+            Reply::DirParent {
+                parent: Some(InodeId(1 << 48 | 2)),
+            },
             Reply::FindPage {
                 dirs: vec![],
                 matches: vec![],

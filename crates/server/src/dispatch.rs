@@ -30,6 +30,8 @@ impl Server {
         // owner left (then whatever later sends fail).
         tokio::spawn(self.clone().resend_link_drops());
         let me = self.clone();
+        tokio::spawn(async move { me.resend_dir_parent_changes().await });
+        let me = self.clone();
         tokio::spawn(async move {
             crate::rename::recover(&me).await;
             me.recover_orphans().await;
@@ -334,6 +336,12 @@ impl Server {
             } => ok(Reply::Resolved {
                 installed: crate::rename::resolve(self, tx, coordinator, forget)?,
             }),
+            Op::DirMoveLock {
+                holder,
+                token,
+                release,
+            } => ok(self.dir_move_lock(holder, token, release).await?),
+            Op::DirParent { ino, change } => ok(self.dir_parent(ino, change).await?),
             Op::TouchDir {
                 dir,
                 sender,

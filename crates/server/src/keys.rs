@@ -15,6 +15,9 @@
 //! TOUT dir seq member           -> a change to another server's directory, not yet applied there
 //! DONE time origin seq          -> the reply of a request that must run once (once.rs)
 //! LDRP time origin seq          -> a link to drop on another server, not yet answered (link_drops.rs)
+//! DPAR dir                      -> the directory's parent, on the directory's owner (dir_moves.rs)
+//! DPPN dir                      -> a moved directory's parent to change on its owner: from, to
+//! META "dir_move_lock"          -> who holds the cluster's directory-move lock (set 0 only)
 //! META "next_inode"             -> u64 inode counter (a high-water mark)
 //! META "next_tx"                -> u64 rename transaction counter (likewise)
 //! META "next_touch"             -> u64 directory touch counter (likewise)
@@ -50,6 +53,17 @@ pub const DONE: &[u8; 4] = b"DONE";
 /// removed here), keyed by the id the call runs under, until the owner
 /// answered (link_drops.rs): written with the name's removal.
 pub const LINK_DROP: &[u8; 4] = b"LDRP";
+/// A directory's parent (ino, u64 BE), kept by the directory's owner so
+/// that a move between parents can check it does not go below itself
+/// (dir_moves.rs). Written with a mkdir, changed by every such move,
+/// deleted with the directory; absent for directories made before.
+pub const DIR_PARENT: &[u8; 4] = b"DPAR";
+/// On the server that moved a directory it does not own: the parent
+/// change its owner still has to make (from, to), written with the move.
+pub const DIR_PARENT_PENDING: &[u8; 4] = b"DPPN";
+/// On set 0's server: the holder of the cluster's directory-move lock
+/// (server u16 LE, token u64 LE), while held.
+pub const META_DIR_MOVE_LOCK: &[u8] = b"METAdir_move_lock";
 pub const META_NEXT_INODE: &[u8] = b"METAnext_inode";
 pub const META_NEXT_TX: &[u8] = b"METAnext_tx";
 pub const META_NEXT_TOUCH: &[u8] = b"METAnext_touch";
@@ -108,6 +122,14 @@ pub fn held(ino: InodeId) -> Vec<u8> {
 
 pub fn dir_removal(dir: InodeId) -> Vec<u8> {
     with_ino(DIR_REMOVAL, dir)
+}
+
+pub fn dir_parent(dir: InodeId) -> Vec<u8> {
+    with_ino(DIR_PARENT, dir)
+}
+
+pub fn dir_parent_pending(dir: InodeId) -> Vec<u8> {
+    with_ino(DIR_PARENT_PENDING, dir)
 }
 
 fn with_op_id(prefix: &[u8; 4], id: OpId) -> Vec<u8> {

@@ -6,6 +6,7 @@ pub mod chunk_cache;
 pub mod chunks;
 pub mod counter;
 mod dentry_index;
+mod dir_moves;
 mod dispatch;
 mod errors;
 pub mod failover;

@@ -42,8 +42,9 @@
 //!
 //! So after recovery exactly one of the two names exists. While B is
 //! unreachable, step 3 fails with EIO and the outcome is settled by step 6.
-//! Whether a directory is moved into its own subtree is checked by the
-//! client on paths (and by the kernel for FUSE mounts).
+//! A directory that changes parents is moved under the cluster's
+//! directory-move lock, after a check that it does not go below itself,
+//! and its owner learns its new parent (dir_moves.rs).
 
 use crate::errors::{err, kv_err};
 use crate::inode::Inode;
@@ -77,6 +78,13 @@ const MARK_ABORTED: u8 = 2;
 /// up within a failover's wait, 30 s by default; a connection with
 /// unacknowledged data dies within `conn::UNACKNOWLEDGED_MAX`).
 pub(crate) const ABORTED_KEPT_FOR: Duration = Duration::from_secs(600);
+/// How long A waits for B's answer to an install (step 3) before it takes
+/// the outcome as unknown and leaves it to step 6: longer than an install
+/// takes at its slowest (its locks, a target's seal, its copies, a touch
+/// and a replaced directory's end, each bounded to seconds). An answer
+/// lost on the way made the client's call wait for the whole call timeout
+/// (the replicated simulation, seed 149 with directory moves raced).
+const INSTALL_ANSWER_WITHIN: Duration = Duration::from_secs(45);
 /// Markers deleted per batch of a sweep.
 const SWEEP_BATCH_MAX: usize = 4096;
 
@@ -239,7 +247,7 @@ async fn after_install(srv: &Arc<Server>, done: &Installed) -> Result<bool, Wire
     if let Some(r) = &done.removed_dir {
         // A directory has one name: its owner drops it (finish_dir_removal).
         srv.must_be_replicated_dir_removal(r).await?;
-        srv.finish_dir_removal(r).await;
+        srv.finish_dir_removal_soon(r).await;
     } else if let Some(drop) = &done.link_drop {
         if let Err(e) = srv.must_be_replicated("the rename's install").await {
             // The resender sends the drop once it is.
@@ -328,24 +336,90 @@ pub(crate) async fn rename(
             perm::check_sticky(&ddir, a.uid, c)?;
         }
     }
-    if flags & RENAME_EXCHANGE != 0 {
-        return exchange(srv, sp, sn, dp, dn).await.map(|t| (t, None));
-    }
-    let mv = Intent {
-        src_parent: sp,
-        src_name: sn.clone(),
-        dst_parent: dp,
-        dst_name: dn.clone(),
-        ino,
-        kind,
-    };
-    let held = if dentry_server(dp, dn, srv.servers) == srv.id {
-        rename_local(srv, &mv, noreplace, hold).await?
+    // A directory that changes parents: one such move at a time in the
+    // cluster, checked not to go below itself (dir_moves.rs steps 1-2).
+    let exchanged = if flags & RENAME_EXCHANGE != 0 && sp != dp {
+        srv.load_dentry(dp, dn)?
     } else {
-        rename_remote(srv, mv, noreplace, hold).await?
+        None
     };
-    touch_moved(srv, ino).await;
+    let mut moved_dirs = Vec::new();
+    if sp != dp && kind == FileKind::Dir {
+        moved_dirs.push((ino, dp));
+    }
+    if let Some((FileKind::Dir, other)) = exchanged {
+        moved_dirs.push((other, sp));
+    }
+    let mut guard = None;
+    if !moved_dirs.is_empty() {
+        guard = Some(srv.take_dir_move_lock().await?);
+        for &(dir, into) in &moved_dirs {
+            if let Err(e) = srv.check_not_above(dir, into).await {
+                release(guard).await;
+                return Err(e);
+            }
+        }
+    }
+    let result = if flags & RENAME_EXCHANGE != 0 {
+        exchange(srv, (sp, sn, kind, ino), (dp, dn, exchanged))
+            .await
+            .map(|t| (t, None))
+    } else {
+        let mv = Intent {
+            src_parent: sp,
+            src_name: sn.clone(),
+            dst_parent: dp,
+            dst_name: dn.clone(),
+            ino,
+            kind,
+        };
+        if dentry_server(dp, dn, srv.servers) == srv.id {
+            rename_local(srv, &mv, noreplace, hold).await
+        } else {
+            rename_remote(srv, mv, noreplace, hold, &mut guard).await
+        }
+    };
+    let held = match result {
+        Ok(held) => held,
+        Err(e) => {
+            release(guard).await;
+            return Err(e);
+        }
+    };
+    if flags & RENAME_EXCHANGE == 0 {
+        touch_moved(srv, ino).await;
+    }
+    // Steps 4 and 5: the owners' parents, then the lock.
+    if let Some(g) = guard {
+        let dirs: Vec<InodeId> = moved_dirs.iter().map(|&(d, _)| d).collect();
+        let mut left = dirs.len();
+        for &dir in &dirs {
+            if !srv.send_dir_parent_change(dir).await {
+                break;
+            }
+            left -= 1;
+        }
+        if left == 0 {
+            g.release().await;
+        } else {
+            // An owner that does not answer: sent again until it does,
+            // the lock held meanwhile (up to its lease).
+            let me = srv.clone();
+            tokio::spawn(async move {
+                for dir in dirs {
+                    me.finish_dir_parent_change(dir, None).await;
+                }
+                g.release().await;
+            });
+        }
+    }
     Ok(held)
+}
+
+async fn release(guard: Option<crate::dir_moves::DirMoveGuard>) {
+    if let Some(g) = guard {
+        g.release().await;
+    }
 }
 
 /// The moved inode's ctime, as ext4 sets it at rename: on its owner, after
@@ -436,6 +510,9 @@ async fn rename_local(
         // a directory moved below its old child would close a loop no name
         // reaches (the plain simulation, seeds 44946 and 47847).
         let moved_dir = kind == FileKind::Dir && sp != dp;
+        if moved_dir {
+            srv.note_dir_moved(&mut b, ino, sp, dp)?;
+        }
         srv.kv.write(b, remote || moved_dir).map_err(kv_err)?;
         drop(guard);
         Ok((done, tickets))
@@ -468,6 +545,7 @@ async fn rename_remote(
     intent: Intent,
     noreplace: bool,
     hold: &Hold,
+    dir_move: &mut Option<crate::dir_moves::DirMoveGuard>,
 ) -> Result<(Vec<TouchToken>, HeldVictim), WireError> {
     // Owned copies: `intent` itself moves into the recovery task if B is silent.
     let (sn, dn) = (&intent.src_name.clone(), &intent.dst_name.clone());
@@ -518,14 +596,24 @@ async fn rename_remote(
         noreplace,
         hold: hold.clone(),
     };
-    match srv.call_peer(b_server, install).await {
+    let answer = tokio::time::timeout(INSTALL_ANSWER_WITHIN, srv.call_peer(b_server, install))
+        .await
+        .unwrap_or_else(|_| {
+            Err(err(
+                ErrorCode::TimedOut,
+                format!("no answer within {INSTALL_ANSWER_WITHIN:?}"),
+            ))
+        });
+    match answer {
         Err(e) if is_uncertain(&e) => {
             // Until settled, the source name may also be the new name's
             // link: no other request may take it for one of its own.
             srv.locks.unsettle(sp, sn);
             drop(guard);
             let me = srv.clone();
-            tokio::spawn(async move { settle(&me, tx, intent).await });
+            // A directory's move keeps the lock until it is settled.
+            let dir_move = dir_move.take();
+            tokio::spawn(async move { settle(&me, tx, intent, dir_move).await });
             Err(err(
                 ErrorCode::Io,
                 format!(
@@ -554,6 +642,9 @@ async fn rename_remote(
             let time = Timestamp::now();
             if !same {
                 b.delete(&keys::dentry(sp, sn));
+                if kind == FileKind::Dir && sp != dp {
+                    srv.note_dir_moved(&mut b, ino, sp, dp)?;
+                }
             }
             b.delete(&keys::rename_intent(tx));
             crate::once::record(&mut b, &rename_reply(srv, held, Vec::new()));
@@ -807,7 +898,13 @@ pub(crate) fn sweep_aborted(kv: &dyn madfs_kv::KvStore, now: u64) -> madfs_kv::R
 /// Step 6 on A for one intent: retry until B answers. The source name is
 /// held (`Locks::unsettle`) from when the outcome became unknown (or from
 /// the store's open, `hold_unsettled`) until this settles it.
-async fn settle(srv: &Arc<Server>, tx: TxId, intent: Intent) {
+async fn settle(
+    srv: &Arc<Server>,
+    tx: TxId,
+    intent: Intent,
+    dir_move: Option<crate::dir_moves::DirMoveGuard>,
+) {
+    let moves_dir = intent.kind == FileKind::Dir && intent.src_parent != intent.dst_parent;
     let b_server = dentry_server(intent.dst_parent, &intent.dst_name, srv.servers);
     let mut wait = Duration::from_millis(200);
     loop {
@@ -839,6 +936,16 @@ async fn settle(srv: &Arc<Server>, tx: TxId, intent: Intent) {
                 {
                     b.delete(&keys::dentry(intent.src_parent, &intent.src_name));
                     tickets = srv.touch_local(&mut b, &changes, time).ok();
+                    if moves_dir {
+                        if let Err(e) = srv.note_dir_moved(
+                            &mut b,
+                            intent.ino,
+                            intent.src_parent,
+                            intent.dst_parent,
+                        ) {
+                            tracing::warn!("settling rename {tx:?}: {e}");
+                        }
+                    }
                 }
                 b.delete(&keys::rename_intent(tx));
                 match srv.kv.write(b, true) {
@@ -847,6 +954,9 @@ async fn settle(srv: &Arc<Server>, tx: TxId, intent: Intent) {
                         drop(g);
                         if let Some(t) = tickets {
                             srv.touch_remote(t).await;
+                        }
+                        if moves_dir {
+                            srv.finish_dir_parent_change(intent.ino, dir_move).await;
                         }
                         // As in step 5: not before the replicas have it.
                         if !srv.replicated_now().await {
@@ -919,20 +1029,21 @@ pub(crate) async fn recover(srv: &Arc<Server>) {
     let mut settling = Vec::new();
     for (tx, intent) in intents {
         match intent {
-            Some(intent) => settling.push(settle(srv, tx, intent)),
+            Some(intent) => settling.push(settle(srv, tx, intent, None)),
             None => tracing::warn!("corrupt rename intent {tx:?}"),
         }
     }
     futures::future::join_all(settling).await;
 }
 
-/// RENAME_EXCHANGE: swap two names held by this server atomically.
+/// RENAME_EXCHANGE: swap two names held by this server atomically. Each
+/// as looked at before (the source's kind and inode; the destination's,
+/// when the names are in two directories): else TryAgain, as the
+/// directory-move checks were made on those.
 async fn exchange(
     srv: &Arc<Server>,
-    sp: InodeId,
-    sn: &FileName,
-    dp: InodeId,
-    dn: &FileName,
+    (sp, sn, kind, ino): (InodeId, &FileName, FileKind, InodeId),
+    (dp, dn, seen): (InodeId, &FileName, Option<(FileKind, InodeId)>),
 ) -> Result<Vec<TouchToken>, WireError> {
     if !srv.holds_dentry(dp, dn) {
         return Err(err(
@@ -951,9 +1062,20 @@ async fn exchange(
     let (dk, di) = srv
         .load_dentry(dp, dn)?
         .ok_or_else(|| err(ErrorCode::NotFound, ""))?;
+    if (sk, si) != (kind, ino) || (sp != dp && seen != Some((dk, di))) {
+        return Err(err(ErrorCode::TryAgain, "a name changed during rename"));
+    }
     let mut b = WriteBatch::new();
     Server::put_dentry(&mut b, sp, sn, dk, di);
     Server::put_dentry(&mut b, dp, dn, sk, si);
+    if sp != dp {
+        if sk == FileKind::Dir {
+            srv.note_dir_moved(&mut b, si, sp, dp)?;
+        }
+        if dk == FileKind::Dir {
+            srv.note_dir_moved(&mut b, di, dp, sp)?;
+        }
+    }
     // Each directory loses the ".." of what left it and gains the other's.
     let mut changes = DirChanges::one(sp, dir_links(dk) - dir_links(sk));
     changes.add(dp, dir_links(sk) - dir_links(dk));

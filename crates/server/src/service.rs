@@ -90,6 +90,8 @@ pub struct Server {
     pub(crate) unreplicated: Arc<dyn KvStore>,
     /// The copies of other servers' sets kept here (replica.rs).
     pub(crate) copies: crate::replica::ReplicaCopies,
+    /// On set 0's server: the cluster's directory-move lock (dir_moves.rs).
+    pub(crate) dir_moves: crate::dir_moves::DirMoveLock,
 }
 
 impl Server {
@@ -304,6 +306,7 @@ impl Server {
             replication,
             unreplicated,
             copies,
+            dir_moves: Default::default(),
         };
         let unsettled =
             crate::rename::hold_unsettled(&server).map_err(|e| ServerError::Storage(e.message))?;

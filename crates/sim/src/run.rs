@@ -68,14 +68,15 @@ pub struct SimConfig {
 pub enum RenameRaces {
     /// None (`MADFS_SIM_RENAME_RACES=none`).
     None,
-    /// Any two but two directory moves (the default, or `=files`). Two
-    /// renames whose sources and targets cross used to wait on each other
-    /// until the call timeout (seeds 4009 and 35; fixed: stripes are taken
-    /// all or nothing, an install waits 250 ms for its locks, retries
-    /// pause for a varying time).
+    /// Any two but two directory moves (`=files`; the default until
+    /// directory moves were ordered, and what the seeds found before were
+    /// found with). Two renames whose sources and targets cross used to
+    /// wait on each other until the call timeout (seeds 4009 and 35;
+    /// fixed: stripes are taken all or nothing, an install waits 250 ms
+    /// for its locks, retries pause for a varying time).
     Files,
-    /// Any two (`=all`): two directory moves can also make a cycle that no
-    /// name reaches (seed 249, 60 steps).
+    /// Any two (the default, or `=all`): two directory moves made a ring
+    /// no name reaches (seed 300, 60 steps; fixed: server dir_moves.rs).
     All,
 }
 
@@ -88,9 +89,9 @@ impl SimConfig {
             clients: 2,
             verbose: false,
             rename_races: match std::env::var("MADFS_SIM_RENAME_RACES").as_deref() {
-                Ok("all") => RenameRaces::All,
+                Ok("files") => RenameRaces::Files,
                 Ok("none") => RenameRaces::None,
-                _ => RenameRaces::Files,
+                _ => RenameRaces::All,
             },
             replicas: 1,
             power_cuts: true,

@@ -243,6 +243,27 @@ fn main() {
             request(Op::ReportSeals { dir: ino }, &[]),
         ),
         (
+            "request-dir-move-lock",
+            request(
+                Op::DirMoveLock {
+                    holder: ServerId(1),
+                    token: 0x5eed,
+                    release: false,
+                },
+                &[],
+            ),
+        ),
+        (
+            "request-dir-parent",
+            request(
+                Op::DirParent {
+                    ino,
+                    change: Some((InodeId::ROOT, InodeId(1 << 48 | 5))),
+                },
+                &[],
+            ),
+        ),
+        (
             "reply-chunk-digests",
             frame(
                 true,

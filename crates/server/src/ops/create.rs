@@ -158,6 +158,9 @@ impl Server {
             b.put(&keys::inline_data(ino), &data);
         }
         b.put(&keys::inode(ino), &inode.encode());
+        if kind == FileKind::Dir {
+            Self::put_dir_parent(&mut b, ino, parent);
+        }
         Self::put_dentry(&mut b, parent, name, kind, ino);
         let now = inode.attr.ctime;
         let tickets = self.touch_local(&mut b, &changes, now)?;

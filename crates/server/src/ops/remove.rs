@@ -25,6 +25,14 @@ const PURGE_RETRY_FOR: Duration = Duration::from_secs(600);
 /// Finished removals whose records wait for the next removal's batch; at
 /// this many they are deleted at once.
 const REMOVALS_DONE_MAX: usize = 1024;
+/// How long a request that removed a directory (rmdir, a rename over it)
+/// waits for the removal's end on the other servers before it answers;
+/// the rest goes on behind it. Every server hearing it at once is what
+/// the wait buys (their seals end now, not at their lapse); a lost reply
+/// made the request wait for a whole call timeout (the replicated
+/// simulation, seed 149 with directory moves raced: a rename over an
+/// empty directory unanswered for 120 s).
+const REMOVAL_FINISH_WAIT: Duration = Duration::from_secs(5);
 
 impl Server {
     /// Put the records that drop one link of `inode` into `b`; returns the
@@ -66,6 +74,7 @@ impl Server {
         if nlink == 0 {
             if inode.attr.kind == FileKind::Dir {
                 self.forget_touches(b, ino);
+                b.delete(&keys::dir_parent(ino));
             }
             b.delete(&keys::inode(ino));
             b.delete(&keys::inline_data(ino));
@@ -317,7 +326,7 @@ impl Server {
             self.after_free(inode);
         }
         if let Some(r) = &removal {
-            self.finish_dir_removal(r).await;
+            self.finish_dir_removal_soon(r).await;
         } else if let Some(d) = &link_drop {
             // The owner holds a regular file it was asked to at 0. A drop
             // that failed is sent again later: this client is told the
@@ -342,6 +351,14 @@ impl Server {
     /// gone, and then its DIR_REMOVAL record goes. What fails is left to
     /// this server's next start (`recover_dir_removals`); until then, a
     /// server that missed it settles its lapsed seal from the record.
+    /// `finish_dir_removal`, waited for at most `REMOVAL_FINISH_WAIT`.
+    pub(crate) async fn finish_dir_removal_soon(self: &Arc<Self>, r: &DirRemoval) {
+        let (me, r) = (self.clone(), r.clone());
+        let finishing = tokio::spawn(async move { me.finish_dir_removal(&r).await });
+        // Past the wait the task goes on alone.
+        let _ = tokio::time::timeout(REMOVAL_FINISH_WAIT, finishing).await;
+    }
+
     pub(crate) async fn finish_dir_removal(&self, r: &DirRemoval) {
         if r.dir.owner() != self.id {
             let op = Op::AdjustLinks {

@@ -1,0 +1,476 @@
+//! Moves of directories between parents, and what keeps them from closing
+//! a loop. A directory moved below itself would leave a ring of
+//! directories no name reaches. The client checks the paths it was given
+//! and the kernel checks its own cache, but two clients moving two
+//! directories at once (`a` into `b/`, `b` into `a/`) each pass those
+//! checks, on different servers (the simulation, seed 249 with
+//! `MADFS_SIM_RENAME_RACES=all`). So, as Lustre does with its rename lock
+//! and its parent links, moves between parents are taken one at a time
+//! across the cluster, and each is checked against the parents the
+//! directories' owners record:
+//!
+//! 1. A, the server of the source name, takes the cluster's directory-move
+//!    lock from set 0's server (`Op::DirMoveLock`), before any lock of its
+//!    own. Set 0 writes the holder to its store, synced and on its
+//!    replicas, and keeps it for `LEASE` (from the moment it took it or,
+//!    after a restart or failover, from when it first looked again).
+//!    Crash: the lock stays taken until its lease ends; nothing else.
+//! 2. A walks from the destination directory up to the root by the
+//!    parent each directory's owner records (`DIR_PARENT`, asked with
+//!    `Op::DirParent`). Meeting the moved directory: EINVAL. A directory
+//!    made before parents were kept ends the walk (unchecked, as before).
+//! 3. The rename runs (rename.rs). The batch that removes the source name
+//!    (A's commit) also records the directory's new parent: in A's own
+//!    store if A owns the directory, else as a pending change
+//!    `DIR_PARENT_PENDING` = (old parent, new parent).
+//!    Crash: as for any rename; a pending change is sent at A's restart
+//!    (or by the copy that takes A's set over).
+//! 4. A sends the pending change to the owner, which makes it if the
+//!    parent it holds is the old one (a change that arrives late, after
+//!    a later move, is ignored), and then deletes its record.
+//!    Crash: sent again from the record.
+//! 5. A releases the lock. Crash: the lease ends it.
+//!
+//! Where the parents can still be stale: a move whose install's answer
+//! was lost (rename.rs step 6) keeps the lock until it is settled, but a
+//! settle that takes longer than the lease lets the next move walk the
+//! parents from before it; and a power cut that undoes a move (A's
+//! commit is synced, so only one before it) with the owner's change
+//! already made. Both need a failure during the move and a second move
+//! racing it in that window.
+
+use crate::errors::{err, kv_err};
+use crate::keys;
+use crate::locks::LockKey;
+use crate::service::Server;
+use madfs_kv::WriteBatch;
+use madfs_proto::codec::{Decoder, Encoder};
+use madfs_proto::message::{Op, Reply};
+use madfs_proto::{ErrorCode, WireError};
+use madfs_types::{InodeId, SealId, ServerId};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// How long a taken lock lasts without being released: far longer than a
+/// move takes (a few calls), short enough that a holder that died does
+/// not stop every other move for long.
+pub(crate) const LEASE: Duration = Duration::from_secs(30);
+/// How long set 0's server keeps a request for the lock waiting before it
+/// answers TryAgain (the taker asks again).
+const WAIT_PER_CALL: Duration = Duration::from_secs(1);
+/// How long a move waits for the lock in all before it fails (EAGAIN):
+/// two leases, so a dead holder's lease ends within it.
+const TAKE_WAIT_MAX: Duration = Duration::from_secs(60);
+/// Directories a walk to the root passes at most (a path of 4,096 bytes
+/// has fewer); beyond, the tree is corrupt (a loop) and the move fails.
+const DEPTH_MAX: usize = 4096;
+/// The server that keeps the lock: set 0's (it also holds the root).
+const LOCK_SET: ServerId = ServerId(0);
+
+/// The lock as set 0's server keeps it (`Server::dir_moves`).
+#[derive(Default)]
+pub(crate) struct DirMoveLock {
+    state: Mutex<LockState>,
+    freed: Notify,
+}
+
+#[derive(Default)]
+struct LockState {
+    /// The stored holder was read (at the first request since the open).
+    loaded: bool,
+    held: Option<Holder>,
+}
+
+struct Holder {
+    server: ServerId,
+    token: u64,
+    until: Instant,
+}
+
+fn encode_holder(server: ServerId, token: u64) -> Vec<u8> {
+    let mut v = server.0.to_le_bytes().to_vec();
+    v.extend_from_slice(&token.to_le_bytes());
+    v
+}
+
+fn decode_holder(v: &[u8]) -> Option<(ServerId, u64)> {
+    let server = u16::from_le_bytes(v.get(..2)?.try_into().ok()?);
+    let token = u64::from_le_bytes(v.get(2..10)?.try_into().ok()?);
+    Some((ServerId(server), token))
+}
+
+fn encode_parent_change(from: InodeId, to: InodeId) -> Vec<u8> {
+    let mut e = Encoder::new();
+    e.ino(from);
+    e.ino(to);
+    e.into_bytes()
+}
+
+fn decode_parent_change(v: &[u8]) -> Option<(InodeId, InodeId)> {
+    let mut d = Decoder::new(v);
+    Some((d.ino().ok()?, d.ino().ok()?))
+}
+
+/// The lock, taken for one move; released by `release` or, if dropped
+/// unreleased, by a task (or, failing that, its lease).
+pub(crate) struct DirMoveGuard {
+    srv: Arc<Server>,
+    token: u64,
+    released: bool,
+}
+
+impl DirMoveGuard {
+    pub(crate) async fn release(mut self) {
+        self.released = true;
+        release_lock(&self.srv, self.token).await;
+    }
+}
+
+impl Drop for DirMoveGuard {
+    fn drop(&mut self) {
+        if !self.released {
+            let (srv, token) = (self.srv.clone(), self.token);
+            tokio::spawn(async move { release_lock(&srv, token).await });
+        }
+    }
+}
+
+async fn release_lock(srv: &Arc<Server>, token: u64) {
+    let r = if srv.id == LOCK_SET {
+        srv.dir_move_lock(srv.id, token, true).await
+    } else {
+        let op = Op::DirMoveLock {
+            holder: srv.id,
+            token,
+            release: true,
+        };
+        srv.call_peer(LOCK_SET, op).await
+    };
+    if let Err(e) = r {
+        tracing::warn!("releasing the directory-move lock (its lease ends it): {e}");
+    }
+}
+
+impl Server {
+    /// `Op::DirMoveLock` on set 0's server (step 1 and 5 above).
+    pub(crate) async fn dir_move_lock(
+        &self,
+        holder: ServerId,
+        token: u64,
+        release: bool,
+    ) -> Result<Reply, WireError> {
+        if self.id != LOCK_SET {
+            return Err(err(
+                ErrorCode::Stale,
+                format!("the directory-move lock is kept by server {LOCK_SET}"),
+            ));
+        }
+        let deadline = Instant::now() + WAIT_PER_CALL;
+        loop {
+            let freed = self.dir_moves.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            let wake = {
+                let mut s = self.dir_moves.state.lock().expect("dir-move lock state");
+                let now = Instant::now();
+                if !s.loaded {
+                    let stored = self.kv.get(keys::META_DIR_MOVE_LOCK).map_err(kv_err)?;
+                    s.held = stored
+                        .as_deref()
+                        .and_then(decode_holder)
+                        .map(|(server, token)| Holder {
+                            server,
+                            token,
+                            until: now + LEASE,
+                        });
+                    s.loaded = true;
+                }
+                let mine = s
+                    .held
+                    .as_ref()
+                    .is_some_and(|h| (h.server, h.token) == (holder, token));
+                if release {
+                    if mine {
+                        let mut b = WriteBatch::new();
+                        b.delete(keys::META_DIR_MOVE_LOCK);
+                        self.kv.write(b, false).map_err(kv_err)?;
+                        s.held = None;
+                        self.dir_moves.freed.notify_waiters();
+                    }
+                    return Ok(Reply::Empty);
+                }
+                match &s.held {
+                    Some(h) if !mine && h.until > now => h.until.min(deadline),
+                    _ => {
+                        // Synced: a power cut must not free a lock whose
+                        // holder goes on.
+                        let mut b = WriteBatch::new();
+                        b.put(keys::META_DIR_MOVE_LOCK, &encode_holder(holder, token));
+                        self.kv.write(b, true).map_err(kv_err)?;
+                        s.held = Some(Holder {
+                            server: holder,
+                            token,
+                            until: now + LEASE,
+                        });
+                        return Ok(Reply::Empty);
+                    }
+                }
+            };
+            if Instant::now() >= deadline {
+                return Err(err(
+                    ErrorCode::TryAgain,
+                    "another directory move holds the cluster's lock",
+                ));
+            }
+            tokio::select! {
+                _ = freed => {}
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+
+    /// Step 1 on A: take the lock for one move.
+    pub(crate) async fn take_dir_move_lock(self: &Arc<Self>) -> Result<DirMoveGuard, WireError> {
+        let token = SealId::fresh().0;
+        let start = Instant::now();
+        loop {
+            let r = if self.id == LOCK_SET {
+                self.dir_move_lock(self.id, token, false).await
+            } else {
+                let op = Op::DirMoveLock {
+                    holder: self.id,
+                    token,
+                    release: false,
+                };
+                self.call_peer(LOCK_SET, op).await
+            };
+            match r {
+                Ok(_) => {
+                    return Ok(DirMoveGuard {
+                        srv: self.clone(),
+                        token,
+                        released: false,
+                    })
+                }
+                Err(e) if e.code == ErrorCode::TryAgain && start.elapsed() < TAKE_WAIT_MAX => {}
+                Err(e) => {
+                    return Err(err(
+                        e.code,
+                        format!("taking the directory-move lock: {}", e.message),
+                    ))
+                }
+            }
+        }
+    }
+
+    fn load_dir_parent(&self, dir: InodeId) -> Result<Option<InodeId>, WireError> {
+        let v = self.kv.get(&keys::dir_parent(dir)).map_err(kv_err)?;
+        Ok(
+            v.and_then(|v| v.as_slice().try_into().ok().map(u64::from_be_bytes))
+                .map(InodeId),
+        )
+    }
+
+    /// A new directory's parent, into the batch that makes it.
+    pub(crate) fn put_dir_parent(b: &mut WriteBatch, dir: InodeId, parent: InodeId) {
+        b.put(&keys::dir_parent(dir), &parent.0.to_be_bytes());
+    }
+
+    /// `Op::DirParent` on the directory's owner.
+    pub(crate) async fn dir_parent(
+        &self,
+        dir: InodeId,
+        change: Option<(InodeId, InodeId)>,
+    ) -> Result<Reply, WireError> {
+        if dir.owner() != self.id {
+            return Err(err(
+                ErrorCode::Stale,
+                format!("directory {dir} is not owned by server {}", self.id),
+            ));
+        }
+        let Some((from, to)) = change else {
+            return Ok(Reply::DirParent {
+                parent: self.load_dir_parent(dir)?,
+            });
+        };
+        let _g = self.locks.lock(&[LockKey::Inode(dir)]).await?;
+        let mut b = WriteBatch::new();
+        let parent = self.change_dir_parent(&mut b, dir, from, to)?;
+        // As durable as the move that made it (synced, rename.rs).
+        self.kv.write(b, true).map_err(kv_err)?;
+        Ok(Reply::DirParent { parent })
+    }
+
+    /// Into `b`: `dir`'s parent `from` becomes `to` (an unknown one too),
+    /// if `dir` is still here. What it will be.
+    fn change_dir_parent(
+        &self,
+        b: &mut WriteBatch,
+        dir: InodeId,
+        from: InodeId,
+        to: InodeId,
+    ) -> Result<Option<InodeId>, WireError> {
+        let now = self.load_dir_parent(dir)?;
+        if now.is_some_and(|p| p != from) || self.load_inode(dir)?.is_none() {
+            return Ok(now);
+        }
+        Self::put_dir_parent(b, dir, to);
+        Ok(Some(to))
+    }
+
+    /// Step 3, into the batch of a move's commit: `dir` moved from `from`
+    /// to `to`.
+    pub(crate) fn note_dir_moved(
+        &self,
+        b: &mut WriteBatch,
+        dir: InodeId,
+        from: InodeId,
+        to: InodeId,
+    ) -> Result<(), WireError> {
+        if dir.owner() == self.id {
+            self.change_dir_parent(b, dir, from, to)?;
+        } else {
+            b.put(
+                &keys::dir_parent_pending(dir),
+                &encode_parent_change(from, to),
+            );
+        }
+        Ok(())
+    }
+
+    /// A directory's parent, as its owner records it.
+    async fn parent_of_dir(self: &Arc<Self>, dir: InodeId) -> Result<Option<InodeId>, WireError> {
+        if dir.owner() == self.id {
+            return self.load_dir_parent(dir);
+        }
+        match self
+            .call_peer(
+                dir.owner(),
+                Op::DirParent {
+                    ino: dir,
+                    change: None,
+                },
+            )
+            .await?
+        {
+            Reply::DirParent { parent } => Ok(parent),
+            other => Err(err(
+                ErrorCode::Protocol,
+                format!("unexpected reply to DirParent: {other:?}"),
+            )),
+        }
+    }
+
+    /// Step 2: fail if `moved` is `dir` or one of its ancestors.
+    pub(crate) async fn check_not_above(
+        self: &Arc<Self>,
+        moved: InodeId,
+        dir: InodeId,
+    ) -> Result<(), WireError> {
+        let mut at = dir;
+        for _ in 0..DEPTH_MAX {
+            if at == moved {
+                return Err(err(
+                    ErrorCode::InvalidArgument,
+                    "cannot move a directory to a subdirectory of itself",
+                ));
+            }
+            if at == InodeId::ROOT {
+                return Ok(());
+            }
+            match self.parent_of_dir(at).await? {
+                Some(p) => at = p,
+                None => return Ok(()),
+            }
+        }
+        Err(err(
+            ErrorCode::Io,
+            format!("directory {dir} is more than {DEPTH_MAX} levels deep, or in a loop"),
+        ))
+    }
+
+    /// Step 4: send `dir`'s pending parent change to its owner, if there
+    /// is one; whether none is left.
+    pub(crate) async fn send_dir_parent_change(self: &Arc<Self>, dir: InodeId) -> bool {
+        let key = keys::dir_parent_pending(dir);
+        let change = match self.kv.get(&key) {
+            Ok(Some(v)) => decode_parent_change(&v),
+            Ok(None) => return true,
+            Err(e) => {
+                tracing::warn!("reading the parent change of directory {dir}: {e}");
+                return false;
+            }
+        };
+        if let Some(change) = change {
+            let op = Op::DirParent {
+                ino: dir,
+                change: Some(change),
+            };
+            if let Err(e) = self.call_peer(dir.owner(), op).await {
+                tracing::warn!("sending directory {dir}'s new parent to its owner: {e}");
+                return false;
+            }
+        }
+        let mut b = WriteBatch::new();
+        b.delete(&key);
+        self.kv.write(b, false).is_ok()
+    }
+
+    /// Step 4 until it is done (the owner may be unreachable a while);
+    /// `guard`, the move's lock, is released after.
+    pub(crate) async fn finish_dir_parent_change(
+        self: &Arc<Self>,
+        dir: InodeId,
+        guard: Option<DirMoveGuard>,
+    ) {
+        let mut wait = Duration::from_millis(200);
+        while !self.send_dir_parent_change(dir).await {
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(10));
+        }
+        if let Some(g) = guard {
+            g.release().await;
+        }
+    }
+
+    /// At the start (and on a copy that takes the set over): send every
+    /// pending parent change a crash left.
+    pub(crate) async fn resend_dir_parent_changes(self: &Arc<Self>) {
+        let pending =
+            match self
+                .kv
+                .scan(keys::DIR_PARENT_PENDING, keys::DIR_PARENT_PENDING, 100_000)
+            {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!("scanning pending directory parent changes: {e}");
+                    return;
+                }
+            };
+        let sends = pending
+            .iter()
+            .filter_map(|(k, _)| keys::ino_from_key(k))
+            .map(|dir| self.finish_dir_parent_change(dir, None));
+        futures::future::join_all(sends).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holders_and_parent_changes_decode_as_encoded() {
+        let v = encode_holder(ServerId(7), u64::MAX - 3);
+        assert_eq!(decode_holder(&v), Some((ServerId(7), u64::MAX - 3)));
+        assert_eq!(decode_holder(&v[..9]), None);
+        let c = encode_parent_change(InodeId::ROOT, InodeId(1 << 48 | 5));
+        assert_eq!(
+            decode_parent_change(&c),
+            Some((InodeId::ROOT, InodeId(1 << 48 | 5)))
+        );
+        assert_eq!(decode_parent_change(&c[..12]), None);
+    }
+}
