@@ -231,8 +231,52 @@ impl Server {
         }
     }
 
+    /// Steps 1 and 2 for a rename that moves `moved` (each a directory
+    /// and its new parent): the lock, if there is any such move, and the
+    /// checks.
+    pub(crate) async fn prepare_dir_moves(
+        self: &Arc<Self>,
+        moved: &[(InodeId, InodeId)],
+    ) -> Result<Option<DirMoveGuard>, WireError> {
+        if moved.is_empty() {
+            return Ok(None);
+        }
+        let guard = self.take_dir_move_lock().await?;
+        for &(dir, into) in moved {
+            if let Err(e) = self.check_not_above(dir, into).await {
+                guard.release().await;
+                return Err(e);
+            }
+        }
+        Ok(Some(guard))
+    }
+
+    /// Steps 4 and 5 after the rename moved `dirs`: their owners' parents,
+    /// then the lock. An owner that does not answer is sent the change
+    /// again until it does, the lock held meanwhile (up to its lease).
+    pub(crate) async fn finish_dir_moves(
+        self: &Arc<Self>,
+        dirs: Vec<InodeId>,
+        guard: DirMoveGuard,
+    ) {
+        for (i, &dir) in dirs.iter().enumerate() {
+            if !self.send_dir_parent_change(dir).await {
+                let me = self.clone();
+                let left = dirs[i..].to_vec();
+                tokio::spawn(async move {
+                    for dir in left {
+                        me.finish_dir_parent_change(dir, None).await;
+                    }
+                    guard.release().await;
+                });
+                return;
+            }
+        }
+        guard.release().await;
+    }
+
     /// Step 1 on A: take the lock for one move.
-    pub(crate) async fn take_dir_move_lock(self: &Arc<Self>) -> Result<DirMoveGuard, WireError> {
+    async fn take_dir_move_lock(self: &Arc<Self>) -> Result<DirMoveGuard, WireError> {
         let token = SealId::fresh().0;
         let start = Instant::now();
         loop {
@@ -364,7 +408,7 @@ impl Server {
     }
 
     /// Step 2: fail if `moved` is `dir` or one of its ancestors.
-    pub(crate) async fn check_not_above(
+    async fn check_not_above(
         self: &Arc<Self>,
         moved: InodeId,
         dir: InodeId,
@@ -393,7 +437,7 @@ impl Server {
 
     /// Step 4: send `dir`'s pending parent change to its owner, if there
     /// is one; whether none is left.
-    pub(crate) async fn send_dir_parent_change(self: &Arc<Self>, dir: InodeId) -> bool {
+    async fn send_dir_parent_change(self: &Arc<Self>, dir: InodeId) -> bool {
         let key = keys::dir_parent_pending(dir);
         let change = match self.kv.get(&key) {
             Ok(Some(v)) => decode_parent_change(&v),

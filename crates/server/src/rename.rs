@@ -350,16 +350,7 @@ pub(crate) async fn rename(
     if let Some((FileKind::Dir, other)) = exchanged {
         moved_dirs.push((other, sp));
     }
-    let mut guard = None;
-    if !moved_dirs.is_empty() {
-        guard = Some(srv.take_dir_move_lock().await?);
-        for &(dir, into) in &moved_dirs {
-            if let Err(e) = srv.check_not_above(dir, into).await {
-                release(guard).await;
-                return Err(e);
-            }
-        }
-    }
+    let mut guard = srv.prepare_dir_moves(&moved_dirs).await?;
     let result = if flags & RENAME_EXCHANGE != 0 {
         exchange(srv, (sp, sn, kind, ino), (dp, dn, exchanged))
             .await
@@ -389,29 +380,9 @@ pub(crate) async fn rename(
     if flags & RENAME_EXCHANGE == 0 {
         touch_moved(srv, ino).await;
     }
-    // Steps 4 and 5: the owners' parents, then the lock.
     if let Some(g) = guard {
-        let dirs: Vec<InodeId> = moved_dirs.iter().map(|&(d, _)| d).collect();
-        let mut left = dirs.len();
-        for &dir in &dirs {
-            if !srv.send_dir_parent_change(dir).await {
-                break;
-            }
-            left -= 1;
-        }
-        if left == 0 {
-            g.release().await;
-        } else {
-            // An owner that does not answer: sent again until it does,
-            // the lock held meanwhile (up to its lease).
-            let me = srv.clone();
-            tokio::spawn(async move {
-                for dir in dirs {
-                    me.finish_dir_parent_change(dir, None).await;
-                }
-                g.release().await;
-            });
-        }
+        let dirs = moved_dirs.iter().map(|&(d, _)| d).collect();
+        srv.finish_dir_moves(dirs, g).await;
     }
     Ok(held)
 }
