@@ -137,18 +137,22 @@ impl Drop for DirMoveGuard {
     }
 }
 
-async fn release_lock(srv: &Arc<Server>, token: u64) {
-    let r = if srv.id == LOCK_SET {
-        srv.dir_move_lock(srv.id, token, true).await
-    } else {
-        let op = Op::DirMoveLock {
-            holder: srv.id,
-            token,
-            release: true,
-        };
-        srv.call_peer(LOCK_SET, op).await
+/// `Op::DirMoveLock` from `srv` for its move `token`, to set 0's server
+/// (itself, if it is that server).
+async fn ask_lock(srv: &Arc<Server>, token: u64, release: bool) -> Result<Reply, WireError> {
+    if srv.id == LOCK_SET {
+        return srv.dir_move_lock(srv.id, token, release).await;
+    }
+    let op = Op::DirMoveLock {
+        holder: srv.id,
+        token,
+        release,
     };
-    if let Err(e) = r {
+    srv.call_peer(LOCK_SET, op).await
+}
+
+async fn release_lock(srv: &Arc<Server>, token: u64) {
+    if let Err(e) = ask_lock(srv, token, true).await {
         tracing::warn!("releasing the directory-move lock (its lease ends it): {e}");
     }
 }
@@ -280,17 +284,7 @@ impl Server {
         let token = SealId::fresh().0;
         let start = Instant::now();
         loop {
-            let r = if self.id == LOCK_SET {
-                self.dir_move_lock(self.id, token, false).await
-            } else {
-                let op = Op::DirMoveLock {
-                    holder: self.id,
-                    token,
-                    release: false,
-                };
-                self.call_peer(LOCK_SET, op).await
-            };
-            match r {
+            match ask_lock(self, token, false).await {
                 Ok(_) => {
                     return Ok(DirMoveGuard {
                         srv: self.clone(),
