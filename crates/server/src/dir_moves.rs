@@ -25,19 +25,22 @@
 //!    `DIR_PARENT_PENDING` = (old parent, new parent).
 //!    Crash: as for any rename; a pending change is sent at A's restart
 //!    (or by the copy that takes A's set over).
-//! 4. A sends the pending change to the owner, which makes it if the
-//!    parent it holds is the old one (a change that arrives late, after
-//!    a later move, is ignored), and then deletes its record.
-//!    Crash: sent again from the record.
+//! 4. Once the move is on A's set's copies (else a failover could undo
+//!    the move but not the change), A sends the pending change to the
+//!    owner, which makes it if the parent it holds is the old one (a
+//!    change that arrives late, after a later move, is ignored), and then
+//!    deletes its record. Crash: sent again from the record.
 //! 5. A releases the lock. Crash: the lease ends it.
 //!
-//! Where the parents can still be stale: a move whose install's answer
-//! was lost (rename.rs step 6) keeps the lock until it is settled, but a
-//! settle that takes longer than the lease lets the next move walk the
-//! parents from before it; and a power cut that undoes a move (A's
-//! commit is synced, so only one before it) with the owner's change
-//! already made. Both need a failure during the move and a second move
-//! racing it in that window.
+//! A move that waits on a server that does not answer (an install whose
+//! answer was lost, settled by rename.rs step 6; an owner that does not
+//! take the parent) keeps the lock, renewing its lease, until it is done.
+//! Where the parents can still be stale: A dies in the middle of a move,
+//! its lease ends, and another move walks the parents before A's
+//! recovery (or its set's new primary) settled it; a power cut undoes a
+//! move (A's commit is synced, so only one before it) with the owner's
+//! change already made. Both need a failure during the move and a second
+//! move racing it in that window.
 
 use crate::errors::{err, kv_err};
 use crate::keys;
@@ -122,6 +125,14 @@ pub(crate) struct DirMoveGuard {
 }
 
 impl DirMoveGuard {
+    /// Take the lease again from now, while the move waits on a server
+    /// that does not answer (each wait is shorter than the lease).
+    pub(crate) async fn renew(&self) {
+        if let Err(e) = ask_lock(&self.srv, self.token, false).await {
+            tracing::warn!("renewing the directory-move lock: {e}");
+        }
+    }
+
     pub(crate) async fn release(mut self) {
         self.released = true;
         release_lock(&self.srv, self.token).await;
@@ -269,7 +280,7 @@ impl Server {
                 let left = dirs[i..].to_vec();
                 tokio::spawn(async move {
                     for dir in left {
-                        me.finish_dir_parent_change(dir, None).await;
+                        me.finish_dir_parent_change(dir, Some(&guard)).await;
                     }
                     guard.release().await;
                 });
@@ -442,6 +453,13 @@ impl Server {
             }
         };
         if let Some(change) = change {
+            // Only once the set's copies have the move: a failover to a
+            // copy without it undoes the move, and its owner would keep
+            // the new parent (the replicated simulation, seed 5114: a
+            // later move into the directory was refused as a loop).
+            if !self.replicated_now().await {
+                return false;
+            }
             let op = Op::DirParent {
                 ino: dir,
                 change: Some(change),
@@ -456,20 +474,24 @@ impl Server {
         self.kv.write(b, false).is_ok()
     }
 
-    /// Step 4 until it is done (the owner may be unreachable a while);
-    /// `guard`, the move's lock, is released after.
+    /// Step 4 until it is done (the owner may be unreachable a while),
+    /// renewing `guard`, the move's lock, meanwhile.
     pub(crate) async fn finish_dir_parent_change(
         self: &Arc<Self>,
         dir: InodeId,
-        guard: Option<DirMoveGuard>,
+        guard: Option<&DirMoveGuard>,
     ) {
         let mut wait = Duration::from_millis(200);
         while !self.send_dir_parent_change(dir).await {
+            // A deposed store's moves are its set's new primary's to finish.
+            if self.replication.as_ref().is_some_and(|r| r.retired()) {
+                return;
+            }
+            if let Some(g) = guard {
+                g.renew().await;
+            }
             tokio::time::sleep(wait).await;
             wait = (wait * 2).min(Duration::from_secs(10));
-        }
-        if let Some(g) = guard {
-            g.release().await;
         }
     }
 

@@ -927,7 +927,8 @@ async fn settle(
                             srv.touch_remote(t).await;
                         }
                         if moves_dir {
-                            srv.finish_dir_parent_change(intent.ino, dir_move).await;
+                            srv.finish_dir_parent_change(intent.ino, dir_move.as_ref())
+                                .await;
                         }
                         // As in step 5: not before the replicas have it.
                         if !srv.replicated_now().await {
@@ -950,6 +951,9 @@ async fn settle(
             }
             Ok(other) => tracing::warn!("settling rename {tx:?}: unexpected reply {other:?}"),
             Err(e) => tracing::warn!("settling rename {tx:?} with server {b_server}: {e}"),
+        }
+        if let Some(g) = &dir_move {
+            g.renew().await;
         }
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(Duration::from_secs(10));

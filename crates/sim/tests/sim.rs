@@ -601,4 +601,13 @@ fn replicated_seeds_that_once_failed_pass() {
             panic!("seed {seed} (once: {what}) fails again:\n{f}");
         }
     }
+    // Found with two directory moves at once (the default since).
+    let (seed, steps) = (5114, 60);
+    if let Err(f) = run(&SimConfig::replicated(seed, steps)) {
+        panic!(
+            "seed {seed} (once: a directory's owner took its new parent from a move a failover \
+             then undid, and a later move into it was refused as a loop; server dir_moves.rs) \
+             fails again:\n{f}"
+        );
+    }
 }
