@@ -347,8 +347,11 @@ impl Server {
         let _g = self.locks.lock(&[LockKey::Inode(dir)]).await?;
         let mut b = WriteBatch::new();
         let parent = self.change_dir_parent(&mut b, dir, from, to)?;
-        // As durable as the move that made it (synced, rename.rs).
-        self.kv.write(b, true).map_err(kv_err)?;
+        // As durable as the move that made it (synced, rename.rs); a
+        // change not made (late, or the directory gone) writes nothing.
+        if !b.is_empty() {
+            self.kv.write(b, true).map_err(kv_err)?;
+        }
         Ok(Reply::DirParent { parent })
     }
 
