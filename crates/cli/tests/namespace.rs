@@ -490,6 +490,116 @@ async fn two_directories_moved_into_each_other_at_once_keep_a_tree() {
     }
 }
 
+/// A server that dies in the middle of moving a directory between parents
+/// (after its commit, before the directory's owner learned the new parent)
+/// holds the cluster's directory-move lock past its lease until its set
+/// settled the move: checked against the owner's stale parent, a second
+/// move would have closed a ring (`x` into `a`, with `a` already in `x`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_whose_server_died_is_settled_before_the_next_is_checked() {
+    mover_dies_in_the_middle_of_a_move(2).await;
+}
+
+/// The same where the mover is set 0's server, which keeps the lock: the
+/// lock, past its lease after the restart, is handed on once the server
+/// itself has settled the move (it once asked itself by a call it could
+/// not answer locally, and refused every later move: the replicated
+/// simulation, seed 30346).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_of_the_lock_server_that_died_is_settled_after_its_restart() {
+    mover_dies_in_the_middle_of_a_move(0).await;
+}
+
+async fn mover_dies_in_the_middle_of_a_move(mover: usize) {
+    use std::time::{Duration, Instant};
+    const LOCK_SERVER: usize = 0;
+    let opts = common::Options {
+        server_env: vec![("MADFS_TEST_DIR_MOVE_LEASE_MS".into(), "1000".into())],
+        server_env_for: vec![(
+            mover,
+            "MADFS_TEST_DIR_MOVE_FINISH_DELAY_MS".into(),
+            "120000".into(),
+        )],
+        ..Default::default()
+    };
+    let mut tc = TestCluster::start_with(SERVERS, opts);
+    let c = tc.client();
+    let name = |s: &str| FileName::new(s.as_bytes()).unwrap();
+    let home = |parent: InodeId, n: &str| dentry_server(parent, &name(n), SERVERS).0 as usize;
+    let root = InodeId::ROOT;
+    // `a`: its name held by mover, its inode owned by another server (made
+    // under another name, then renamed), so its parent is sent to it.
+    let a_name = (0..)
+        .map(|i| format!("ma{i}"))
+        .find(|n| home(root, n) == mover)
+        .unwrap();
+    let made = (0..)
+        .map(|i| format!("mb{i}"))
+        .find(|n| home(root, n) != mover)
+        .unwrap();
+    c.mkdir(format!("/{made}"), 0o755).await.unwrap();
+    c.rename(format!("/{made}"), format!("/{a_name}"))
+        .await
+        .unwrap();
+    let a = c.stat(format!("/{a_name}")).await.unwrap().ino;
+    assert_ne!(a.owner().0 as usize, mover);
+    // `x`: its name, and the one it would take in `a`, held by live servers.
+    let x_name = (0..)
+        .map(|i| format!("mx{i}"))
+        .find(|n| home(root, n) != mover && home(a, n) != mover)
+        .unwrap();
+    c.mkdir(format!("/{x_name}"), 0o755).await.unwrap();
+
+    // Move 1, `a` into `x`: mover commits it, then stops before step 4.
+    let first = {
+        let (c1, a_name, x_name) = (tc.client(), a_name.clone(), x_name.clone());
+        tokio::spawn(async move {
+            c1.rename(format!("/{a_name}"), format!("/{x_name}/{a_name}"))
+                .await
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tc.client().stat(format!("/{a_name}")).await.is_ok() {
+        assert!(Instant::now() < deadline, "move 1 was not committed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Move 2, `x` into `a` by inode (no path for the client to check).
+    let x_file_name = name(&x_name);
+    let second = || c.rename_at(root, &x_file_name, a, &x_file_name, 0);
+    // Past the lease, while mover is alive and its move under way...
+    assert_err(second().await, ErrorCode::Busy, libc::EBUSY);
+    // ... and while it is dead (where it is not the lock's server).
+    tc.kill9(mover);
+    first.abort();
+    if mover != LOCK_SERVER {
+        assert_err(second().await, ErrorCode::Busy, libc::EBUSY);
+    }
+    // Restarted, it sends the parent it owed; then move 2 is checked
+    // against it and refused.
+    tc.restart(mover);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match second().await {
+            Err(e) if e.code == ErrorCode::Busy && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            r => {
+                assert_err(r, ErrorCode::InvalidArgument, libc::EINVAL);
+                break;
+            }
+        }
+    }
+    let fresh = tc.client();
+    let inside = format!("/{x_name}/{a_name}");
+    assert_eq!(fresh.stat(&inside).await.unwrap().ino, a);
+    assert!(fresh.read_dir(&inside).await.unwrap().is_empty());
+    assert_err(
+        fresh.stat(format!("/{a_name}")).await,
+        ErrorCode::NotFound,
+        libc::ENOENT,
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hard_links_and_symlinks() {
     let tc = TestCluster::start(SERVERS);

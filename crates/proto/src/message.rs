@@ -97,6 +97,7 @@ pub enum Opcode {
     ReplicaKeyRange = 52,
     DirMoveLock = 53,
     DirParent = 54,
+    DirMoveSettled = 55,
 }
 
 impl Opcode {
@@ -141,6 +142,7 @@ impl Opcode {
             52 => ReplicaKeyRange,
             53 => DirMoveLock,
             54 => DirParent,
+            55 => DirMoveSettled,
             _ => return None,
         })
     }
@@ -509,6 +511,14 @@ pub enum Op {
     DirParent {
         ino: InodeId,
         change: Option<(InodeId, InodeId)>,
+    },
+    /// From set 0's server to the server of the set whose move `token`
+    /// held the directory-move lock past its lease: has that move left
+    /// nothing to settle (no move under way with that token, no rename
+    /// of a directory between parents still open, no parent change still
+    /// to send)? `Empty` if so, TryAgain if not.
+    DirMoveSettled {
+        token: u64,
     },
     PurgeChunks {
         ino: InodeId,
@@ -904,6 +914,7 @@ impl Op {
             Op::RenameResolve { .. } => Opcode::RenameResolve,
             Op::DirMoveLock { .. } => Opcode::DirMoveLock,
             Op::DirParent { .. } => Opcode::DirParent,
+            Op::DirMoveSettled { .. } => Opcode::DirMoveSettled,
             Op::PurgeChunks { .. } => Opcode::PurgeChunks,
             Op::InvalidateDir { .. } => Opcode::InvalidateDir,
             Op::TouchDir { .. } => Opcode::TouchDir,
@@ -1212,6 +1223,7 @@ impl Request {
                     e.ino(*to);
                 }
             }
+            Op::DirMoveSettled { token } => e.u64(*token),
             Op::Find {
                 query,
                 after,
@@ -1466,6 +1478,7 @@ impl Request {
                     None
                 },
             },
+            Opcode::DirMoveSettled => Op::DirMoveSettled { token: d.u64()? },
             Opcode::Find => Op::Find {
                 query: FindQuery::decode(&mut d)?,
                 after: if d.bool()? {
@@ -2240,6 +2253,7 @@ mod tests {
                 ino,
                 change: Some((InodeId::ROOT, InodeId(1 << 48 | 7))),
             },
+            Op::DirMoveSettled { token: 0x5eed },
             Op::PurgeChunks { ino },
             Op::InvalidateDir { dir: ino },
             Op::ReplicaApply {

@@ -12,9 +12,15 @@
 //! 1. A, the server of the source name, takes the cluster's directory-move
 //!    lock from set 0's server (`Op::DirMoveLock`), before any lock of its
 //!    own. Set 0 writes the holder to its store, synced and on its
-//!    replicas, and keeps it for `LEASE` (from the moment it took it or,
-//!    after a restart or failover, from when it first looked again).
-//!    Crash: the lock stays taken until its lease ends; nothing else.
+//!    replicas, and keeps it for `lease()` (from the moment it took it or,
+//!    after a restart or failover, from when it first looked again). A
+//!    lease that ended is handed on only once the holder's set answers
+//!    that the move left nothing to settle (`Op::DirMoveSettled`: no move
+//!    of that token under way there, no rename of a directory between
+//!    parents still open, no parent change still to send): until then a
+//!    dead holder's move may have left parents that its recovery, or its
+//!    set's new primary, has yet to correct.
+//!    Crash: the lock stays taken until the holder's set has settled.
 //! 2. A walks from the destination directory up to the root by the
 //!    parent each directory's owner records (`DIR_PARENT`, asked with
 //!    `Op::DirParent`). Meeting the moved directory: EINVAL. A directory
@@ -30,17 +36,15 @@
 //!    owner, which makes it if the parent it holds is the old one (a
 //!    change that arrives late, after a later move, is ignored), and then
 //!    deletes its record. Crash: sent again from the record.
-//! 5. A releases the lock. Crash: the lease ends it.
+//! 5. A releases the lock. Crash: the lease ends, and step 1 hands the
+//!    lock on once A's set answers that the move is settled.
 //!
 //! A move that waits on a server that does not answer (an install whose
 //! answer was lost, settled by rename.rs step 6; an owner that does not
 //! take the parent) keeps the lock, renewing its lease, until it is done.
-//! Where the parents can still be stale: A dies in the middle of a move,
-//! its lease ends, and another move walks the parents before A's
-//! recovery (or its set's new primary) settled it; a power cut undoes a
-//! move (A's commit is synced, so only one before it) with the owner's
-//! change already made. Both need a failure during the move and a second
-//! move racing it in that window.
+//! While the holder's set is served nowhere (without replicas, a dead
+//! server not yet restarted) no other directory changes parents: takers
+//! get EBUSY after `take_wait_max()`, with the reason.
 
 use crate::errors::{err, kv_err};
 use crate::keys;
@@ -51,32 +55,60 @@ use madfs_proto::codec::{Decoder, Encoder};
 use madfs_proto::message::{Op, Reply};
 use madfs_proto::{ErrorCode, WireError};
 use madfs_types::{InodeId, SealId, ServerId};
-use std::sync::{Arc, Mutex};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// How long a taken lock lasts without being released: far longer than a
-/// move takes (a few calls), short enough that a holder that died does
-/// not stop every other move for long.
-pub(crate) const LEASE: Duration = Duration::from_secs(30);
+/// How long a taken lock lasts without being released or renewed: far
+/// longer than a move takes (a few calls). 30 s, or
+/// `MADFS_TEST_DIR_MOVE_LEASE_MS` in tests.
+fn lease() -> Duration {
+    static LEASE: OnceLock<Duration> = OnceLock::new();
+    *LEASE.get_or_init(|| {
+        crate::test_knob_ms("MADFS_TEST_DIR_MOVE_LEASE_MS").unwrap_or(Duration::from_secs(30))
+    })
+}
+/// How long a move waits for the lock in all before it fails (EBUSY):
+/// two leases, so a dead holder's lease ends within it.
+fn take_wait_max() -> Duration {
+    2 * lease()
+}
 /// How long set 0's server keeps a request for the lock waiting before it
 /// answers TryAgain (the taker asks again).
 const WAIT_PER_CALL: Duration = Duration::from_secs(1);
-/// How long a move waits for the lock in all before it fails (EAGAIN):
-/// two leases, so a dead holder's lease ends within it.
-const TAKE_WAIT_MAX: Duration = Duration::from_secs(60);
+/// How soon set 0's server asks a holder past its lease again whether its
+/// move is settled, after it answered that it is not.
+const SETTLED_ASK_AGAIN: Duration = Duration::from_millis(200);
 /// Directories a walk to the root passes at most (a path of 4,096 bytes
 /// has fewer); beyond, the tree is corrupt (a loop) and the move fails.
 const DEPTH_MAX: usize = 4096;
 /// The server that keeps the lock: set 0's (it also holds the root).
 const LOCK_SET: ServerId = ServerId(0);
 
-/// The lock as set 0's server keeps it (`Server::dir_moves`).
+/// The lock as set 0's server keeps it, and the moves under way on this
+/// server (`Server::dir_moves`).
 #[derive(Default)]
 pub(crate) struct DirMoveLock {
     state: Mutex<LockState>,
     freed: Notify,
+    /// The tokens of this server's moves that hold the lock (any server).
+    moving: Mutex<HashSet<u64>>,
+}
+
+impl DirMoveLock {
+    fn moving(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
+        self.moving.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What set 0's server does next for a request for the lock.
+enum Next {
+    /// Wait (for a release, or the holder's lease to end) until then.
+    Wait(Instant),
+    /// Ask the holder's set, past its lease, whether its move is settled.
+    AskSettled(ServerId, u64),
 }
 
 #[derive(Default)]
@@ -135,6 +167,7 @@ impl DirMoveGuard {
 
     pub(crate) async fn release(mut self) {
         self.released = true;
+        self.srv.dir_moves.moving().remove(&self.token);
         release_lock(&self.srv, self.token).await;
     }
 }
@@ -142,6 +175,7 @@ impl DirMoveGuard {
 impl Drop for DirMoveGuard {
     fn drop(&mut self) {
         if !self.released {
+            self.srv.dir_moves.moving().remove(&self.token);
             let (srv, token) = (self.srv.clone(), self.token);
             tokio::spawn(async move { release_lock(&srv, token).await });
         }
@@ -183,11 +217,14 @@ impl Server {
             ));
         }
         let deadline = Instant::now() + WAIT_PER_CALL;
+        // A holder past its lease whose set answered that its move is settled.
+        let mut settled = None;
+        let mut unsettled_why = None;
         loop {
             let freed = self.dir_moves.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            let wake = {
+            let next = {
                 let mut s = self.dir_moves.state.lock().expect("dir-move lock state");
                 let now = Instant::now();
                 if !s.loaded {
@@ -198,7 +235,7 @@ impl Server {
                         .map(|(server, token)| Holder {
                             server,
                             token,
-                            until: now + LEASE,
+                            until: now + lease(),
                         });
                     s.loaded = true;
                 }
@@ -217,7 +254,10 @@ impl Server {
                     return Ok(Reply::Empty);
                 }
                 match &s.held {
-                    Some(h) if !mine && h.until > now => h.until.min(deadline),
+                    Some(h) if !mine && h.until > now => Next::Wait(h.until.min(deadline)),
+                    Some(h) if !mine && settled != Some((h.server, h.token)) => {
+                        Next::AskSettled(h.server, h.token)
+                    }
                     _ => {
                         // Synced: a power cut must not free a lock whose
                         // holder goes on.
@@ -227,16 +267,42 @@ impl Server {
                         s.held = Some(Holder {
                             server: holder,
                             token,
-                            until: now + LEASE,
+                            until: now + lease(),
                         });
                         return Ok(Reply::Empty);
                     }
                 }
             };
+            let wake = match next {
+                Next::Wait(wake) => wake,
+                Next::AskSettled(server, token) => {
+                    match tokio::time::timeout_at(deadline, self.ask_settled(server, token)).await {
+                        Ok(Ok(())) => {
+                            settled = Some((server, token));
+                            continue;
+                        }
+                        Ok(Err(e)) => {
+                            unsettled_why = Some(format!("server {server}: {}", e.message))
+                        }
+                        Err(_) => unsettled_why = Some(format!("server {server} did not answer")),
+                    }
+                    (Instant::now() + SETTLED_ASK_AGAIN).min(deadline)
+                }
+            };
             if Instant::now() >= deadline {
                 return Err(err(
                     ErrorCode::TryAgain,
-                    "another directory move holds the cluster's lock",
+                    match unsettled_why {
+                        Some(why) => {
+                            let why = format!(
+                                "a directory move that held the cluster's lock past its \
+                                 lease is not known to be settled ({why})"
+                            );
+                            tracing::warn!("server {}: {why}", self.id);
+                            why
+                        }
+                        None => "another directory move holds the cluster's lock".to_string(),
+                    },
                 ));
             }
             tokio::select! {
@@ -244,6 +310,35 @@ impl Server {
                 _ = tokio::time::sleep_until(wake) => {}
             }
         }
+    }
+
+    /// Whether the move `token` of `server`'s set, past its lease, is
+    /// settled, as that set's server answers.
+    async fn ask_settled(&self, server: ServerId, token: u64) -> Result<(), WireError> {
+        self.call_peer(server, Op::DirMoveSettled { token })
+            .await
+            .map(|_| ())
+    }
+
+    /// `Op::DirMoveSettled` on the server of the set whose move `token`
+    /// held the lock past its lease: Empty if nothing of it is left to
+    /// settle here, TryAgain if something is.
+    pub(crate) fn dir_move_settled(&self, token: u64) -> Result<Reply, WireError> {
+        let unsettled = |what: &str| Err(err(ErrorCode::TryAgain, what.to_string()));
+        if self.dir_moves.moving().contains(&token) {
+            return unsettled("the move is still under way");
+        }
+        if crate::rename::dir_move_unsettled(self)? {
+            return unsettled("a rename of a directory between parents is still to be settled");
+        }
+        let pending = self
+            .kv
+            .scan(keys::DIR_PARENT_PENDING, keys::DIR_PARENT_PENDING, 1)
+            .map_err(kv_err)?;
+        if !pending.is_empty() {
+            return unsettled("a moved directory's new parent is still to be sent to its owner");
+        }
+        Ok(Reply::Empty)
     }
 
     /// Steps 1 and 2 for a rename that moves `moved` (each a directory
@@ -274,6 +369,10 @@ impl Server {
         dirs: Vec<InodeId>,
         guard: DirMoveGuard,
     ) {
+        // Tests: a mover that stops (is killed) between its commit and step 4.
+        if let Some(pause) = crate::test_knob_ms("MADFS_TEST_DIR_MOVE_FINISH_DELAY_MS") {
+            tokio::time::sleep(pause).await;
+        }
         for (i, &dir) in dirs.iter().enumerate() {
             if !self.send_dir_parent_change(dir).await {
                 let me = self.clone();
@@ -297,18 +396,25 @@ impl Server {
         loop {
             match ask_lock(self, token, false).await {
                 Ok(_) => {
+                    self.dir_moves.moving().insert(token);
                     return Ok(DirMoveGuard {
                         srv: self.clone(),
                         token,
                         released: false,
-                    })
+                    });
                 }
-                Err(e) if e.code == ErrorCode::TryAgain && start.elapsed() < TAKE_WAIT_MAX => {}
+                Err(e) if e.code == ErrorCode::TryAgain && start.elapsed() < take_wait_max() => {}
                 Err(e) => {
+                    // Not TryAgain: rename(2) never returns EAGAIN, and the
+                    // dispatch would start the whole wait over (`retry_races`).
+                    let code = match e.code {
+                        ErrorCode::TryAgain => ErrorCode::Busy,
+                        code => code,
+                    };
                     return Err(err(
-                        e.code,
+                        code,
                         format!("taking the directory-move lock: {}", e.message),
-                    ))
+                    ));
                 }
             }
         }

@@ -342,6 +342,7 @@ impl Server {
                 release,
             } => ok(self.dir_move_lock(holder, token, release).await?),
             Op::DirParent { ino, change } => ok(self.dir_parent(ino, change).await?),
+            Op::DirMoveSettled { token } => ok(self.dir_move_settled(token)?),
             Op::TouchDir {
                 dir,
                 sender,

@@ -73,6 +73,15 @@ impl std::error::Error for ServerError {}
 /// (some 130 bytes each).
 pub const FIND_INDEX_DEFAULT_BYTES: usize = 1 << 30;
 
+/// A test knob: a duration in milliseconds from the environment variable
+/// `name` (none if unset or not a number). Real servers run without them.
+pub(crate) fn test_knob_ms(name: &str) -> Option<std::time::Duration> {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(std::time::Duration::from_millis)
+}
+
 /// Share of this machine's memory that the chunk caches of the servers on
 /// it take by default, in all (see `cache_default_bytes`).
 const CACHE_HOST_SHARE_DIVISOR: u64 = 4;

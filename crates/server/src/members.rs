@@ -135,12 +135,7 @@ fn membership_config(
     cfg: &ClusterConfig,
 ) -> MembershipConfig {
     let mut mc = MembershipConfig::new(me, voters, data_dir.join("membership"), initial_map(cfg));
-    let ms = |name: &str| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_millis)
-    };
+    let ms = crate::test_knob_ms;
     let t = &mut mc.timing;
     if let Some(d) = ms("MADFS_TEST_DOWN_AFTER_MS") {
         t.down_after = d.max(t.lease + t.lease_margin);

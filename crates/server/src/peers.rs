@@ -184,6 +184,7 @@ impl Server {
                 Ok((Reply::Empty, Vec::new()))
             }
             Op::GetAttr { ino, .. } => Ok((Reply::Attr(self.must_inode(ino)?.attr), Vec::new())),
+            Op::DirMoveSettled { token } => Ok((self.dir_move_settled(token)?, Vec::new())),
             other => Err(err(
                 ErrorCode::Protocol,
                 format!("{:?} is not a local peer op", other.opcode()),

@@ -979,6 +979,16 @@ fn stored_intents(srv: &Server) -> Result<Vec<(TxId, Option<Intent>)>, WireError
         .collect())
 }
 
+/// Whether a rename that moves a directory between parents, interrupted
+/// by a crash or a failover, is still to be settled here (dir_moves.rs: a
+/// lock held past its lease by such a move is not handed on before).
+pub(crate) fn dir_move_unsettled(srv: &Server) -> Result<bool, WireError> {
+    Ok(stored_intents(srv)?.iter().any(|(_, i)| {
+        i.as_ref()
+            .is_some_and(|i| i.kind == FileKind::Dir && i.src_parent != i.dst_parent)
+    }))
+}
+
 /// At the store's open, before any request: hold the source name of every
 /// stored intent until `recover` settles it.
 pub(crate) fn hold_unsettled(srv: &Server) -> Result<usize, WireError> {

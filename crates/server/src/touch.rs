@@ -142,11 +142,7 @@ pub const TOUCH_DELAY_ENV: &str = "MADFS_TEST_TOUCH_DELAY_MS";
 
 impl Touches {
     pub(crate) fn load(kv: &dyn KvStore) -> Result<Touches, madfs_kv::KvError> {
-        let delay = std::env::var(TOUCH_DELAY_ENV)
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .filter(|&ms| ms > 0)
-            .map(Duration::from_millis);
+        let delay = crate::test_knob_ms(TOUCH_DELAY_ENV).filter(|d| !d.is_zero());
         if let Some(d) = delay {
             tracing::warn!("{TOUCH_DELAY_ENV}: every directory touch is sent {d:?} late");
         }

@@ -1157,6 +1157,13 @@ impl Sim {
                                     ))
                         }
                     };
+                    // A move that did not get the cluster's directory-move
+                    // lock in time (EBUSY: its holder's set had not settled
+                    // a move a crash interrupted) did nothing.
+                    let refused = matches!(
+                        (result, action),
+                        (Err(e), Action::Rename(..)) if e.code == ErrorCode::Busy
+                    );
                     // A link's source resolved before the other operation
                     // ran (a file pending creation has no inode yet).
                     let early_source = match action {
@@ -1189,10 +1196,10 @@ impl Sim {
                                 (Err(_), Ok(a)) => {
                                     if loose {
                                         next.push(a);
-                                        if !kept_unchanged {
-                                            next.push(m.clone());
-                                            kept_unchanged = true;
-                                        }
+                                    }
+                                    if (loose || refused) && !kept_unchanged {
+                                        next.push(m.clone());
+                                        kept_unchanged = true;
                                     }
                                 }
                                 (Err(_), Err(_)) => {

@@ -264,6 +264,10 @@ fn main() {
             ),
         ),
         (
+            "request-dir-move-settled",
+            request(Op::DirMoveSettled { token: 0x5eed }, &[]),
+        ),
+        (
             "reply-chunk-digests",
             frame(
                 true,
