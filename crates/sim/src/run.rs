@@ -1160,10 +1160,13 @@ impl Sim {
                     // A move that did not get the cluster's directory-move
                     // lock in time (EBUSY: its holder's set had not settled
                     // a move a crash interrupted) did nothing.
-                    let refused = matches!(
-                        (result, action),
-                        (Err(e), Action::Rename(..)) if e.code == ErrorCode::Busy
-                    );
+                    let refused = match (result, action) {
+                        (Err(e), Action::Rename(a, b)) if e.code == ErrorCode::Busy => {
+                            crate::model::parent_of(a) != crate::model::parent_of(b)
+                                && old.names.get(a).is_some_and(|e| e.kind == FileKind::Dir)
+                        }
+                        _ => false,
+                    };
                     // A link's source resolved before the other operation
                     // ran (a file pending creation has no inode yet).
                     let early_source = match action {
