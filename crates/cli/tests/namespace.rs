@@ -497,7 +497,7 @@ async fn two_directories_moved_into_each_other_at_once_keep_a_tree() {
 /// move would have closed a ring (`x` into `a`, with `a` already in `x`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_move_whose_server_died_is_settled_before_the_next_is_checked() {
-    mover_dies_in_the_middle_of_a_move(2).await;
+    mover_dies_in_the_middle_of_a_move(2, 1).await;
 }
 
 /// The same where the mover is set 0's server, which keeps the lock: the
@@ -507,10 +507,21 @@ async fn a_move_whose_server_died_is_settled_before_the_next_is_checked() {
 /// simulation, seed 30346).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_move_of_the_lock_server_that_died_is_settled_after_its_restart() {
-    mover_dies_in_the_middle_of_a_move(0).await;
+    mover_dies_in_the_middle_of_a_move(0, 1).await;
 }
 
-async fn mover_dies_in_the_middle_of_a_move(mover: usize) {
+/// With replicas the mover's set fails over to its copy, which sends the
+/// parent the move owed (its store holds the pending change), and the
+/// lock is handed on once the copy answers that the move is settled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_whose_server_died_is_settled_by_its_set_after_a_failover() {
+    mover_dies_in_the_middle_of_a_move(2, 2).await;
+}
+
+/// Moves `a` into `x` through server `mover`, which is killed between its
+/// commit and step 4; then moving `x` into `a` must be refused (EINVAL),
+/// after EBUSY while the move is not known to be settled.
+async fn mover_dies_in_the_middle_of_a_move(mover: usize, replicas: u8) {
     use std::time::{Duration, Instant};
     const LOCK_SERVER: usize = 0;
     let opts = common::Options {
@@ -520,6 +531,7 @@ async fn mover_dies_in_the_middle_of_a_move(mover: usize) {
             "MADFS_TEST_DIR_MOVE_FINISH_DELAY_MS".into(),
             "120000".into(),
         )],
+        replicas,
         ..Default::default()
     };
     let mut tc = TestCluster::start_with(SERVERS, opts);
@@ -568,15 +580,19 @@ async fn mover_dies_in_the_middle_of_a_move(mover: usize) {
     let second = || c.rename_at(root, &x_file_name, a, &x_file_name, 0);
     // Past the lease, while mover is alive and its move under way...
     assert_err(second().await, ErrorCode::Busy, libc::EBUSY);
-    // ... and while it is dead (where it is not the lock's server).
+    // ... and while it is dead.
     tc.kill9(mover);
     first.abort();
-    if mover != LOCK_SERVER {
+    // Without replicas nothing takes its set over until it restarts (and
+    // the lock's own server, dead, answers nothing).
+    if mover != LOCK_SERVER && replicas == 1 {
         assert_err(second().await, ErrorCode::Busy, libc::EBUSY);
     }
-    // Restarted, it sends the parent it owed; then move 2 is checked
-    // against it and refused.
-    tc.restart(mover);
+    // Restarted, or failed over to its copy, its set sends the parent the
+    // move owed; then move 2 is checked against it and refused.
+    if replicas == 1 {
+        tc.restart(mover);
+    }
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         match second().await {
