@@ -933,6 +933,18 @@ impl Sim {
                 Ok(_) => self.out.ops_ok += 1,
                 Err(_) => self.out.ops_failed += 1,
             }
+            // On a healthy cluster no move waits out the directory-move
+            // lock: one held past its lease was settled by the recovery
+            // before this step (seed 30346 had every later move refused).
+            if let Err(e) = result {
+                if e.code == ErrorCode::Busy && !disturbed {
+                    return Err(self.fail(format!(
+                        "{} failed with EBUSY on a healthy cluster: {}",
+                        action.describe(),
+                        e.message
+                    )));
+                }
+            }
         }
         self.settle().await;
         self.check(Some((&actions, &results, disturbed)), crashed)

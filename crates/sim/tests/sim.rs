@@ -602,12 +602,21 @@ fn replicated_seeds_that_once_failed_pass() {
         }
     }
     // Found with two directory moves at once (the default since).
-    let (seed, steps) = (5114, 60);
-    if let Err(f) = run(&SimConfig::replicated(seed, steps)) {
-        panic!(
-            "seed {seed} (once: a directory's owner took its new parent from a move a failover \
-             then undid, and a later move into it was refused as a loop; server dir_moves.rs) \
-             fails again:\n{f}"
-        );
+    let found_with_dir_moves = [
+        (
+            5114,
+            "a directory's owner took its new parent from a move a failover then undid, and a \
+             later move into it was refused as a loop",
+        ),
+        (
+            30346,
+            "set 0's server, past the lease of its own move cut by a crash, asked itself whether \
+             the move was settled by a call it could not answer, and refused every later move",
+        ),
+    ];
+    for (seed, what) in found_with_dir_moves {
+        if let Err(f) = run(&SimConfig::replicated(seed, 60)) {
+            panic!("seed {seed} (once: {what}; server dir_moves.rs) fails again:\n{f}");
+        }
     }
 }
