@@ -370,7 +370,10 @@ impl Server {
         guard: DirMoveGuard,
     ) {
         // Tests: a mover that stops (is killed) between its commit and step 4.
-        if let Some(pause) = crate::test_knob_ms("MADFS_TEST_DIR_MOVE_FINISH_DELAY_MS") {
+        static PAUSE: OnceLock<Option<Duration>> = OnceLock::new();
+        let pause =
+            PAUSE.get_or_init(|| crate::test_knob_ms("MADFS_TEST_DIR_MOVE_FINISH_DELAY_MS"));
+        if let Some(pause) = *pause {
             tokio::time::sleep(pause).await;
         }
         for (i, &dir) in dirs.iter().enumerate() {

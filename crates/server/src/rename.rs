@@ -98,6 +98,11 @@ struct Intent {
 }
 
 impl Intent {
+    /// Whether it moves a directory to another parent (dir_moves.rs).
+    fn moves_dir(&self) -> bool {
+        self.kind == FileKind::Dir && self.src_parent != self.dst_parent
+    }
+
     fn encode(&self) -> Vec<u8> {
         let mut e = Encoder::new();
         e.u8(1);
@@ -875,7 +880,7 @@ async fn settle(
     intent: Intent,
     dir_move: Option<crate::dir_moves::DirMoveGuard>,
 ) {
-    let moves_dir = intent.kind == FileKind::Dir && intent.src_parent != intent.dst_parent;
+    let moves_dir = intent.moves_dir();
     let b_server = dentry_server(intent.dst_parent, &intent.dst_name, srv.servers);
     let mut wait = Duration::from_millis(200);
     loop {
@@ -983,10 +988,9 @@ fn stored_intents(srv: &Server) -> Result<Vec<(TxId, Option<Intent>)>, WireError
 /// by a crash or a failover, is still to be settled here (dir_moves.rs: a
 /// lock held past its lease by such a move is not handed on before).
 pub(crate) fn dir_move_unsettled(srv: &Server) -> Result<bool, WireError> {
-    Ok(stored_intents(srv)?.iter().any(|(_, i)| {
-        i.as_ref()
-            .is_some_and(|i| i.kind == FileKind::Dir && i.src_parent != i.dst_parent)
-    }))
+    Ok(stored_intents(srv)?
+        .iter()
+        .any(|(_, i)| i.as_ref().is_some_and(Intent::moves_dir)))
 }
 
 /// At the store's open, before any request: hold the source name of every
