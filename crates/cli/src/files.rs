@@ -197,6 +197,7 @@ async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
         | Command::Umount { .. }
         | Command::Find { .. }
         | Command::Du { .. }
+        | Command::Fsck { .. }
         | Command::Run { .. }
         | Command::Fsx(_)
         | Command::Cp(_)

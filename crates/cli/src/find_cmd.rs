@@ -1,11 +1,11 @@
-//! `madfs find` and `madfs du`: the servers scan their own shards in
+//! `madfs find`, `madfs du` and `madfs fsck`: the servers scan their own shards in
 //! parallel (Op::Find); no per-entry round trips. Options follow GNU find's
 //! single-dash syntax for the supported subset. `madfs find --io500` is
 //! IO500's external find: paths as programs see them (locate.rs) and a last
 //! line `MATCHED <matches>/<entries scanned>`.
 
 use crate::locate::{self, Located, Via};
-use madfs_client::{parse_size, parse_type, Client, FindQuery, Timestamp};
+use madfs_client::{parse_size, parse_type, Client, FindQuery, Repair, Timestamp};
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -309,6 +309,44 @@ pub fn du(cluster: Option<&Path>, paths: &[String], inodes: bool) -> Result<Exit
             }
         }
         Ok(if failed {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        })
+    })
+}
+
+/// `madfs fsck [--repair] PATH`: one line per directory whose link count
+/// is wrong (and with `--repair`, what became of it), then a summary.
+pub fn fsck(cluster: Option<&Path>, root: &str, repair: bool) -> Result<ExitCode, String> {
+    let client = Client::connect(cluster).map_err(|e| e.to_string())?;
+    runtime()?.block_on(async {
+        let check = client
+            .check_dir_links(root, repair)
+            .await
+            .map_err(|e| format!("checking '{root}': {e}"))?;
+        for w in &check.wrong {
+            let what = match &w.repair {
+                None => String::new(),
+                Some(Repair::Done) => format!(": set to {}", w.want()),
+                Some(Repair::Skipped(why)) => format!(": left alone, {why}"),
+            };
+            println!(
+                "{}: link count {}, {} subdirectories (want {}){what}",
+                String::from_utf8_lossy(&w.path),
+                w.nlink,
+                w.subdirs,
+                w.want()
+            );
+        }
+        let left = check.left_wrong();
+        let repaired = check.wrong.len() - left;
+        println!(
+            "{} directories checked, {} with a wrong link count, {repaired} repaired",
+            check.dirs,
+            check.wrong.len()
+        );
+        Ok(if left > 0 {
             ExitCode::FAILURE
         } else {
             ExitCode::SUCCESS

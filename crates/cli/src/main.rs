@@ -259,6 +259,16 @@ enum Command {
         inodes: bool,
         paths: Vec<String>,
     },
+    /// Check every directory's link count below PATH (default /) against
+    /// its subdirectories, scanned by every server in parallel; with
+    /// --repair, set wrong ones right (root only; for a quiet file system,
+    /// after a power cut). Exits 1 while a wrong count is left.
+    Fsck {
+        /// Set each wrong count to 2 plus the directory's subdirectories.
+        #[arg(long)]
+        repair: bool,
+        path: Option<String>,
+    },
     /// Benchmarks: IO500 against MadFS or a local directory, and charts.
     Bench {
         #[command(subcommand)]
@@ -541,6 +551,11 @@ fn main() -> ExitCode {
         Command::Bench { cmd } => bench_cmd::run(cli.cluster.as_deref(), cmd),
         Command::Find { args } => find_cmd::find(cli.cluster.as_deref(), &args),
         Command::Du { paths, inodes } => find_cmd::du(cli.cluster.as_deref(), &paths, inodes),
+        Command::Fsck { repair, path } => find_cmd::fsck(
+            cli.cluster.as_deref(),
+            path.as_deref().unwrap_or("/"),
+            repair,
+        ),
         Command::Run {
             prefix,
             cache_ttl,

@@ -8,12 +8,16 @@
 //! another client; a directory's link count is 2 plus its subdirectories,
 //! also under concurrent mkdirs (coalesced touches), and a touch the owner
 //! sees twice (a retry) counts once. Before, directory times never moved
-//! and link counts stayed 2.
+//! and link counts stayed 2. `madfs fsck` finds the counts lost touches
+//! left wrong and sets them right.
 
 mod common;
 
-use common::TestCluster;
-use madfs_client::{Attr, CacheConfig, Client, FileName, OpenOptions, TimeSet, Timestamp};
+use common::{assert_err, Options, TestCluster};
+use madfs_client::{
+    Attr, CacheConfig, Client, Credentials, ErrorCode, FileKind, FileName, OpenOptions, TimeSet,
+    Timestamp,
+};
 use madfs_types::dentry_server;
 
 const SERVERS: usize = 4;
@@ -525,4 +529,123 @@ async fn times_set_after_filling_a_directory_stay_as_set() {
     let other = tc.client().with_cache(CacheConfig::off());
     let a = other.stat("/filled").await.unwrap();
     assert_eq!((a.mtime, a.atime), (PAST, PAST), "{a:?}");
+}
+
+/// Every directory at or below `dir` with its subdirectories, as listed.
+async fn subdirs_below(c: &Client, dir: &str) -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    let mut queue = vec![dir.to_string()];
+    while let Some(d) = queue.pop() {
+        let kids: Vec<String> = c
+            .read_dir(d.as_str())
+            .await
+            .unwrap()
+            .iter()
+            .filter(|e| e.kind == FileKind::Dir)
+            .map(|e| format!("{}/{}", d.trim_end_matches('/'), e.name.to_string_lossy()))
+            .collect();
+        out.push((d, kids.len() as u32));
+        queue.extend(kids);
+    }
+    out
+}
+
+/// A lost touch leaves its directory's link count wrong for good (a power
+/// cut that undid an applied touch; here the servers drop every touch's
+/// link delta, `MADFS_FAULT_DROP_TOUCH_LINKS`): `madfs fsck` names each
+/// such directory with its count and subdirectories and exits 1; `madfs
+/// fsck --repair` sets them to 2 plus their subdirectories, as every
+/// client then sees, and a check after finds nothing. Only root may check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fsck_repairs_the_link_counts_lost_touches_left_wrong() {
+    let tc = TestCluster::start_with(
+        SERVERS,
+        Options {
+            server_env: vec![("MADFS_FAULT_DROP_TOUCH_LINKS".into(), "1".into())],
+            ..Options::default()
+        },
+    );
+    let c = tc.client();
+    let d = c.mkdir("/d", 0o755).await.unwrap();
+    let remote = names_on(&d, "r", false, 3);
+    let local = names_on(&d, "l", true, 2);
+    for n in remote.iter().chain(&local) {
+        c.mkdir(format!("/d/{n}"), 0o755).await.unwrap();
+    }
+    c.mkdir(format!("/d/{}/x", remote[0]), 0o755).await.unwrap();
+    // This client's stat waits for its touches: applied, without their
+    // link deltas, so only the mkdirs whose entry lives with /d counted.
+    assert_eq!(c.stat("/d").await.unwrap().nlink, 2 + 2);
+
+    let truth = subdirs_below(&c, "/").await;
+    let mut wrong = Vec::new();
+    for (path, subdirs) in &truth {
+        let nlink = c.stat(path.as_str()).await.unwrap().nlink;
+        if nlink != 2 + subdirs {
+            let want = 2 + subdirs;
+            let line =
+                format!("{path}: link count {nlink}, {subdirs} subdirectories (want {want})");
+            wrong.push((path.clone(), line));
+        }
+    }
+    // Sorted by path, as fsck reports them.
+    wrong.sort();
+    assert!(wrong
+        .iter()
+        .any(|(_, w)| w.starts_with("/d: link count 4, 5 subdirectories")));
+
+    let check = c.check_dir_links("/", false).await.unwrap();
+    assert_eq!(check.dirs, truth.len() as u64);
+    let out = tc.madfs(["fsck", "/"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    let reported: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(": link count"))
+        .collect();
+    let expected: Vec<&str> = wrong.iter().map(|(_, w)| w.as_str()).collect();
+    assert_eq!(reported, expected, "{text}");
+    assert!(text.contains(&format!(
+        "{} directories checked, {} with a wrong link count, 0 repaired",
+        truth.len(),
+        wrong.len()
+    )));
+
+    let text = tc.madfs_ok(["fsck", "--repair"]);
+    assert!(
+        text.contains("/d: link count 4, 5 subdirectories (want 7): set to 7"),
+        "{text}"
+    );
+    let fresh = tc.client().with_cache(CacheConfig::off());
+    for (path, subdirs) in &truth {
+        assert_eq!(
+            fresh.stat(path.as_str()).await.unwrap().nlink,
+            2 + subdirs,
+            "{path}"
+        );
+    }
+    let text = tc.madfs_ok(["fsck", "/d"]);
+    let below_d = truth
+        .iter()
+        .filter(|(p, _)| p == "/d" || p.starts_with("/d/"))
+        .count();
+    assert!(
+        text.contains(&format!(
+            "{below_d} directories checked, 0 with a wrong link count"
+        )),
+        "{text}"
+    );
+    let again = c.check_dir_links("/", true).await.unwrap();
+    assert!(again.wrong.is_empty(), "{again:?}");
+
+    let user = c.with_credentials(Credentials {
+        uid: 1000,
+        gid: 1000,
+        groups: Vec::new(),
+    });
+    assert_err(
+        user.check_dir_links("/", true).await,
+        ErrorCode::NotPermitted,
+        libc::EPERM,
+    );
 }

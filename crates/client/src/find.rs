@@ -63,8 +63,8 @@ pub struct DuTotals {
 /// What every server returned, merged. Matches stay in the pages they came
 /// in: appending them to one vector would copy them again at every growth.
 #[derive(Default)]
-struct Scan {
-    dirs: HashMap<InodeId, FindDir>,
+pub(crate) struct Scan {
+    pub(crate) dirs: HashMap<InodeId, FindDir>,
     matches: Vec<Vec<FindMatch>>,
     unresolved: Vec<Vec<FindMatch>>,
     scanned: u64,
@@ -121,7 +121,7 @@ impl Client {
     }
 
     /// Scan every server concurrently and merge.
-    async fn find_scan(&self, query: &FindQuery) -> Result<Scan> {
+    pub(crate) async fn find_scan(&self, query: &FindQuery) -> Result<Scan> {
         let servers: Vec<ServerId> = (0..self.server_count() as u16).map(ServerId).collect();
         let calls: Vec<_> = servers
             .into_iter()
@@ -138,7 +138,10 @@ impl Client {
     }
 
     /// Attributes of inodes on other servers; None for those gone since.
-    async fn attrs_of(&self, inos: Vec<InodeId>) -> Result<HashMap<InodeId, madfs_types::Attr>> {
+    pub(crate) async fn attrs_of(
+        &self,
+        inos: Vec<InodeId>,
+    ) -> Result<HashMap<InodeId, madfs_types::Attr>> {
         let calls: Vec<_> = inos
             .into_iter()
             .map(|ino| async move {

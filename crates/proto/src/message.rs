@@ -81,6 +81,7 @@ pub enum Opcode {
     Mknod = 28,
     Release = 29,
     GetRoutes = 30,
+    FixDirLinks = 31,
     // Between servers only (a client connection may not send these).
     Seal = 40,
     AdjustLinks = 41,
@@ -127,6 +128,7 @@ impl Opcode {
             28 => Mknod,
             29 => Release,
             30 => GetRoutes,
+            31 => FixDirLinks,
             40 => Seal,
             41 => AdjustLinks,
             42 => RenameInstall,
@@ -453,6 +455,14 @@ pub enum Op {
     /// already, freed by a restart of its owner, or linked).
     Release {
         ino: InodeId,
+    },
+    /// `madfs fsck --repair`: set directory `dir`'s link count to `want`
+    /// if it is still `seen` (the count its check found wrong). Sent to
+    /// the directory's owner; root only.
+    FixDirLinks {
+        dir: InodeId,
+        seen: u32,
+        want: u32,
     },
     /// One page of this server's whole shard of dentries, in key order,
     /// after `after` (see find.rs): every directory, and every entry that
@@ -907,6 +917,7 @@ impl Op {
             Op::TruncateChunks { .. } => Opcode::TruncateChunks,
             Op::StatFs => Opcode::StatFs,
             Op::Release { .. } => Opcode::Release,
+            Op::FixDirLinks { .. } => Opcode::FixDirLinks,
             Op::Find { .. } => Opcode::Find,
             Op::Seal { .. } => Opcode::Seal,
             Op::AdjustLinks { .. } => Opcode::AdjustLinks,
@@ -1224,6 +1235,11 @@ impl Request {
                 }
             }
             Op::DirMoveSettled { token } => e.u64(*token),
+            Op::FixDirLinks { dir, seen, want } => {
+                e.ino(*dir);
+                e.u32(*seen);
+                e.u32(*want);
+            }
             Op::Find {
                 query,
                 after,
@@ -1479,6 +1495,11 @@ impl Request {
                 },
             },
             Opcode::DirMoveSettled => Op::DirMoveSettled { token: d.u64()? },
+            Opcode::FixDirLinks => Op::FixDirLinks {
+                dir: d.ino()?,
+                seen: d.u32()?,
+                want: d.u32()?,
+            },
             Opcode::Find => Op::Find {
                 query: FindQuery::decode(&mut d)?,
                 after: if d.bool()? {
@@ -2254,6 +2275,11 @@ mod tests {
                 change: Some((InodeId::ROOT, InodeId(1 << 48 | 7))),
             },
             Op::DirMoveSettled { token: 0x5eed },
+            Op::FixDirLinks {
+                dir: ino,
+                seen: 2,
+                want: u32::MAX,
+            },
             Op::PurgeChunks { ino },
             Op::InvalidateDir { dir: ino },
             Op::ReplicaApply {

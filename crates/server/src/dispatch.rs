@@ -343,6 +343,9 @@ impl Server {
             } => ok(self.dir_move_lock(holder, token, release).await?),
             Op::DirParent { ino, change } => ok(self.dir_parent(ino, change).await?),
             Op::DirMoveSettled { token } => ok(self.dir_move_settled(token)?),
+            Op::FixDirLinks { dir, seen, want } => {
+                ok(self.fix_dir_links(c, dir, seen, want).await?)
+            }
             Op::TouchDir {
                 dir,
                 sender,

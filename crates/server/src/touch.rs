@@ -134,11 +134,19 @@ pub(crate) struct Touches {
     /// (none sent, applied or cleaned up); their intents are sent again at
     /// the next start.
     pub(crate) stopped: std::sync::atomic::AtomicBool,
+    /// Test fault (`DROP_TOUCH_LINKS_ENV`): apply touches' times but not
+    /// their link deltas, as a power cut that lost them would.
+    drop_links: bool,
 }
 
 /// The environment variable that delays every touch a server sends (tests
 /// only: a slow network or owner, on demand).
 pub const TOUCH_DELAY_ENV: &str = "MADFS_TEST_TOUCH_DELAY_MS";
+
+/// The environment variable (`1`) that makes a server drop the link deltas
+/// of the touches it applies (tests only: the damage `madfs fsck` finds
+/// and repairs, which otherwise takes a power cut).
+pub const DROP_TOUCH_LINKS_ENV: &str = "MADFS_FAULT_DROP_TOUCH_LINKS";
 
 impl Touches {
     pub(crate) fn load(kv: &dyn KvStore) -> Result<Touches, madfs_kv::KvError> {
@@ -146,10 +154,15 @@ impl Touches {
         if let Some(d) = delay {
             tracing::warn!("{TOUCH_DELAY_ENV}: every directory touch is sent {d:?} late");
         }
+        let drop_links = std::env::var(DROP_TOUCH_LINKS_ENV).is_ok_and(|v| v == "1");
+        if drop_links {
+            tracing::warn!("{DROP_TOUCH_LINKS_ENV}: link counts in touches are dropped");
+        }
         Ok(Touches {
             send: SendQueue::load(kv, delay)?,
             waiting: Mutex::new(HashMap::new()),
             stopped: Default::default(),
+            drop_links,
         })
     }
 }
@@ -311,7 +324,12 @@ impl Server {
                 return Err(err(ErrorCode::NotDir, format!("inode {dir}")));
             }
             if seq > self.touch_applied(dir, sender)? {
-                touch_attr(&mut inode.attr, time, nlink_delta as i64);
+                let delta = if self.touches.drop_links {
+                    0
+                } else {
+                    nlink_delta
+                };
+                touch_attr(&mut inode.attr, time, delta as i64);
                 let mut b = WriteBatch::new();
                 b.put(&keys::inode(dir), &inode.encode());
                 b.put(&keys::dir_touch(dir, sender), &seq.to_le_bytes());

@@ -69,6 +69,7 @@ fn simulated_cluster_keeps_its_invariants() {
     let started = std::time::Instant::now();
     let (mut ops, mut failed, mut crashes, mut dropped, mut lost, mut leaks, mut holes) =
         (0, 0, 0, 0, 0, 0, 0);
+    let mut repaired = 0;
     let mut stalled = Vec::new();
     for &seed in &seeds {
         let mut cfg = SimConfig::new(seed, steps);
@@ -82,6 +83,7 @@ fn simulated_cluster_keeps_its_invariants() {
                 lost += o.lost_batches;
                 leaks += o.leaks;
                 holes += o.stale_holes;
+                repaired += o.links_repaired;
                 if o.stalls > 0 {
                     stalled.push(seed);
                 }
@@ -92,7 +94,8 @@ fn simulated_cluster_keeps_its_invariants() {
     eprintln!(
         "simulation: {} seeds x {steps} steps in {:.1?}: {ops} operations succeeded, {failed} failed, \
          {crashes} crashes ({lost} unsynced batches lost), {dropped} messages lost, \
-         {leaks} inodes leaked by a crash or a lost message, {holes} holes showing cut-off bytes; seeds with calls stalled for the whole call timeout: {stalled:?}",
+         {leaks} inodes leaked by a crash or a lost message, {holes} holes showing cut-off bytes, \
+         {repaired} directory link counts a loss left wrong repaired by fsck; seeds with calls stalled for the whole call timeout: {stalled:?}",
         seeds.len(),
         started.elapsed()
     );
@@ -268,6 +271,7 @@ fn replicated_cluster_loses_nothing_acknowledged() {
         (0, 0, 0, 0, 0, 0);
     let (mut dropped, mut power_cuts, mut lost, mut voter_moves, mut quick) = (0, 0, 0, 0, 0);
     let mut double = 0;
+    let mut repaired = 0;
     let mut stalled = Vec::new();
     for &seed in &seeds {
         let mut cfg = SimConfig::replicated(seed, steps);
@@ -289,6 +293,7 @@ fn replicated_cluster_loses_nothing_acknowledged() {
                 voter_moves += o.voter_moves;
                 quick += o.quick_restarts;
                 double += o.double_faults;
+                repaired += o.links_repaired;
                 if o.stalls > 0 {
                     stalled.push(seed);
                 }
@@ -300,8 +305,9 @@ fn replicated_cluster_loses_nothing_acknowledged() {
         "simulation: replicated, {} seeds x {steps} steps in {:.1?}: {ops} operations succeeded, \
          {failed} failed, {crashes} servers killed ({power_cuts} by a power cut, {quick} of them \
          back at once, {double} of these with their copy killed too, {lost} unsynced batches lost), {restarts} restarted, {partitions} partitions, {failovers} sets failed \
-         over, {voter_moves} voter moves, {dropped} messages lost; seeds with calls stalled for the \
-         whole call timeout: {stalled:?}",
+         over, {voter_moves} voter moves, {dropped} messages lost, {repaired} directory link \
+         counts a loss left wrong repaired by fsck; seeds with calls stalled for the whole call \
+         timeout: {stalled:?}",
         seeds.len(),
         started.elapsed()
     );

@@ -268,6 +268,17 @@ fn main() {
             request(Op::DirMoveSettled { token: 0x5eed }, &[]),
         ),
         (
+            "request-fix-dir-links",
+            request(
+                Op::FixDirLinks {
+                    dir: ino,
+                    seen: 3,
+                    want: 7,
+                },
+                &[],
+            ),
+        ),
+        (
             "reply-chunk-digests",
             frame(
                 true,
