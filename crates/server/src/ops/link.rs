@@ -120,13 +120,13 @@ impl Server {
         linked
     }
 
-    /// `Op::FixDirLinks` (`madfs fsck --repair`, client find.rs): set
+    /// `Op::FixDirLinks` (`madfs fsck --repair`, client fsck.rs): set
     /// directory `dir`'s link count to `want` if it is still `seen`, the
     /// count the check found wrong; a count changed meanwhile (a mkdir or
     /// rmdir since) is left alone and answered with EBUSY; one already
-    /// `want` (a retry) is answered as done. Root only;
-    /// synced, as a repair should outlast the power cut that caused it.
-    /// ctime is left alone (e2fsck's repairs do not stamp it either).
+    /// `want` (a retry) is answered as done. Root only; synced, as a
+    /// repair should outlast the next power cut. ctime is left alone
+    /// (e2fsck's repairs do not stamp it either).
     pub(crate) async fn fix_dir_links(
         self: &Arc<Self>,
         c: &Credentials,
