@@ -13,12 +13,14 @@
 
 mod common;
 
-use common::{assert_err, Options, TestCluster};
+use common::{assert_err, frame, key_of, Options, Raw, TestCluster};
 use madfs_client::{
     Attr, CacheConfig, Client, Credentials, ErrorCode, FileKind, FileName, OpenOptions, TimeSet,
     Timestamp,
 };
-use madfs_types::dentry_server;
+use madfs_proto::message::{decode_error_message, Op, Request};
+use madfs_proto::Opcode;
+use madfs_types::{dentry_server, InodeId};
 
 const SERVERS: usize = 4;
 const PAST: Timestamp = Timestamp {
@@ -648,4 +650,82 @@ async fn fsck_repairs_the_link_counts_lost_touches_left_wrong() {
         ErrorCode::NotPermitted,
         libc::EPERM,
     );
+}
+
+/// `FixDirLinks` sent straight to `ino`'s owner as `creds`: the status
+/// (0 or an `ErrorCode`) and, on an error, its message.
+fn fix_dir_links(
+    tc: &TestCluster,
+    creds: Credentials,
+    ino: InodeId,
+    seen: u32,
+    want: u32,
+) -> (u16, String) {
+    let mut raw = Raw::connect(tc, ino.owner().0 as usize);
+    assert_eq!(raw.handshake(&key_of(tc)), 0);
+    let body = Request {
+        creds,
+        op: Op::FixDirLinks {
+            dir: ino,
+            seen,
+            want,
+        },
+        once: None,
+    }
+    .encode();
+    raw.send(&frame(Opcode::FixDirLinks, 1, &body, 0));
+    raw.send(&body);
+    let (h, msg, _) = raw.read_frame().unwrap();
+    let text = if h.status == 0 {
+        String::new()
+    } else {
+        decode_error_message(&msg).unwrap_or_default()
+    };
+    (h.status, text)
+}
+
+/// The owner's side of `fsck --repair` refuses what it must and leaves the
+/// count alone then: a caller other than root (EPERM), fewer than 2 links
+/// (EINVAL), an inode that is no directory (ENOTDIR), a count other than
+/// the one the check saw (EBUSY: a mkdir or rmdir came meanwhile). A
+/// repair sent twice (a retry) is done once and answered as done.
+#[test]
+fn the_owner_sets_a_directory_count_only_as_fsck_asks() {
+    let tc = TestCluster::start(SERVERS);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let c = tc.client();
+    let (d, f) = rt.block_on(async {
+        let d = c.mkdir("/d", 0o755).await.unwrap();
+        c.write_file("/f", b"x").await.unwrap();
+        (d, c.stat("/f").await.unwrap())
+    });
+    let nlink = |path: &str| {
+        let fresh = tc.client().with_cache(CacheConfig::off());
+        rt.block_on(fresh.stat(path)).unwrap().nlink
+    };
+    assert_eq!(nlink("/d"), 2);
+    let user = Credentials {
+        uid: 1000,
+        gid: 1000,
+        groups: Vec::new(),
+    };
+    let cases = [
+        (user, d.ino, 2, 5, ErrorCode::NotPermitted),
+        (Credentials::root(), d.ino, 2, 1, ErrorCode::InvalidArgument),
+        (Credentials::root(), f.ino, 1, 3, ErrorCode::NotDir),
+        (Credentials::root(), d.ino, 3, 5, ErrorCode::Busy),
+    ];
+    for (creds, ino, seen, want, code) in cases {
+        let (status, msg) = fix_dir_links(&tc, creds, ino, seen, want);
+        assert_eq!(status, code as u16, "seen {seen} want {want}: {msg}");
+        assert_eq!(nlink("/d"), 2, "after {code:?}");
+    }
+    assert!(fix_dir_links(&tc, Credentials::root(), d.ino, 3, 5)
+        .1
+        .contains("changed meanwhile (3 when checked, 2 now)"));
+    for _ in 0..2 {
+        assert_eq!(fix_dir_links(&tc, Credentials::root(), d.ino, 2, 5).0, 0);
+        assert_eq!(nlink("/d"), 5);
+    }
+    assert_eq!(nlink("/f"), 1);
 }
