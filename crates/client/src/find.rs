@@ -137,7 +137,8 @@ impl Client {
         Ok(all)
     }
 
-    /// Attributes of inodes on other servers; None for those gone since.
+    /// Attributes of `inos`, each asked of its owner (`GETATTR_IN_FLIGHT` at
+    /// once); none for those gone since.
     pub(crate) async fn attrs_of(
         &self,
         inos: Vec<InodeId>,

@@ -82,6 +82,12 @@ pub(crate) fn test_knob_ms(name: &str) -> Option<std::time::Duration> {
         .map(std::time::Duration::from_millis)
 }
 
+/// A test fault: whether the environment variable `name` is `1`. Real
+/// servers run without them.
+pub(crate) fn test_fault(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == "1")
+}
+
 /// Share of this machine's memory that the chunk caches of the servers on
 /// it take by default, in all (see `cache_default_bytes`).
 const CACHE_HOST_SHARE_DIVISOR: u64 = 4;

@@ -49,8 +49,7 @@ impl DirPermCache {
             .and_then(|v| v.parse::<u64>().ok())
             .map(Duration::from_millis)
             .unwrap_or(DIR_LEASE_DEFAULT);
-        let drop_invalidations =
-            std::env::var("MADFS_FAULT_DROP_INVALIDATIONS").is_ok_and(|v| v == "1");
+        let drop_invalidations = crate::test_fault("MADFS_FAULT_DROP_INVALIDATIONS");
         DirPermCache {
             entries: Mutex::new(HashMap::new()),
             lease,

@@ -154,7 +154,7 @@ impl Touches {
         if let Some(d) = delay {
             tracing::warn!("{TOUCH_DELAY_ENV}: every directory touch is sent {d:?} late");
         }
-        let drop_links = std::env::var(DROP_TOUCH_LINKS_ENV).is_ok_and(|v| v == "1");
+        let drop_links = crate::test_fault(DROP_TOUCH_LINKS_ENV);
         if drop_links {
             tracing::warn!("{DROP_TOUCH_LINKS_ENV}: link counts in touches are dropped");
         }
