@@ -43,6 +43,7 @@ opaque!(
     rocksdb_pinnableslice_t,
     rocksdb_block_based_table_options_t,
     rocksdb_filterpolicy_t,
+    rocksdb_flushoptions_t,
 );
 
 /// The library's file name: the one this crate was built against (its
@@ -189,6 +190,17 @@ c_api! {
         errptr: *mut *mut c_char,
     ) -> *mut rocksdb_pinnableslice_t;
     pub fn rocksdb_flush_wal(db: *mut rocksdb_t, sync: c_uchar, errptr: *mut *mut c_char);
+    pub fn rocksdb_flush(
+        db: *mut rocksdb_t,
+        options: *const rocksdb_flushoptions_t,
+        errptr: *mut *mut c_char,
+    );
+    /// 0 and `*out_val` set when the property exists and is a number.
+    pub fn rocksdb_property_int(
+        db: *mut rocksdb_t,
+        propname: *const c_char,
+        out_val: *mut u64,
+    ) -> c_int;
     pub fn rocksdb_create_iterator(
         db: *mut rocksdb_t,
         options: *const rocksdb_readoptions_t,
@@ -234,6 +246,13 @@ c_api! {
     pub fn rocksdb_options_increase_parallelism(opt: *mut rocksdb_options_t, total_threads: c_int);
     pub fn rocksdb_options_set_info_log_level(opt: *mut rocksdb_options_t, level: c_int);
     pub fn rocksdb_options_set_keep_log_file_num(opt: *mut rocksdb_options_t, n: usize);
+    /// The memtable becomes a vector: appended to, sorted when read or
+    /// flushed. Needs `allow_concurrent_memtable_write` off.
+    pub fn rocksdb_options_set_memtable_vector_rep(opt: *mut rocksdb_options_t);
+    pub fn rocksdb_options_set_allow_concurrent_memtable_write(
+        opt: *mut rocksdb_options_t,
+        v: c_uchar,
+    );
     pub fn rocksdb_options_optimize_level_style_compaction(
         opt: *mut rocksdb_options_t,
         memtable_memory_budget: u64,
@@ -257,6 +276,10 @@ c_api! {
 
     pub fn rocksdb_readoptions_create() -> *mut rocksdb_readoptions_t;
     pub fn rocksdb_readoptions_destroy(opt: *mut rocksdb_readoptions_t);
+
+    pub fn rocksdb_flushoptions_create() -> *mut rocksdb_flushoptions_t;
+    pub fn rocksdb_flushoptions_destroy(opt: *mut rocksdb_flushoptions_t);
+    pub fn rocksdb_flushoptions_set_wait(opt: *mut rocksdb_flushoptions_t, v: c_uchar);
 
     pub fn rocksdb_writeoptions_create() -> *mut rocksdb_writeoptions_t;
     pub fn rocksdb_writeoptions_destroy(opt: *mut rocksdb_writeoptions_t);

@@ -387,8 +387,11 @@ fn open_copy(
         Some(s) => s.open_meta(&dir)?,
         None => {
             std::fs::create_dir_all(&dir)?;
+            // Written per record, read only here and by a resync's load:
+            // a vector memtable (madfs_kv `open_write_mostly`). A promoted
+            // copy is reopened as a served store (`Server::open`).
             Arc::new(
-                RocksStore::open(&dir.join("meta"))
+                RocksStore::open_write_mostly(&dir.join("meta"))
                     .map_err(|e| std::io::Error::other(e.to_string()))?,
             )
         }
