@@ -339,19 +339,84 @@ pub fn fsck(cluster: Option<&Path>, root: &str, repair: bool) -> Result<ExitCode
                 w.want()
             );
         }
-        let left = check.left_wrong();
+        let mut left = check.left_wrong();
         let repaired = check.wrong.len() - left;
         println!(
             "{} directories checked, {} with a wrong link count, {repaired} repaired",
             check.dirs,
             check.wrong.len()
         );
+        // Names anywhere may reach any inode: only a check of the whole
+        // file system can count them.
+        if root.trim_end_matches('/').is_empty() {
+            let inodes = client
+                .check_inode_links(repair)
+                .await
+                .map_err(|e| format!("checking the inodes: {e}"))?;
+            print_inode_check(&inodes);
+            left += inodes.left_wrong();
+        }
         Ok(if left > 0 {
             ExitCode::FAILURE
         } else {
             ExitCode::SUCCESS
         })
     })
+}
+
+fn print_inode_check(check: &madfs_client::InodeCheck) {
+    for w in &check.wrong {
+        let what = match &w.repair {
+            None => String::new(),
+            Some(Repair::Done) if w.names == 0 => ": freed".to_string(),
+            Some(Repair::Done) => format!(": set to {}", w.names),
+            Some(Repair::Skipped(why)) => format!(": left alone, {why}"),
+        };
+        let paths: Vec<_> = w
+            .paths
+            .iter()
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .collect();
+        let reached = if w.names == 0 {
+            "no name reaches it (leaked)".to_string()
+        } else {
+            format!("{} names ({})", w.names, paths.join(", "))
+        };
+        println!(
+            "inode {} ({:?}): link count {}, {reached}{what}",
+            w.ino, w.kind, w.nlink
+        );
+    }
+    for d in &check.unreached_dirs {
+        println!("inode {d} (directory): no name reaches it (left alone)");
+    }
+    for p in &check.dangling {
+        println!(
+            "{}: names an inode that does not exist (left alone)",
+            String::from_utf8_lossy(p)
+        );
+    }
+    if check.pending > 0 {
+        println!(
+            "{} link drops or renames are still being finished on the servers: link counts are \
+             reported, not repaired",
+            check.pending
+        );
+    }
+    let repaired = check
+        .wrong
+        .iter()
+        .filter(|w| w.repair == Some(Repair::Done))
+        .count();
+    println!(
+        "{} inodes and {} names checked, {} with a wrong link count, {repaired} repaired, {} \
+         directories and {} names unreached or dangling",
+        check.inodes,
+        check.names,
+        check.wrong.len(),
+        check.unreached_dirs.len(),
+        check.dangling.len()
+    );
 }
 
 #[cfg(test)]

@@ -260,11 +260,16 @@ enum Command {
         paths: Vec<String>,
     },
     /// Check every directory's link count below PATH (default /) against
-    /// its subdirectories, scanned by every server in parallel; with
-    /// --repair, set wrong ones right (root only; for a quiet file system,
-    /// after a power cut). Exits 1 while a wrong count is left.
+    /// its subdirectories, scanned by every server in parallel, and for
+    /// the whole file system (PATH /) every inode's count against the
+    /// names that reach it (leaked inodes, which no name reaches); with
+    /// --repair, set wrong ones right and free leaked inodes (root only;
+    /// for a quiet file system, after a power cut). Exits 1 while a
+    /// problem is left.
     Fsck {
-        /// Set each wrong count to 2 plus the directory's subdirectories.
+        /// Set each wrong count to what was found (a directory's to 2 plus
+        /// its subdirectories, another inode's to its names), freeing an
+        /// inode no name reaches.
         #[arg(long)]
         repair: bool,
         path: Option<String>,

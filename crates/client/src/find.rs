@@ -70,6 +70,13 @@ pub(crate) struct Scan {
     scanned: u64,
 }
 
+impl Scan {
+    /// Every entry the scan returned, matched or left to check.
+    pub(crate) fn entries(&self) -> impl Iterator<Item = &FindMatch> {
+        self.matches.iter().chain(&self.unresolved).flatten()
+    }
+}
+
 /// A directory's place relative to the starting point.
 #[derive(Clone)]
 enum Place {

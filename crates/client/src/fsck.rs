@@ -14,12 +14,13 @@
 //! seen. Meant for a quiet file system (after the power cut, before the
 //! jobs), as e2fsck is.
 
-use crate::client::Client;
+use crate::client::{Client, FANOUT_MAX};
 use crate::error::{ClientError, Result};
 use crate::path::AsFsPath;
 use madfs_proto::find::{FindDir, FindQuery};
 use madfs_proto::{ErrorCode, Op, Reply};
-use madfs_types::{FileKind, InodeId};
+use madfs_rpc::join::try_join_bounded;
+use madfs_types::{FileKind, FileName, InodeId};
 use std::collections::{HashMap, HashSet};
 
 /// A directory whose link count is not 2 plus its subdirectories.
@@ -181,4 +182,272 @@ impl Client {
             Err(e) => Repair::Skipped(e.to_string()),
         }
     }
+}
+
+/// An inode whose link count is not the number of names that reach it
+/// (anything but a directory), found the same in two passes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WrongInode {
+    pub ino: InodeId,
+    pub kind: FileKind,
+    /// Its link count when checked.
+    pub nlink: u32,
+    /// The names found for it (0: a leaked inode, which no name reaches).
+    pub names: u32,
+    /// Some of those names, as paths (at most `PATHS_SHOWN`).
+    pub paths: Vec<Vec<u8>>,
+    /// With `repair`: what became of it.
+    pub repair: Option<Repair>,
+}
+
+/// Paths shown per inode at most.
+const PATHS_SHOWN: usize = 4;
+
+/// What a check of every inode found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InodeCheck {
+    /// Inodes with links, on every server.
+    pub inodes: u64,
+    /// Names (directory entries), every directory's included.
+    pub names: u64,
+    /// Link counts other than the names found (leaked inodes among them),
+    /// sorted by inode.
+    pub wrong: Vec<WrongInode>,
+    /// Directories no name reaches (reported; not freed: what is below
+    /// one would need a new home first).
+    pub unreached_dirs: Vec<InodeId>,
+    /// Names whose inode does not exist (reported; a name is never
+    /// written before its inode, so only a lost write leaves one).
+    pub dangling: Vec<Vec<u8>>,
+    /// Link drops and renames the servers had still to finish: while
+    /// any are, counts are reported, not repaired (one landing after a
+    /// repair would make its count wrong).
+    pub pending: u64,
+}
+
+impl InodeCheck {
+    /// Problems not repaired.
+    pub fn left_wrong(&self) -> usize {
+        self.wrong
+            .iter()
+            .filter(|w| w.repair != Some(Repair::Done))
+            .count()
+            + self.unreached_dirs.len()
+            + self.dangling.len()
+    }
+}
+
+/// One pass: every inode with links, and every name.
+struct Pass {
+    inodes: HashMap<InodeId, (FileKind, u32)>,
+    /// Link drops and renames unfinished, on every server.
+    pending: u64,
+    /// Names of each inode that is not a directory.
+    names: HashMap<InodeId, Vec<(InodeId, FileName)>>,
+    /// Directories some name reaches, with their parent and name.
+    dirs: HashMap<InodeId, FindDir>,
+    entries: u64,
+}
+
+impl Client {
+    /// Check every inode's link count against the names that reach it, in
+    /// the whole file system: a count above its names (a leak: the last
+    /// unlink would not free it; with no name at all, nothing ever will),
+    /// or below (an unlink could free it while a name still reaches it).
+    /// With `repair`, set each to its names, freeing the leaked inodes.
+    /// Root only.
+    ///
+    /// Two passes, each listing every server's inodes (`Op::ListInodes`)
+    /// and then every name (find's server-side scan); only what both
+    /// found wrong the same way is reported. An operation in flight (a
+    /// create's inode is made before its name, a link counted before its
+    /// name is written) looks wrong to one pass, not to the next. The
+    /// owner sets a count only if it is still the one seen (a link or
+    /// unlink since makes it EBUSY).
+    pub async fn check_inode_links(&self, repair: bool) -> Result<InodeCheck> {
+        if self.credentials().uid != 0 {
+            return Err(ClientError::new(
+                ErrorCode::NotPermitted,
+                "fsck needs root: it reads every inode",
+            ));
+        }
+        let first = self.inode_pass().await?;
+        let second = self.inode_pass().await?;
+        let mut out = InodeCheck {
+            inodes: second.inodes.len() as u64,
+            names: second.entries,
+            pending: first.pending.max(second.pending),
+            ..InodeCheck::default()
+        };
+        for (&ino, &(kind, nlink)) in &second.inodes {
+            if first.inodes.get(&ino) != Some(&(kind, nlink)) {
+                continue;
+            }
+            if kind == FileKind::Dir {
+                if ino != InodeId::ROOT
+                    && !second.dirs.contains_key(&ino)
+                    && !first.dirs.contains_key(&ino)
+                {
+                    out.unreached_dirs.push(ino);
+                }
+                continue;
+            }
+            let names = |p: &Pass| p.names.get(&ino).map_or(0, Vec::len);
+            let n = names(&second);
+            // No links and no name: a leak all the same (listed only when
+            // not held open).
+            if (n == nlink as usize && nlink > 0) || names(&first) != n {
+                continue;
+            }
+            let paths = second
+                .names
+                .get(&ino)
+                .into_iter()
+                .flatten()
+                .take(PATHS_SHOWN)
+                .map(|(parent, name)| path_of(&second.dirs, *parent, name))
+                .collect();
+            out.wrong.push(WrongInode {
+                ino,
+                kind,
+                nlink,
+                names: u32::try_from(n).unwrap_or(u32::MAX),
+                paths,
+                repair: None,
+            });
+        }
+        for (ino, names) in &second.names {
+            if second.inodes.contains_key(ino) || first.inodes.contains_key(ino) {
+                continue;
+            }
+            let in_first = first.names.get(ino).into_iter().flatten();
+            for (parent, name) in names {
+                if in_first.clone().any(|n| n == &(*parent, name.clone())) {
+                    out.dangling.push(path_of(&second.dirs, *parent, name));
+                }
+            }
+        }
+        out.wrong.sort_by_key(|w| w.ino);
+        out.unreached_dirs.sort();
+        out.dangling.sort();
+        if repair && out.pending > 0 {
+            let why = format!(
+                "{} link drops or renames are still being finished on the servers; run fsck \
+                 again once they are done",
+                out.pending
+            );
+            for w in &mut out.wrong {
+                w.repair = Some(Repair::Skipped(why.clone()));
+            }
+        } else if repair {
+            for w in &mut out.wrong {
+                let op = Op::FixFileLinks {
+                    ino: w.ino,
+                    seen: w.nlink,
+                    want: w.names,
+                };
+                w.repair = Some(match self.call(w.ino.owner(), op).await {
+                    Ok(Reply::Links { nlink }) if nlink == w.names => {
+                        self.cache.forget_attr(w.ino);
+                        Repair::Done
+                    }
+                    Ok(other) => Repair::Skipped(format!("unexpected answer {other:?}")),
+                    Err(e) => Repair::Skipped(e.to_string()),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every server's inodes with links, then every name.
+    async fn inode_pass(&self) -> Result<Pass> {
+        let servers = (0..self.server_count() as u16).map(madfs_types::ServerId);
+        let lists: Vec<_> = servers.map(|s| self.list_inodes(s)).collect();
+        let mut inodes = HashMap::new();
+        let mut pending = 0u64;
+        for (list, p) in try_join_bounded(lists, FANOUT_MAX).await? {
+            inodes.extend(list);
+            pending = pending.saturating_add(p);
+        }
+        let scan = self.find_scan(&FindQuery::default()).await?;
+        let mut names: HashMap<InodeId, Vec<(InodeId, FileName)>> = HashMap::new();
+        let mut entries = 0u64;
+        for m in scan.entries() {
+            entries += 1;
+            if m.kind != FileKind::Dir {
+                names
+                    .entry(m.ino)
+                    .or_default()
+                    .push((m.parent, m.name.clone()));
+            }
+        }
+        Ok(Pass {
+            inodes,
+            pending,
+            names,
+            dirs: scan.dirs,
+            entries,
+        })
+    }
+
+    /// Every inode with links on `server`, page by page, and the link
+    /// drops and renames it has still to finish.
+    async fn list_inodes(
+        &self,
+        server: madfs_types::ServerId,
+    ) -> Result<(Vec<(InodeId, (FileKind, u32))>, u64)> {
+        let mut out = Vec::new();
+        let mut after = None;
+        let mut unfinished = 0;
+        loop {
+            let op = Op::ListInodes {
+                after,
+                max_entries: madfs_types::limits::INODE_PAGE_MAX,
+            };
+            let first = after.is_none();
+            let Reply::InodePage {
+                inodes,
+                more,
+                pending,
+            } = self.call(server, op).await?
+            else {
+                return Err(ClientError::new(
+                    ErrorCode::Io,
+                    format!("server {server} answered ListInodes with something else"),
+                ));
+            };
+            if first {
+                unfinished = pending;
+            }
+            after = inodes.last().map(|i| i.ino);
+            out.extend(inodes.iter().map(|i| (i.ino, (i.kind, i.nlink))));
+            if !more || after.is_none() {
+                return Ok((out, unfinished));
+            }
+        }
+    }
+}
+
+/// The path of `name` in `parent`, from the scanned directories (a
+/// directory whose chain does not reach the root is shown by its id).
+fn path_of(dirs: &HashMap<InodeId, FindDir>, parent: InodeId, name: &FileName) -> Vec<u8> {
+    let mut parts = vec![name.as_bytes().to_vec()];
+    let mut at = parent;
+    let mut seen = HashSet::new();
+    while at != InodeId::ROOT {
+        let Some(d) = dirs.get(&at).filter(|_| seen.insert(at)) else {
+            parts.push(format!("<dir {at}>").into_bytes());
+            break;
+        };
+        parts.push(d.name.as_bytes().to_vec());
+        at = d.parent;
+    }
+    let mut path = Vec::new();
+    for p in parts.iter().rev() {
+        if !p.starts_with(b"<") {
+            path.push(b'/');
+        }
+        path.extend_from_slice(p);
+    }
+    path
 }

@@ -82,6 +82,8 @@ pub enum Opcode {
     Release = 29,
     GetRoutes = 30,
     FixDirLinks = 31,
+    ListInodes = 32,
+    FixFileLinks = 33,
     // Between servers only (a client connection may not send these).
     Seal = 40,
     AdjustLinks = 41,
@@ -129,6 +131,8 @@ impl Opcode {
             29 => Release,
             30 => GetRoutes,
             31 => FixDirLinks,
+            32 => ListInodes,
+            33 => FixFileLinks,
             40 => Seal,
             41 => AdjustLinks,
             42 => RenameInstall,
@@ -464,6 +468,21 @@ pub enum Op {
         seen: u32,
         want: u32,
     },
+    /// `madfs fsck`: a page of the inodes this server owns that have
+    /// links, in id order, after `after`. Root only.
+    ListInodes {
+        after: Option<InodeId>,
+        max_entries: u32,
+    },
+    /// `madfs fsck --repair`: set the link count of `ino` (not a
+    /// directory) to `want`, the names the check found, if it is still
+    /// `seen`; `want` 0 frees it (a leaked inode). Sent to the owner; root
+    /// only.
+    FixFileLinks {
+        ino: InodeId,
+        seen: u32,
+        want: u32,
+    },
     /// One page of this server's whole shard of dentries, in key order,
     /// after `after` (see find.rs): every directory, and every entry that
     /// passes `query` (or needs its remote inode checked).
@@ -661,6 +680,14 @@ pub struct Entry {
     pub attr: Option<Attr>,
 }
 
+/// An inode's id, kind and link count (`Reply::InodePage`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct InodeLinks {
+    pub ino: InodeId,
+    pub kind: FileKind,
+    pub nlink: u32,
+}
+
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct DirEntry {
     pub name: FileName,
@@ -791,6 +818,15 @@ pub enum Reply {
     KeyRangeSame {
         same: bool,
     },
+    /// ListInodes: inodes with links, in id order; `more`: the page was
+    /// cut at its length. `pending` (first page only): link drops and
+    /// renames the server has still to finish, which change link counts
+    /// when done.
+    InodePage {
+        inodes: Vec<InodeLinks>,
+        more: bool,
+        pending: u64,
+    },
     /// DirParent: the directory's parent as its owner records it (None:
     /// not recorded, a directory made before parents were kept, or gone).
     DirParent {
@@ -918,6 +954,8 @@ impl Op {
             Op::StatFs => Opcode::StatFs,
             Op::Release { .. } => Opcode::Release,
             Op::FixDirLinks { .. } => Opcode::FixDirLinks,
+            Op::ListInodes { .. } => Opcode::ListInodes,
+            Op::FixFileLinks { .. } => Opcode::FixFileLinks,
             Op::Find { .. } => Opcode::Find,
             Op::Seal { .. } => Opcode::Seal,
             Op::AdjustLinks { .. } => Opcode::AdjustLinks,
@@ -1240,6 +1278,18 @@ impl Request {
                 e.u32(*seen);
                 e.u32(*want);
             }
+            Op::ListInodes { after, max_entries } => {
+                e.bool(after.is_some());
+                if let Some(a) = after {
+                    e.ino(*a);
+                }
+                e.u32(*max_entries);
+            }
+            Op::FixFileLinks { ino, seen, want } => {
+                e.ino(*ino);
+                e.u32(*seen);
+                e.u32(*want);
+            }
             Op::Find {
                 query,
                 after,
@@ -1500,6 +1550,15 @@ impl Request {
                 seen: d.u32()?,
                 want: d.u32()?,
             },
+            Opcode::ListInodes => Op::ListInodes {
+                after: if d.bool()? { Some(d.ino()?) } else { None },
+                max_entries: d.u32()?,
+            },
+            Opcode::FixFileLinks => Op::FixFileLinks {
+                ino: d.ino()?,
+                seen: d.u32()?,
+                want: d.u32()?,
+            },
             Opcode::Find => Op::Find {
                 query: FindQuery::decode(&mut d)?,
                 after: if d.bool()? {
@@ -1544,6 +1603,7 @@ mod tag {
     pub const SIZE_UPDATED: u8 = 25;
     pub const KEY_RANGE_SAME: u8 = 26;
     pub const DIR_PARENT: u8 = 27;
+    pub const INODE_PAGE: u8 = 28;
 }
 
 /// u32-prefixed bytes within a body.
@@ -1653,6 +1713,21 @@ impl Reply {
                 e.u8(tag::RENAMED);
                 encode_touched(&mut e, touched);
                 e.u64(verifier.0);
+            }
+            Reply::InodePage {
+                inodes,
+                more,
+                pending,
+            } => {
+                e.u8(tag::INODE_PAGE);
+                e.u32(inodes.len() as u32);
+                for i in inodes {
+                    e.ino(i.ino);
+                    e.kind(i.kind);
+                    e.u32(i.nlink);
+                }
+                e.bool(*more);
+                e.u64(*pending);
             }
             Reply::DirPage { entries, more } => {
                 e.u8(tag::DIR_PAGE);
@@ -1863,6 +1938,24 @@ impl Reply {
                 touched: decode_touched(&mut d)?,
                 verifier: WriteVerifier(d.u64()?),
             },
+            tag::INODE_PAGE => {
+                // Each takes 13 bytes.
+                let n = d.u32()? as usize;
+                let n = d.list_len(n, limits::INODE_PAGE_MAX as usize, 13, "inode page length")?;
+                let mut inodes = Vec::with_capacity(n);
+                for _ in 0..n {
+                    inodes.push(InodeLinks {
+                        ino: d.ino()?,
+                        kind: d.kind()?,
+                        nlink: d.u32()?,
+                    });
+                }
+                Reply::InodePage {
+                    inodes,
+                    more: d.bool()?,
+                    pending: d.u64()?,
+                }
+            }
             tag::DIR_PAGE => {
                 // Each entry takes at least 11 bytes.
                 let n = d.u32()? as usize;
@@ -2280,6 +2373,19 @@ mod tests {
                 seen: 2,
                 want: u32::MAX,
             },
+            Op::ListInodes {
+                after: None,
+                max_entries: 0,
+            },
+            Op::ListInodes {
+                after: Some(ino),
+                max_entries: u32::MAX,
+            },
+            Op::FixFileLinks {
+                ino,
+                seen: 3,
+                want: 0,
+            },
             Op::PurgeChunks { ino },
             Op::InvalidateDir { dir: ino },
             Op::ReplicaApply {
@@ -2428,6 +2534,20 @@ mod tests {
                 held: true,
                 touched: vec![token()],
                 verifier: WriteVerifier(3),
+            },
+            Reply::InodePage {
+                inodes: vec![InodeLinks {
+                    ino: InodeId(1 << 48 | 5),
+                    kind: FileKind::Symlink,
+                    nlink: 7,
+                }],
+                more: true,
+                pending: 0,
+            },
+            Reply::InodePage {
+                inodes: Vec::new(),
+                more: false,
+                pending: u64::MAX,
             },
             Reply::DirPage {
                 entries: vec![DirEntry {

@@ -346,6 +346,12 @@ impl Server {
             Op::FixDirLinks { dir, seen, want } => {
                 ok(self.fix_dir_links(c, dir, seen, want).await?)
             }
+            Op::ListInodes { after, max_entries } => {
+                ok(self.list_inodes(c, after, max_entries).await?)
+            }
+            Op::FixFileLinks { ino, seen, want } => {
+                ok(self.fix_file_links(c, ino, seen, want).await?)
+            }
             Op::TouchDir {
                 dir,
                 sender,

@@ -24,7 +24,7 @@ use crate::keys;
 use crate::service::Server;
 use madfs_kv::WriteBatch;
 use madfs_proto::message::{Op, Reply};
-use madfs_proto::{ErrorCode, RunOnce};
+use madfs_proto::{ErrorCode, RunOnce, WireError};
 use madfs_types::{InodeId, OpId, ServerId};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,6 +43,10 @@ const SEND_WITHIN: Duration = Duration::from_secs(crate::once::KEPT_FOR.as_secs(
 const PASS_MAX: usize = 1024;
 /// Value format of an `LDRP` record.
 const RECORD_VERSION: u8 = 1;
+/// Test faults (`call_peer_lossy`): every link drop is lost, or fails
+/// (and is sent again, failing again).
+pub const LOSE_LINK_DROPS_ENV: &str = "MADFS_FAULT_LOSE_LINK_DROPS";
+pub const FAIL_LINK_DROPS_ENV: &str = "MADFS_FAULT_FAIL_LINK_DROPS";
 
 /// One link to drop on the inode's owner.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,7 +153,7 @@ impl Server {
             id: drop.id,
             resent,
         };
-        let sent = match self.call_peer_once(drop.ino.owner(), drop.op(), once).await {
+        let sent = match self.call_peer_lossy(drop, once).await {
             Ok(reply) => Sent::Done(reply),
             Err(e) if e.code == ErrorCode::NotFound => Sent::Gone,
             Err(e) => {
@@ -169,6 +173,21 @@ impl Server {
         }
         self.link_drops.release(drop.id);
         sent
+    }
+
+    /// Send `drop` to its inode's owner. Under the test fault
+    /// `MADFS_FAULT_LOSE_LINK_DROPS`, lose it on the way and take it for
+    /// done (NotFound: nothing to drop), leaking the link as a drop left
+    /// unanswered for 9 minutes does (`madfs fsck` finds it); under
+    /// `MADFS_FAULT_FAIL_LINK_DROPS`, fail it (its record stays).
+    async fn call_peer_lossy(&self, drop: &LinkDrop, once: RunOnce) -> Result<Reply, WireError> {
+        if crate::test_fault(LOSE_LINK_DROPS_ENV) {
+            return Err(crate::errors::err(ErrorCode::NotFound, "lost (test fault)"));
+        }
+        if crate::test_fault(FAIL_LINK_DROPS_ENV) {
+            return Err(crate::errors::err(ErrorCode::Io, "failed (test fault)"));
+        }
+        self.call_peer_once(drop.ino.owner(), drop.op(), once).await
     }
 
     /// A drop's record stays unanswered: have the resender look at the

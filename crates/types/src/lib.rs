@@ -33,6 +33,8 @@ pub mod limits {
     pub const FILE_SIZE_MAX_BYTES: u64 = 1 << 46;
     /// Entries returned by one server in one readdir page.
     pub const READDIR_PAGE_ENTRIES_MAX: u32 = 4096;
+    /// Inodes in one `madfs fsck` page (`Op::ListInodes`).
+    pub const INODE_PAGE_MAX: u32 = 4096;
 }
 
 /// An inode number. The top 16 bits name the server that allocated it and

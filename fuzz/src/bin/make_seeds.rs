@@ -4,8 +4,8 @@
 
 use madfs_proto::auth::{Challenge, Hello, Role};
 use madfs_proto::message::{
-    encode_error_message, ChunkDigest, DirEntry, Entry, FsStats, Hold, Op, Rebuild, RebuildPhase,
-    SetAttrs, TouchToken, TouchWait, WriteVerifier,
+    encode_error_message, ChunkDigest, DirEntry, Entry, FsStats, Hold, InodeLinks, Op, Rebuild,
+    RebuildPhase, SetAttrs, TouchToken, TouchWait, WriteVerifier,
 };
 use madfs_proto::{ErrorCode, FrameHeader, Reply, Request};
 use madfs_types::{
@@ -275,6 +275,46 @@ fn main() {
                     seen: 3,
                     want: 7,
                 },
+                &[],
+            ),
+        ),
+        (
+            "request-list-inodes",
+            request(
+                Op::ListInodes {
+                    after: Some(ino),
+                    max_entries: 4096,
+                },
+                &[],
+            ),
+        ),
+        (
+            "request-fix-file-links",
+            request(
+                Op::FixFileLinks {
+                    ino,
+                    seen: 2,
+                    want: 0,
+                },
+                &[],
+            ),
+        ),
+        (
+            "reply-inode-page",
+            frame(
+                true,
+                32,
+                0,
+                &Reply::InodePage {
+                    inodes: vec![InodeLinks {
+                        ino,
+                        kind: FileKind::File,
+                        nlink: 2,
+                    }],
+                    more: true,
+                    pending: 1,
+                }
+                .encode(),
                 &[],
             ),
         ),

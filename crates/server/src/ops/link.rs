@@ -1,5 +1,4 @@
-//! Hard links and link counts (`Op::AdjustLinks`, which also stamps ctime;
-//! `Op::FixDirLinks`, the repair of a directory's count by `madfs fsck`).
+//! Hard links and link counts (`Op::AdjustLinks`, which also stamps ctime).
 
 use crate::errors::{err, kv_err};
 use crate::keys;
@@ -118,57 +117,6 @@ impl Server {
             self.drop_link_durably(&undo).await;
         }
         linked
-    }
-
-    /// `Op::FixDirLinks` (`madfs fsck --repair`, client fsck.rs): set
-    /// directory `dir`'s link count to `want` if it is still `seen`, the
-    /// count the check found wrong; a count changed meanwhile (a mkdir or
-    /// rmdir since) is left alone and answered with EBUSY; one already
-    /// `want` (a retry) is answered as done. Root only; synced, as a
-    /// repair should outlast the next power cut. ctime is left alone
-    /// (e2fsck's repairs do not stamp it either).
-    pub(crate) async fn fix_dir_links(
-        self: &Arc<Self>,
-        c: &Credentials,
-        dir: InodeId,
-        seen: u32,
-        want: u32,
-    ) -> Result<Reply, WireError> {
-        if c.uid != 0 {
-            return Err(err(
-                ErrorCode::NotPermitted,
-                "only root may set a directory's link count",
-            ));
-        }
-        if want < 2 {
-            return Err(err(
-                ErrorCode::InvalidArgument,
-                format!("a directory has at least 2 links, not {want}"),
-            ));
-        }
-        let _g = self.locks.lock(&[LockKey::Inode(dir)]).await?;
-        let mut inode = self.must_inode(dir)?;
-        if inode.attr.kind != FileKind::Dir {
-            return Err(err(ErrorCode::NotDir, format!("inode {dir}")));
-        }
-        // Already `want`: a retry of one that was done.
-        if inode.attr.nlink != seen && inode.attr.nlink != want {
-            return Err(err(
-                ErrorCode::Busy,
-                format!(
-                    "the link count of directory {dir} changed meanwhile ({seen} when \
-                     checked, {} now)",
-                    inode.attr.nlink
-                ),
-            ));
-        }
-        if inode.attr.nlink != want {
-            inode.attr.nlink = want;
-            let mut b = WriteBatch::new();
-            b.put(&keys::inode(dir), &inode.encode());
-            self.kv.write(b, true).map_err(kv_err)?;
-        }
-        Ok(Reply::Attr(inode.attr))
     }
 
     /// `link`'s name, written under the locks; a remote inode's count is

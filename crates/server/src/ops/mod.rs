@@ -4,6 +4,7 @@
 
 mod create;
 mod data;
+mod fsck;
 mod link;
 mod lookup;
 mod remove;
