@@ -41,6 +41,17 @@ fn has_chunk_dir(tc: &TestCluster, ino: InodeId) -> bool {
     })
 }
 
+/// A cluster whose servers all run with the test fault `name` set.
+fn cluster_with_fault(name: &str) -> TestCluster {
+    TestCluster::start_with(
+        SERVERS,
+        Options {
+            server_env: vec![(name.into(), "1".into())],
+            ..Options::default()
+        },
+    )
+}
+
 fn contents(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31) ^ seed)
@@ -49,13 +60,7 @@ fn contents(seed: u8, len: usize) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fsck_frees_the_inodes_lost_link_drops_leaked_and_sets_counts_to_the_names() {
-    let tc = TestCluster::start_with(
-        SERVERS,
-        Options {
-            server_env: vec![("MADFS_FAULT_LOSE_LINK_DROPS".into(), "1".into())],
-            ..Options::default()
-        },
-    );
+    let tc = cluster_with_fault("MADFS_FAULT_LOSE_LINK_DROPS");
     let c = tc.client();
     c.mkdir("/a", 0o755).await.unwrap();
     let b = c.mkdir("/b", 0o755).await.unwrap();
@@ -179,13 +184,7 @@ async fn fsck_frees_the_inodes_lost_link_drops_leaked_and_sets_counts_to_the_nam
 /// landing later, would take the count below them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fsck_leaves_a_count_alone_while_a_link_drop_is_unfinished() {
-    let tc = TestCluster::start_with(
-        SERVERS,
-        Options {
-            server_env: vec![("MADFS_FAULT_FAIL_LINK_DROPS".into(), "1".into())],
-            ..Options::default()
-        },
-    );
+    let tc = cluster_with_fault("MADFS_FAULT_FAIL_LINK_DROPS");
     let c = tc.client();
     let b = c.mkdir("/b", 0o755).await.unwrap();
     c.write_file("/f", b"data").await.unwrap();

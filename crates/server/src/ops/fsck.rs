@@ -204,8 +204,15 @@ impl Server {
         }
         let mut b = WriteBatch::new();
         if want == 0 {
-            let (nlink, held) =
-                self.unlink_inode_holding(&mut b, &mut inode, -(seen as i32), false);
+            // `seen` is the inode's count (checked above), which a link
+            // never takes past u32::MAX / 2.
+            let drop = i32::try_from(seen).map_err(|_| {
+                err(
+                    ErrorCode::InvalidArgument,
+                    format!("link count {seen} out of range"),
+                )
+            })?;
+            let (nlink, held) = self.unlink_inode_holding(&mut b, &mut inode, -drop, false);
             assert!(nlink == 0 && !held, "a leaked inode was not freed");
             self.kv.write(b, true).map_err(kv_err)?;
             self.after_free(&inode);
