@@ -13,13 +13,12 @@
 
 mod common;
 
-use common::{assert_err, frame, key_of, Options, Raw, TestCluster};
+use common::{ask_raw, assert_err, Options, TestCluster};
 use madfs_client::{
     Attr, CacheConfig, Client, Credentials, ErrorCode, FileKind, FileName, OpenOptions, TimeSet,
     Timestamp,
 };
-use madfs_proto::message::{decode_error_message, Op, Request};
-use madfs_proto::Opcode;
+use madfs_proto::message::Op;
 use madfs_types::{dentry_server, InodeId};
 
 const SERVERS: usize = 4;
@@ -661,27 +660,13 @@ fn fix_dir_links(
     seen: u32,
     want: u32,
 ) -> (u16, String) {
-    let mut raw = Raw::connect(tc, ino.owner().0 as usize);
-    assert_eq!(raw.handshake(&key_of(tc)), 0);
-    let body = Request {
-        creds,
-        op: Op::FixDirLinks {
-            dir: ino,
-            seen,
-            want,
-        },
-        once: None,
-    }
-    .encode();
-    raw.send(&frame(Opcode::FixDirLinks, 1, &body, 0));
-    raw.send(&body);
-    let (h, msg, _) = raw.read_frame().unwrap();
-    let text = if h.status == 0 {
-        String::new()
-    } else {
-        decode_error_message(&msg).unwrap_or_default()
+    let op = Op::FixDirLinks {
+        dir: ino,
+        seen,
+        want,
     };
-    (h.status, text)
+    let (status, reply) = ask_raw(tc, ino.owner().0 as usize, creds, op);
+    (status, reply.err().unwrap_or_default())
 }
 
 /// The owner's side of `fsck --repair` refuses what it must and leaves the

@@ -10,9 +10,9 @@
 
 mod common;
 
-use common::{frame, key_of, Options, Raw, TestCluster};
+use common::{ask_raw, Options, TestCluster};
 use madfs_client::{CacheConfig, Credentials, ErrorCode, FileName, Repair};
-use madfs_proto::message::{decode_error_message, InodeLinks, Op, Reply, Request};
+use madfs_proto::message::{InodeLinks, Op, Reply};
 use madfs_types::{dentry_server, InodeId};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -207,34 +207,6 @@ async fn fsck_leaves_a_count_alone_while_a_link_drop_is_unfinished() {
     assert_eq!(fresh.read_file("/f").await.unwrap(), b"data");
 }
 
-/// One request to `server` as `creds`: the status and the reply (or the
-/// error's message).
-fn ask(
-    tc: &TestCluster,
-    server: usize,
-    creds: Credentials,
-    op: Op,
-) -> (u16, Result<Reply, String>) {
-    let mut raw = Raw::connect(tc, server);
-    assert_eq!(raw.handshake(&key_of(tc)), 0);
-    let opcode = op.opcode();
-    let body = Request {
-        creds,
-        op,
-        once: None,
-    }
-    .encode();
-    raw.send(&frame(opcode, 1, &body, 0));
-    raw.send(&body);
-    let (h, msg, _) = raw.read_frame().unwrap();
-    let reply = if h.status == 0 {
-        Ok(Reply::decode(&msg).unwrap())
-    } else {
-        Err(decode_error_message(&msg).unwrap_or_default())
-    };
-    (h.status, reply)
-}
-
 /// The owner's side: ListInodes pages through exactly the inodes it owns
 /// that have links; FixFileLinks refuses a caller other than root, a
 /// directory and a count other than the one seen (EBUSY), each changing
@@ -261,7 +233,7 @@ fn the_owner_lists_its_inodes_and_sets_a_file_count_only_as_fsck_asks() {
         groups: Vec::new(),
     };
     let list = |creds: Credentials, after, max_entries| {
-        ask(&tc, 0, creds, Op::ListInodes { after, max_entries })
+        ask_raw(&tc, 0, creds, Op::ListInodes { after, max_entries })
     };
     assert_eq!(
         list(user.clone(), None, 10).0,
@@ -302,7 +274,7 @@ fn the_owner_lists_its_inodes_and_sets_a_file_count_only_as_fsck_asks() {
         .find(|i| i.owner().0 == 1)
         .expect("a file on server 1");
     let fix = |creds: Credentials, ino: InodeId, seen: u32, want: u32| {
-        ask(
+        ask_raw(
             &tc,
             ino.owner().0 as usize,
             creds,

@@ -719,6 +719,34 @@ pub fn key_of(tc: &TestCluster) -> ClusterKey {
         .unwrap()
 }
 
+/// One request `op` to server `server` as `creds`, on a connection of its
+/// own: the reply's status and the reply (or the error's message).
+pub fn ask_raw(
+    tc: &TestCluster,
+    server: usize,
+    creds: madfs_types::Credentials,
+    op: madfs_proto::message::Op,
+) -> (u16, Result<madfs_proto::Reply, String>) {
+    let mut raw = Raw::connect(tc, server);
+    assert_eq!(raw.handshake(&key_of(tc)), 0);
+    let opcode = op.opcode();
+    let body = madfs_proto::Request {
+        creds,
+        op,
+        once: None,
+    }
+    .encode();
+    raw.send(&frame(opcode, 1, &body, 0));
+    raw.send(&body);
+    let (h, msg, _) = raw.read_frame().unwrap();
+    let reply = if h.status == 0 {
+        Ok(madfs_proto::Reply::decode(&msg).unwrap())
+    } else {
+        Err(madfs_proto::message::decode_error_message(&msg).unwrap_or_default())
+    };
+    (h.status, reply)
+}
+
 /// Create (or truncate) `path`, write `data`, fsync and close: when this
 /// returns, the data is acknowledged as durable.
 pub async fn write_synced(c: &madfs_client::Client, path: &str, data: &[u8]) {
