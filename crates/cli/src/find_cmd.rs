@@ -380,7 +380,8 @@ fn print_inode_check(check: &madfs_client::InodeCheck) {
         let reached = if w.names == 0 {
             "no name reaches it (leaked)".to_string()
         } else {
-            format!("{} names ({})", w.names, paths.join(", "))
+            let noun = if w.names == 1 { "name" } else { "names" };
+            format!("{} {noun} ({})", w.names, paths.join(", "))
         };
         println!(
             "inode {} ({:?}): link count {}, {reached}{what}",

@@ -110,7 +110,7 @@ async fn fsck_frees_the_inodes_lost_link_drops_leaked_and_sets_counts_to_the_nam
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(
         text.contains(&format!(
-            "inode {high} (File): link count 2, 1 names (/a/high)\n"
+            "inode {high} (File): link count 2, 1 name (/a/high)\n"
         )),
         "{text}"
     );
@@ -128,7 +128,7 @@ async fn fsck_frees_the_inodes_lost_link_drops_leaked_and_sets_counts_to_the_nam
     let text = tc.madfs_ok(["fsck", "--repair"]);
     assert!(
         text.contains(&format!(
-            "inode {high} (File): link count 2, 1 names (/a/high): set to 1"
+            "inode {high} (File): link count 2, 1 name (/a/high): set to 1"
         )),
         "{text}"
     );
@@ -197,7 +197,7 @@ async fn fsck_leaves_a_count_alone_while_a_link_drop_is_unfinished() {
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(
         text.contains(&format!(
-            "inode {f} (File): link count 2, 1 names (/f): left alone, 1 link drops or renames \
+            "inode {f} (File): link count 2, 1 name (/f): left alone, 1 link drops or renames \
              are still being finished"
         )),
         "{text}"
