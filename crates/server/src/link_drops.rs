@@ -98,7 +98,6 @@ impl LinkDrop {
 }
 
 /// A server's drops in flight, and the wake-up of its resender.
-#[derive(Default)]
 pub(crate) struct LinkDrops {
     /// Ids being sent now: a resend of one must wait for that send's end
     /// (the owner does not serialize two runs of one id that overlap).
@@ -110,6 +109,34 @@ pub(crate) struct LinkDrops {
     pub(crate) failed_sends: AtomicU64,
     pub(crate) abandoned: AtomicU64,
     pub(crate) waiting: AtomicU64,
+    /// Test faults, read once at start: every drop lost
+    /// (`LOSE_LINK_DROPS_ENV`), or failing (`FAIL_LINK_DROPS_ENV`).
+    lose: bool,
+    fail: bool,
+}
+
+impl Default for LinkDrops {
+    fn default() -> LinkDrops {
+        let (lose, fail) = (
+            crate::test_fault(LOSE_LINK_DROPS_ENV),
+            crate::test_fault(FAIL_LINK_DROPS_ENV),
+        );
+        if lose {
+            tracing::warn!("{LOSE_LINK_DROPS_ENV}: every link drop is lost");
+        }
+        if fail {
+            tracing::warn!("{FAIL_LINK_DROPS_ENV}: every link drop fails");
+        }
+        LinkDrops {
+            sending: Default::default(),
+            failed: Default::default(),
+            failed_sends: Default::default(),
+            abandoned: Default::default(),
+            waiting: Default::default(),
+            lose,
+            fail,
+        }
+    }
 }
 
 impl LinkDrops {
@@ -181,10 +208,10 @@ impl Server {
     /// unanswered for 9 minutes does (`madfs fsck` finds it); under
     /// `MADFS_FAULT_FAIL_LINK_DROPS`, fail it (its record stays).
     async fn call_peer_lossy(&self, drop: &LinkDrop, once: RunOnce) -> Result<Reply, WireError> {
-        if crate::test_fault(LOSE_LINK_DROPS_ENV) {
+        if self.link_drops.lose {
             return Err(crate::errors::err(ErrorCode::NotFound, "lost (test fault)"));
         }
-        if crate::test_fault(FAIL_LINK_DROPS_ENV) {
+        if self.link_drops.fail {
             return Err(crate::errors::err(ErrorCode::Io, "failed (test fault)"));
         }
         self.call_peer_once(drop.ino.owner(), drop.op(), once).await
