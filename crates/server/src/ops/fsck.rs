@@ -27,6 +27,19 @@ fn root_only(c: &Credentials, what: &str) -> Result<(), WireError> {
     Ok(())
 }
 
+/// A repair's compare-and-set: the count `nlink` must still be the one
+/// the check saw (`seen`), or already `want` (a retry of one done); else
+/// EBUSY, a link or unlink came meanwhile.
+fn as_checked(what: &str, nlink: u32, seen: u32, want: u32) -> Result<(), WireError> {
+    if nlink == seen || nlink == want {
+        return Ok(());
+    }
+    Err(err(
+        ErrorCode::Busy,
+        format!("the link count of {what} changed meanwhile ({seen} when checked, {nlink} now)"),
+    ))
+}
+
 impl Server {
     /// `Op::FixDirLinks` (`madfs fsck --repair`, client fsck.rs): set
     /// directory `dir`'s link count to `want` if it is still `seen`, the
@@ -55,16 +68,7 @@ impl Server {
             return Err(err(ErrorCode::NotDir, format!("inode {dir}")));
         }
         // Already `want`: a retry of one that was done.
-        if inode.attr.nlink != seen && inode.attr.nlink != want {
-            return Err(err(
-                ErrorCode::Busy,
-                format!(
-                    "the link count of directory {dir} changed meanwhile ({seen} when \
-                     checked, {} now)",
-                    inode.attr.nlink
-                ),
-            ));
-        }
+        as_checked(&format!("directory {dir}"), inode.attr.nlink, seen, want)?;
         if inode.attr.nlink != want {
             inode.attr.nlink = want;
             let mut b = WriteBatch::new();
@@ -183,16 +187,7 @@ impl Server {
                 format!("inode {ino}: a directory's count is fixed with FixDirLinks"),
             ));
         }
-        if inode.attr.nlink != seen && inode.attr.nlink != want {
-            return Err(err(
-                ErrorCode::Busy,
-                format!(
-                    "the link count of inode {ino} changed meanwhile ({seen} when checked, {} \
-                     now)",
-                    inode.attr.nlink
-                ),
-            ));
-        }
+        as_checked(&format!("inode {ino}"), inode.attr.nlink, seen, want)?;
         if inode.attr.nlink == want && want > 0 {
             return Ok(Reply::Links { nlink: want });
         }
