@@ -289,7 +289,19 @@ impl ReplicaCopies {
             ));
         }
         if copy.stream != stream {
-            if copy.applied != 0 || first_seq != 1 {
+            // An empty copy may follow a new stream from its first record
+            // only if that record made the store (a new store's first
+            // batch puts its format): a primary that restarted after a
+            // crash, or a promoted copy, starts a new stream over a store
+            // that has everything before it, which an empty copy lacks.
+            // Taking it on made such a copy count as in sync without the
+            // keys written before (the write verifier among them: fsyncs
+            // after its promotion failed, seen in failover_fsx when the
+            // test harness restarted a cluster whose ports were taken).
+            let starts_store = matches!(records.first(), Some(Record::Kv { batch, .. })
+                if WriteBatch::decode(batch)
+                    .is_some_and(|b| b.keys().any(|k| k == keys::META_FORMAT)));
+            if copy.applied != 0 || first_seq != 1 || !starts_store {
                 return Err(err(
                     ErrorCode::Stale,
                     format!(
@@ -651,6 +663,15 @@ mod tests {
         }
     }
 
+    /// The first record of a new store's stream: its format.
+    fn store_made() -> Record {
+        kv(
+            keys::META_FORMAT,
+            &keys::FORMAT_VERSION.to_le_bytes(),
+            false,
+        )
+    }
+
     fn at(kv: &dyn KvStore) -> (u64, u64) {
         let v = kv.get(keys::META_REPLICA_POSITION).unwrap().unwrap();
         let p = Position::decode(&v).unwrap();
@@ -709,7 +730,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let copies = copies_booted(root.path(), 1);
         let x = 77;
-        assert_eq!(send(&copies, x, 1, &[kv(b"a", b"1", false)]).await, Ok(1));
+        assert_eq!(send(&copies, x, 1, &[store_made()]).await, Ok(1));
         assert_eq!(send(&copies, x, 2, &[Record::Sync]).await, Ok(2));
         drop(copies);
         // Synced at 2, reopened after a reboot: record 3 goes on; a gap
@@ -842,8 +863,11 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let copies = copies_in(root.path());
         let held: [(&[u8], &[u8]); 4] = [(b"a", b"1"), (b"b", b"2"), (b"c", b"3"), (b"d", b"4")];
-        let records: Vec<Record> = held.iter().map(|(k, v)| kv(k, v, false)).collect();
-        assert_eq!(send(&copies, 5, 1, &records).await, Ok(4));
+        let records: Vec<Record> = std::iter::once(store_made())
+            .chain(held.iter().map(|(k, v)| kv(k, v, false)))
+            .collect();
+        assert_eq!(send(&copies, 5, 1, &records).await, Ok(5));
+        let format = keys::FORMAT_VERSION.to_le_bytes();
         let load = 6;
         assert_eq!(
             send(&copies, load, 0, &[Record::Reset { applied: 0 }]).await,
@@ -874,8 +898,9 @@ mod tests {
             }
         }
         // Up to "b" as the primary holds it: kept.
+        let up_to_b = [(keys::META_FORMAT, &format[..]), held[0], held[1]];
         assert_eq!(
-            ask(&copies, load, None, Some(b"b"), digest(&held[..2])).await,
+            ask(&copies, load, None, Some(b"b"), digest(&up_to_b)).await,
             Ok(true)
         );
         // After "b" the primary holds c = 3 and e = 5 (d gone, e new).
@@ -915,6 +940,33 @@ mod tests {
         assert_eq!(
             ask(&copies, load, None, None, digest(&[])).await,
             Err(ErrorCode::Stale)
+        );
+    }
+
+    /// An empty copy follows a new stream from record 1 only if that
+    /// record made the primary's store: a stream a primary opened over a
+    /// store it already had (restarted after a crash, or a promoted copy)
+    /// holds none of the keys written before, so the copy must be loaded
+    /// (refused as stale, the primary takes it out and resyncs it). It
+    /// took such a stream before, counted as in sync without the store's
+    /// write verifier, and answered fsyncs with another once promoted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_empty_copy_takes_a_new_stream_only_from_the_stores_start() {
+        let root = tempfile::tempdir().unwrap();
+        let copies = copies_in(root.path());
+        assert_eq!(
+            send(&copies, 41, 1, &[kv(b"a", b"1", false)]).await,
+            Err(ErrorCode::Stale),
+            "a stream begun over a store that had keys"
+        );
+        assert_eq!(
+            send(&copies, 41, 1, &[Record::Sync]).await,
+            Err(ErrorCode::Stale)
+        );
+        assert_eq!(
+            send(&copies, 42, 1, &[store_made(), kv(b"a", b"1", false)]).await,
+            Ok(2),
+            "a new store's stream"
         );
     }
 
