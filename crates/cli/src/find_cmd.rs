@@ -389,34 +389,46 @@ fn print_inode_check(check: &madfs_client::InodeCheck) {
         );
     }
     for d in &check.unreached_dirs {
-        println!("inode {d} (directory): no name reaches it (left alone)");
-    }
-    for p in &check.dangling {
+        let what = match (&d.repair, &d.adopted_as) {
+            (Some(Repair::Done), Some(p)) => format!("moved to {}", String::from_utf8_lossy(p)),
+            (Some(Repair::Done), None) => "freed".to_string(),
+            (Some(Repair::Skipped(why)), _) => format!("left alone, {why}"),
+            (None, _) => "left alone".to_string(),
+        };
+        let empty = if d.empty { ", empty" } else { "" };
         println!(
-            "{}: names an inode that does not exist (left alone)",
-            String::from_utf8_lossy(p)
+            "inode {} (directory): no name reaches it{empty}: {what}",
+            d.ino
+        );
+    }
+    for d in &check.dangling {
+        let what = match &d.repair {
+            Some(Repair::Done) => "removed".to_string(),
+            Some(Repair::Skipped(why)) => format!("left alone, {why}"),
+            None => "left alone".to_string(),
+        };
+        println!(
+            "{}: names inode {}, which does not exist: {what}",
+            String::from_utf8_lossy(&d.path),
+            d.ino
         );
     }
     if check.pending > 0 {
         println!(
-            "{} link drops or renames are still being finished on the servers: link counts are \
-             reported, not repaired",
+            "{} link drops, renames, or directory removals or moves are still being finished on \
+             the servers: what is wrong is reported, not repaired",
             check.pending
         );
     }
-    let repaired = check
-        .wrong
-        .iter()
-        .filter(|w| w.repair == Some(Repair::Done))
-        .count();
     println!(
-        "{} inodes and {} names checked, {} with a wrong link count, {repaired} repaired, {} \
-         directories and {} names unreached or dangling",
+        "{} inodes and {} names checked: {} with a wrong link count, {} directories no name \
+         reaches, {} names without their inode; {} repaired",
         check.inodes,
         check.names,
         check.wrong.len(),
         check.unreached_dirs.len(),
-        check.dangling.len()
+        check.dangling.len(),
+        check.repaired()
     );
 }
 

@@ -342,7 +342,7 @@ impl Client {
         }
     }
 
-    fn dentry_server(&self, parent: InodeId, name: &FileName) -> ServerId {
+    pub(crate) fn dentry_server(&self, parent: InodeId, name: &FileName) -> ServerId {
         dentry_server(parent, name, self.server_count())
     }
 

@@ -213,17 +213,50 @@ pub struct InodeCheck {
     /// Link counts other than the names found (leaked inodes among them),
     /// sorted by inode.
     pub wrong: Vec<WrongInode>,
-    /// Directories no name reaches (reported; not freed: what is below
-    /// one would need a new home first).
-    pub unreached_dirs: Vec<InodeId>,
-    /// Names whose inode does not exist (reported; a name is never
-    /// written before its inode, so only a lost write leaves one).
-    pub dangling: Vec<Vec<u8>>,
-    /// Link drops and renames the servers had still to finish: while
-    /// any are, counts are reported, not repaired (one landing after a
-    /// repair would make its count wrong).
+    /// Directories no name reaches, sorted by inode; a repair gives each
+    /// a name in /lost+found (what is below it comes along).
+    pub unreached_dirs: Vec<UnreachedDir>,
+    /// Names whose inode does not exist, sorted by path; a repair
+    /// removes them. (A name is never written before its inode, nor its
+    /// inode freed before it, so only a lost write leaves one.)
+    pub dangling: Vec<DanglingName>,
+    /// Link drops, renames, directory removals and directory moves the
+    /// servers had still to finish: while any are, nothing is repaired
+    /// (one landing after a repair would make a count wrong, and a
+    /// directory being removed has no name for a while).
     pub pending: u64,
 }
+
+/// A directory no name reaches, found so in two passes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnreachedDir {
+    pub ino: InodeId,
+    /// Its link count when checked.
+    pub nlink: u32,
+    /// No entry in it on any server, in either pass: an rmdir's leftover
+    /// (the name went, and a power cut undid the owner's drop), which a
+    /// repair frees. One with entries is given a name in /lost+found.
+    pub empty: bool,
+    /// With `repair`: what became of it.
+    pub repair: Option<Repair>,
+    /// Once repaired, if it had entries: its path in the lost+found.
+    pub adopted_as: Option<Vec<u8>>,
+}
+
+/// A name whose inode does not exist, found so in two passes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DanglingName {
+    pub path: Vec<u8>,
+    pub parent: InodeId,
+    pub name: FileName,
+    /// The inode it names.
+    pub ino: InodeId,
+    /// With `repair`: what became of it (Done: removed).
+    pub repair: Option<Repair>,
+}
+
+/// Where a repair puts the directories no name reaches (as e2fsck does).
+pub const LOST_FOUND: &str = "lost+found";
 
 impl InodeCheck {
     /// Problems not repaired.
@@ -232,8 +265,21 @@ impl InodeCheck {
             .iter()
             .filter(|w| w.repair != Some(Repair::Done))
             .count()
-            + self.unreached_dirs.len()
-            + self.dangling.len()
+            + self
+                .unreached_dirs
+                .iter()
+                .filter(|d| d.repair != Some(Repair::Done))
+                .count()
+            + self
+                .dangling
+                .iter()
+                .filter(|d| d.repair != Some(Repair::Done))
+                .count()
+    }
+
+    /// Repairs done, of every kind.
+    pub fn repaired(&self) -> usize {
+        self.wrong.len() + self.unreached_dirs.len() + self.dangling.len() - self.left_wrong()
     }
 }
 
@@ -246,6 +292,8 @@ struct Pass {
     names: HashMap<InodeId, Vec<(InodeId, FileName)>>,
     /// Directories some name reaches, with their parent and name.
     dirs: HashMap<InodeId, FindDir>,
+    /// Directories with at least one entry.
+    parents: HashSet<InodeId>,
     entries: u64,
 }
 
@@ -254,8 +302,11 @@ impl Client {
     /// the whole file system: a count above its names (a leak: the last
     /// unlink would not free it; with no name at all, nothing ever will),
     /// or below (an unlink could free it while a name still reaches it).
-    /// With `repair`, set each to its names, freeing the leaked inodes.
-    /// Root only.
+    /// With `repair`, set each to its names, freeing the leaked inodes;
+    /// remove names whose inode does not exist; free the empty
+    /// directories no name reaches and give the others a name in
+    /// /lost+found. Nothing is repaired while a server reports something
+    /// pending. Root only.
     ///
     /// Two passes, each listing every server's inodes (`Op::ListInodes`)
     /// and then every name (find's server-side scan); only what both
@@ -288,7 +339,14 @@ impl Client {
                     && !second.dirs.contains_key(&ino)
                     && !first.dirs.contains_key(&ino)
                 {
-                    out.unreached_dirs.push(ino);
+                    let has_entries = |p: &Pass| p.parents.contains(&ino);
+                    out.unreached_dirs.push(UnreachedDir {
+                        ino,
+                        nlink,
+                        empty: !has_entries(&first) && !has_entries(&second),
+                        repair: None,
+                        adopted_as: None,
+                    });
                 }
                 continue;
             }
@@ -323,40 +381,166 @@ impl Client {
             let in_first = first.names.get(ino).into_iter().flatten();
             for (parent, name) in names {
                 if in_first.clone().any(|n| n == &(*parent, name.clone())) {
-                    out.dangling.push(path_of(&second.dirs, *parent, name));
+                    out.dangling.push(DanglingName {
+                        path: path_of(&second.dirs, *parent, name),
+                        parent: *parent,
+                        name: name.clone(),
+                        ino: *ino,
+                        repair: None,
+                    });
                 }
             }
         }
-        out.wrong.sort_by_key(|w| w.ino);
-        out.unreached_dirs.sort();
-        out.dangling.sort();
-        if repair && out.pending > 0 {
-            let why = format!(
-                "{} link drops or renames are still being finished on the servers; run fsck \
-                 again once they are done",
-                out.pending
-            );
-            for w in &mut out.wrong {
-                w.repair = Some(Repair::Skipped(why.clone()));
-            }
-        } else if repair {
-            for w in &mut out.wrong {
-                let op = Op::FixFileLinks {
-                    ino: w.ino,
-                    seen: w.nlink,
-                    want: w.names,
-                };
-                w.repair = Some(match self.call(w.ino.owner(), op).await {
-                    Ok(Reply::Links { nlink }) if nlink == w.names => {
-                        self.cache.forget_attr(w.ino);
-                        Repair::Done
-                    }
-                    Ok(other) => Repair::Skipped(format!("unexpected answer {other:?}")),
-                    Err(e) => Repair::Skipped(e.to_string()),
+        // Directories' names whose directory does not exist.
+        for (ino, d) in &second.dirs {
+            let gone = !second.inodes.contains_key(ino) && !first.inodes.contains_key(ino);
+            let same_before = first
+                .dirs
+                .get(ino)
+                .is_some_and(|f| f.parent == d.parent && f.name == d.name);
+            if gone && same_before {
+                out.dangling.push(DanglingName {
+                    path: path_of(&second.dirs, d.parent, &d.name),
+                    parent: d.parent,
+                    name: d.name.clone(),
+                    ino: *ino,
+                    repair: None,
                 });
             }
         }
+        out.wrong.sort_by_key(|w| w.ino);
+        out.unreached_dirs.sort_by_key(|d| d.ino);
+        out.dangling.sort_by(|a, b| a.path.cmp(&b.path));
+        if repair && out.pending > 0 {
+            let why = Repair::Skipped(format!(
+                "{} link drops, renames or directory removals or moves are still being finished \
+                 on the servers; run fsck again once they are done",
+                out.pending
+            ));
+            for w in &mut out.wrong {
+                w.repair = Some(why.clone());
+            }
+            for d in &mut out.unreached_dirs {
+                d.repair = Some(why.clone());
+            }
+            for d in &mut out.dangling {
+                d.repair = Some(why.clone());
+            }
+        } else if repair {
+            for d in &mut out.dangling {
+                d.repair = Some(self.drop_dangling(d).await);
+            }
+            for d in out.unreached_dirs.iter_mut().filter(|d| d.empty) {
+                d.repair = Some(self.fix_links(d.ino, d.nlink, 0).await);
+            }
+            if out.unreached_dirs.iter().any(|d| !d.empty) {
+                match self.lost_found().await {
+                    Ok(lf) => {
+                        for d in out.unreached_dirs.iter_mut().filter(|d| !d.empty) {
+                            (d.repair, d.adopted_as) = match self.adopt_dir(d.ino, lf).await {
+                                Ok(path) => (Some(Repair::Done), Some(path)),
+                                Err(why) => (Some(why), None),
+                            };
+                        }
+                    }
+                    Err(e) => {
+                        let why = Repair::Skipped(format!("/{LOST_FOUND}: {e}"));
+                        for d in out.unreached_dirs.iter_mut().filter(|d| !d.empty) {
+                            d.repair = Some(why.clone());
+                        }
+                    }
+                }
+            }
+            for w in &mut out.wrong {
+                w.repair = Some(self.fix_links(w.ino, w.nlink, w.names).await);
+            }
+        }
         Ok(out)
+    }
+
+    /// Set the link count of `ino` to `want` on its owner if it is still
+    /// `seen` (0 frees it).
+    async fn fix_links(&self, ino: InodeId, seen: u32, want: u32) -> Repair {
+        let op = Op::FixFileLinks { ino, seen, want };
+        match self.call(ino.owner(), op).await {
+            Ok(Reply::Links { nlink }) if nlink == want => {
+                self.cache.forget_attr(ino);
+                Repair::Done
+            }
+            Ok(other) => Repair::Skipped(format!("unexpected answer {other:?}")),
+            Err(e) => Repair::Skipped(e.to_string()),
+        }
+    }
+
+    /// Remove dangling name `d` on its server, which checks again that it
+    /// still names the inode and that the inode does not exist.
+    async fn drop_dangling(&self, d: &DanglingName) -> Repair {
+        let op = Op::DropName {
+            parent: d.parent,
+            name: d.name.clone(),
+            ino: d.ino,
+        };
+        match self.call(self.dentry_server(d.parent, &d.name), op).await {
+            Ok(Reply::Removed { .. }) => {
+                self.cache.removed(d.parent, &d.name, Some(d.ino));
+                Repair::Done
+            }
+            Ok(other) => Repair::Skipped(format!("unexpected answer {other:?}")),
+            Err(e) => {
+                self.cache.forget_entry(d.parent, &d.name);
+                Repair::Skipped(e.to_string())
+            }
+        }
+    }
+
+    /// The root's lost+found, made (mode 0700, as e2fsck's) if missing.
+    async fn lost_found(&self) -> Result<InodeId> {
+        let path = format!("/{LOST_FOUND}");
+        match self.mkdir(path.as_str(), 0o700).await {
+            Ok(a) => Ok(a.ino),
+            Err(e) if e.code == ErrorCode::Exists => {
+                let a = self.lstat(path.as_str()).await?;
+                if a.kind != FileKind::Dir {
+                    return Err(ClientError::new(ErrorCode::NotDir, "not a directory"));
+                }
+                Ok(a.ino)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Give directory `dir` a name in the lost+found `lf`: `#` and its
+    /// inode number, with a suffix that puts the name on the directory's
+    /// own server (the adoption is then one batch there). Its path, or
+    /// why not.
+    async fn adopt_dir(&self, dir: InodeId, lf: InodeId) -> std::result::Result<Vec<u8>, Repair> {
+        let name = (0..)
+            .map(|k| {
+                let n = if k == 0 {
+                    format!("#{}", dir.0)
+                } else {
+                    format!("#{}.{k}", dir.0)
+                };
+                FileName::new(n.as_bytes()).expect("a short name without a slash")
+            })
+            .find(|n| self.dentry_server(lf, n) == dir.owner())
+            .expect("some suffix lands on every server");
+        let op = Op::AdoptDir {
+            dir,
+            into: lf,
+            name: name.clone(),
+        };
+        match self.call(dir.owner(), op).await {
+            Ok(Reply::Created { .. }) => {
+                self.cache.forget_entry(lf, &name);
+                self.cache.forget_attr(lf);
+                let mut path = format!("/{LOST_FOUND}/").into_bytes();
+                path.extend_from_slice(name.as_bytes());
+                Ok(path)
+            }
+            Ok(other) => Err(Repair::Skipped(format!("unexpected answer {other:?}"))),
+            Err(e) => Err(Repair::Skipped(e.to_string())),
+        }
     }
 
     /// Every server's inodes with links, then every name.
@@ -372,8 +556,10 @@ impl Client {
         let scan = self.find_scan(&FindQuery::default()).await?;
         let mut names: HashMap<InodeId, Vec<(InodeId, FileName)>> = HashMap::new();
         let mut entries = 0u64;
+        let mut parents = HashSet::new();
         for m in scan.entries() {
             entries += 1;
+            parents.insert(m.parent);
             if m.kind != FileKind::Dir {
                 names
                     .entry(m.ino)
@@ -381,11 +567,14 @@ impl Client {
                     .push((m.parent, m.name.clone()));
             }
         }
+        // Subdirectories are entries too (the scan pages them apart).
+        parents.extend(scan.dirs.values().map(|d| d.parent));
         Ok(Pass {
             inodes,
             pending,
             names,
             dirs: scan.dirs,
+            parents,
             entries,
         })
     }

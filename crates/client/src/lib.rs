@@ -43,7 +43,9 @@ pub use dir::DirCursor;
 pub use error::{ClientError, Result};
 pub use file::{File, OpenOptions};
 pub use find::{parse_size, parse_type, DuTotals, FindOutput, Found};
-pub use fsck::{InodeCheck, LinkCheck, Repair, WrongInode, WrongLinks};
+pub use fsck::{
+    DanglingName, InodeCheck, LinkCheck, Repair, UnreachedDir, WrongInode, WrongLinks, LOST_FOUND,
+};
 pub use madfs_proto::find::{glob_match, FindAttrs, FindQuery, SizeCmp, SizeTest};
 pub use path::{normalize, AsFsPath, ParsedPath, PathComponent, SYMLINK_FOLLOW_MAX};
 pub use unsynced::Unsynced;

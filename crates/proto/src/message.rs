@@ -84,6 +84,8 @@ pub enum Opcode {
     FixDirLinks = 31,
     ListInodes = 32,
     FixFileLinks = 33,
+    AdoptDir = 34,
+    DropName = 35,
     // Between servers only (a client connection may not send these).
     Seal = 40,
     AdjustLinks = 41,
@@ -133,6 +135,8 @@ impl Opcode {
             31 => FixDirLinks,
             32 => ListInodes,
             33 => FixFileLinks,
+            34 => AdoptDir,
+            35 => DropName,
             40 => Seal,
             41 => AdjustLinks,
             42 => RenameInstall,
@@ -476,12 +480,28 @@ pub enum Op {
     },
     /// `madfs fsck --repair`: set the link count of `ino` (not a
     /// directory) to `want`, the names the check found, if it is still
-    /// `seen`; `want` 0 frees it (a leaked inode). Sent to the owner; root
-    /// only.
+    /// `seen`; `want` 0 frees it (a leaked inode, or an empty directory no
+    /// name reaches). Sent to the owner; root only.
     FixFileLinks {
         ino: InodeId,
         seen: u32,
         want: u32,
+    },
+    /// `madfs fsck --repair`: give directory `dir`, which no name reaches,
+    /// the name `name` in `into` (the lost+found). Sent to the owner of
+    /// `dir`, which must hold that name too; root only.
+    AdoptDir {
+        dir: InodeId,
+        into: InodeId,
+        name: FileName,
+    },
+    /// `madfs fsck --repair`: remove `name` in `parent` if it still names
+    /// `ino` and `ino` does not exist (a name whose inode a lost write
+    /// took). Sent to the name's server; root only.
+    DropName {
+        parent: InodeId,
+        name: FileName,
+        ino: InodeId,
     },
     /// One page of this server's whole shard of dentries, in key order,
     /// after `after` (see find.rs): every directory, and every entry that
@@ -956,6 +976,8 @@ impl Op {
             Op::FixDirLinks { .. } => Opcode::FixDirLinks,
             Op::ListInodes { .. } => Opcode::ListInodes,
             Op::FixFileLinks { .. } => Opcode::FixFileLinks,
+            Op::AdoptDir { .. } => Opcode::AdoptDir,
+            Op::DropName { .. } => Opcode::DropName,
             Op::Find { .. } => Opcode::Find,
             Op::Seal { .. } => Opcode::Seal,
             Op::AdjustLinks { .. } => Opcode::AdjustLinks,
@@ -1290,6 +1312,16 @@ impl Request {
                 e.u32(*seen);
                 e.u32(*want);
             }
+            Op::AdoptDir { dir, into, name } => {
+                e.ino(*dir);
+                e.ino(*into);
+                e.name(name);
+            }
+            Op::DropName { parent, name, ino } => {
+                e.ino(*parent);
+                e.name(name);
+                e.ino(*ino);
+            }
             Op::Find {
                 query,
                 after,
@@ -1558,6 +1590,16 @@ impl Request {
                 ino: d.ino()?,
                 seen: d.u32()?,
                 want: d.u32()?,
+            },
+            Opcode::AdoptDir => Op::AdoptDir {
+                dir: d.ino()?,
+                into: d.ino()?,
+                name: d.name()?,
+            },
+            Opcode::DropName => Op::DropName {
+                parent: d.ino()?,
+                name: d.name()?,
+                ino: d.ino()?,
             },
             Opcode::Find => Op::Find {
                 query: FindQuery::decode(&mut d)?,
@@ -2385,6 +2427,16 @@ mod tests {
                 ino,
                 seen: 3,
                 want: 0,
+            },
+            Op::AdoptDir {
+                dir: ino,
+                into: InodeId::ROOT,
+                name: name("#7.0"),
+            },
+            Op::DropName {
+                parent: InodeId::ROOT,
+                name: name("gone"),
+                ino,
             },
             Op::PurgeChunks { ino },
             Op::InvalidateDir { dir: ino },

@@ -300,6 +300,28 @@ fn main() {
             ),
         ),
         (
+            "request-adopt-dir",
+            request(
+                Op::AdoptDir {
+                    dir: ino,
+                    into: InodeId::ROOT,
+                    name: name("#7.1"),
+                },
+                &[],
+            ),
+        ),
+        (
+            "request-drop-name",
+            request(
+                Op::DropName {
+                    parent: InodeId::ROOT,
+                    name: name("gone"),
+                    ino,
+                },
+                &[],
+            ),
+        ),
+        (
             "reply-inode-page",
             frame(
                 true,

@@ -6,15 +6,21 @@
 //! the inode's lock: the count must still be the one the check saw, so a
 //! link or unlink since (each changes the count on the owner, under the
 //! same lock) makes it answer EBUSY and change nothing.
+//!
+//! The two repairs of the namespace itself, each one batch on one server:
+//! a directory no name reaches gets one in the lost+found
+//! (`Op::AdoptDir`), and a name whose inode does not exist goes
+//! (`Op::DropName`).
 
 use crate::errors::{err, kv_err};
 use crate::keys;
 use crate::locks::LockKey;
 use crate::service::Server;
+use crate::touch::DirChanges;
 use madfs_kv::WriteBatch;
-use madfs_proto::message::{InodeLinks, Reply};
+use madfs_proto::message::{Entry, InodeLinks, Reply};
 use madfs_proto::{ErrorCode, WireError};
-use madfs_types::{limits, Credentials, FileKind, InodeId};
+use madfs_types::{limits, Credentials, FileKind, FileName, InodeId, Timestamp};
 use std::sync::Arc;
 
 fn root_only(c: &Credentials, what: &str) -> Result<(), WireError> {
@@ -83,10 +89,11 @@ impl Server {
     /// and link count. Inodes held open after their last unlink (no links,
     /// a HELD record) are left out; one without links and not held is a
     /// leak and listed.
-    /// The first page also counts the link drops and renames this server
-    /// has still to finish (LDRP, RNTX records): until they are done, a
-    /// count may differ from the names for a while, and a repair would
-    /// make it wrong when they land.
+    /// The first page also counts the link drops, renames, directory
+    /// removals and directory moves this server has still to finish
+    /// (LDRP, RNTX, RMDR, DPPN records): until they are done, a count may
+    /// differ from the names for a while (and a directory may have no
+    /// name), and a repair would make it wrong when they land.
     pub(crate) async fn list_inodes(
         self: &Arc<Self>,
         c: &Credentials,
@@ -103,11 +110,20 @@ impl Server {
             }
             None => keys::INODE.to_vec(),
         };
+        if after.is_none() {
+            // What is left of finished removals: only unfinished ones count.
+            self.clear_removal_records();
+        }
         let kv = self.kv.clone();
         let scanned = crate::service::blocking(move || {
             let mut pending = 0u64;
             if after.is_none() {
-                for prefix in [&keys::LINK_DROP[..], &keys::RENAME_INTENT[..]] {
+                for prefix in [
+                    &keys::LINK_DROP[..],
+                    &keys::RENAME_INTENT[..],
+                    &keys::DIR_REMOVAL[..],
+                    &keys::DIR_PARENT_PENDING[..],
+                ] {
                     kv.scan_visit(prefix, prefix, &mut |_, _| {
                         pending += 1;
                         true
@@ -163,8 +179,8 @@ impl Server {
     /// `seen`; one already `want` (a retry) is answered as done. `want` 0
     /// frees the inode and its chunks, as a last unlink does: no name
     /// reaches it (a leak a crash left, docs/ARCHITECTURE.md "Other
-    /// multi-server operations and what a crash leaves"). Synced; ctime is
-    /// left alone.
+    /// multi-server operations and what a crash leaves"); so it frees an
+    /// empty directory no name reaches too. Synced; ctime is left alone.
     pub(crate) async fn fix_file_links(
         self: &Arc<Self>,
         c: &Credentials,
@@ -181,7 +197,10 @@ impl Server {
             }
             found => found?,
         };
-        if inode.attr.kind == FileKind::Dir {
+        // An empty directory no name reaches (an rmdir whose last step a
+        // power cut undid on this owner) is freed the same way; the client
+        // found it empty on every server.
+        if inode.attr.kind == FileKind::Dir && want != 0 {
             return Err(err(
                 ErrorCode::IsDir,
                 format!("inode {ino}: a directory's count is fixed with FixDirLinks"),
@@ -217,5 +236,147 @@ impl Server {
             self.kv.write(b, true).map_err(kv_err)?;
         }
         Ok(Reply::Links { nlink: want })
+    }
+
+    /// `Op::AdoptDir`: give directory `dir` (owned here), which the check
+    /// found no name reaching in two passes, the name `name` in `into`
+    /// (the lost+found), which must be held here too: the name, the
+    /// directory's parent record and (when `into` is also here) the
+    /// lost+found's count are one batch, synced; a lost+found elsewhere
+    /// has its count and times changed by a touch, as after a mkdir. A
+    /// name already naming `dir` (a retry) is answered as done. The
+    /// client adopts only while no server has a removal, move or rename
+    /// of a directory unfinished (`list_inodes`' pending count): an rmdir
+    /// removes the name first and the directory after, so a directory
+    /// with a removal under way has no name for a while.
+    pub(crate) async fn adopt_dir(
+        self: &Arc<Self>,
+        c: &Credentials,
+        dir: InodeId,
+        into: InodeId,
+        name: &FileName,
+    ) -> Result<Reply, WireError> {
+        root_only(c, "give a directory a new name")?;
+        if !self.holds_dentry(into, name) || dir.owner() != self.id {
+            return Err(err(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "server {}: adopting directory {dir} as {name} in {into} needs both here",
+                    self.id
+                ),
+            ));
+        }
+        if dir == into || dir == InodeId::ROOT {
+            return Err(err(
+                ErrorCode::InvalidArgument,
+                format!("directory {dir} cannot be adopted into {into}"),
+            ));
+        }
+        self.wait_unsealed(into).await?;
+        let lost_found = self.dir_owner(into).await?;
+        if lost_found.kind != FileKind::Dir {
+            return Err(err(ErrorCode::NotDir, format!("inode {into}")));
+        }
+        let changes = DirChanges::one(into, 1);
+        let mut lock_keys = vec![LockKey::Dentry(into, name), LockKey::Inode(dir)];
+        lock_keys.extend(changes.local_keys(self.id));
+        let held = self.lock_unsealed(into, &lock_keys).await?;
+        let inode = self.must_inode(dir)?;
+        if inode.attr.kind != FileKind::Dir {
+            return Err(err(ErrorCode::NotDir, format!("inode {dir}")));
+        }
+        let entry = Entry {
+            ino: dir,
+            kind: FileKind::Dir,
+            attr: Some(inode.attr.clone()),
+        };
+        match self.load_dentry(into, name)? {
+            Some((FileKind::Dir, ino)) if ino == dir => {
+                return Ok(Reply::Created {
+                    entry,
+                    created: false,
+                    touched: Vec::new(),
+                    verifier: self.write_verifier(),
+                })
+            }
+            Some(_) => return Err(err(ErrorCode::Exists, format!("{name} in {into}"))),
+            None => {}
+        }
+        let mut b = WriteBatch::new();
+        Self::put_dentry(&mut b, into, name, FileKind::Dir, dir);
+        Self::put_dir_parent(&mut b, dir, into);
+        let tickets = self.touch_local(&mut b, &changes, Timestamp::now())?;
+        self.kv.write(b, true).map_err(kv_err)?;
+        drop(held);
+        let touched = self.touch_queued(tickets);
+        Ok(Reply::Created {
+            entry,
+            created: true,
+            touched,
+            verifier: self.write_verifier(),
+        })
+    }
+
+    /// `Op::DropName`: remove `name` in `parent` (held here) if it still
+    /// names `ino` and `ino` does not exist on its owner (asked under the
+    /// name's lock: a create writes its inode before its name, and an
+    /// unlink its name's removal before the inode's, so an inode that is
+    /// missing while its name is there was lost). The parent's times, and
+    /// its count for a directory's name, change as after an unlink.
+    /// Synced. A name gone already is answered ENOENT.
+    pub(crate) async fn drop_name(
+        self: &Arc<Self>,
+        c: &Credentials,
+        parent: InodeId,
+        name: &FileName,
+        ino: InodeId,
+    ) -> Result<Reply, WireError> {
+        root_only(c, "remove a name whose inode is missing")?;
+        if !self.holds_dentry(parent, name) {
+            return Err(err(
+                ErrorCode::InvalidArgument,
+                format!("server {}: {name} in {parent} is not held here", self.id),
+            ));
+        }
+        let (kind, _) = self
+            .load_dentry(parent, name)?
+            .ok_or_else(|| err(ErrorCode::NotFound, format!("{name} in {parent}")))?;
+        let changes = DirChanges::one(parent, -i64::from(kind == FileKind::Dir));
+        let mut lock_keys = vec![LockKey::Dentry(parent, name)];
+        lock_keys.extend(changes.local_keys(self.id));
+        let guard = self.locks.lock(&lock_keys).await?;
+        match self.load_dentry(parent, name)? {
+            None => return Err(err(ErrorCode::NotFound, format!("{name} in {parent}"))),
+            Some(now) if now != (kind, ino) => {
+                return Err(err(
+                    ErrorCode::Busy,
+                    format!("{name} in {parent} names another inode now"),
+                ))
+            }
+            Some(_) => {}
+        }
+        match self.attr_of(ino).await {
+            Err(e) if e.code == ErrorCode::NotFound => {}
+            Ok(_) => {
+                return Err(err(
+                    ErrorCode::Busy,
+                    format!("inode {ino} of {name} in {parent} exists"),
+                ))
+            }
+            Err(e) => return Err(e),
+        }
+        let mut b = WriteBatch::new();
+        b.delete(&keys::dentry(parent, name));
+        let tickets = self.touch_local(&mut b, &changes, Timestamp::now())?;
+        self.kv.write(b, true).map_err(kv_err)?;
+        drop(guard);
+        let touched = self.touch_queued(tickets);
+        Ok(Reply::Removed {
+            ino,
+            kind,
+            held: false,
+            touched,
+            verifier: self.write_verifier(),
+        })
     }
 }
