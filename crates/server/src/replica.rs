@@ -60,6 +60,9 @@ pub(crate) struct ReplicaCopy {
     /// not see its start (a load cut off by a restart fails and starts
     /// over).
     load_seen: Option<HashSet<(InodeId, ChunkIndex)>>,
+    /// The id of that load (its calls' `stream` field, `Record::Reset`);
+    /// 0: none. A call of another load is refused.
+    load: u64,
 }
 
 /// The copies this server keeps, opened at their first record.
@@ -301,6 +304,13 @@ impl ReplicaCopies {
             let starts_store = matches!(records.first(), Some(Record::Kv { batch, .. })
                 if WriteBatch::decode(batch)
                     .is_some_and(|b| b.keys().any(|k| k == keys::META_FORMAT)));
+            // A call without records asks only whether the copy is empty
+            // (a server whose data directory is empty probes its replicas
+            // before it serves, replace.rs `copy_elsewhere`): it is, and
+            // nothing is taken.
+            if copy.applied == 0 && first_seq == 1 && records.is_empty() {
+                return ack(0);
+            }
             if copy.applied != 0 || first_seq != 1 || !starts_store {
                 return Err(err(
                     ErrorCode::Stale,
@@ -434,6 +444,7 @@ fn open_copy(
         partial: loading || unknown || !at.whole(boot),
         marked: false,
         load_seen: None,
+        load: 0,
     })
 }
 
@@ -756,7 +767,10 @@ mod tests {
             Err(ErrorCode::Stale)
         );
         // A resync's load: reset, contents, cut off before its sync.
-        let reset = [Record::Reset { applied: 9 }];
+        let reset = [Record::Reset {
+            applied: 9,
+            stream: x,
+        }];
         assert_eq!(send(&copies, x, 0, &reset).await, Ok(9));
         assert_eq!(send(&copies, x, 0, &[kv(b"c", b"1", false)]).await, Ok(9));
         assert_eq!(
@@ -868,11 +882,13 @@ mod tests {
             .collect();
         assert_eq!(send(&copies, 5, 1, &records).await, Ok(5));
         let format = keys::FORMAT_VERSION.to_le_bytes();
-        let load = 6;
-        assert_eq!(
-            send(&copies, load, 0, &[Record::Reset { applied: 0 }]).await,
-            Ok(0)
-        );
+        // Load 60 of stream 6.
+        let (load, follows) = (60, 6);
+        let reset = Record::Reset {
+            applied: 0,
+            stream: follows,
+        };
+        assert_eq!(send(&copies, load, 0, &[reset]).await, Ok(0));
         let digest = |pairs: &[(&[u8], &[u8])]| {
             let mut d = KeyRangeDigest::new();
             for (k, v) in pairs {
@@ -925,7 +941,7 @@ mod tests {
         }
         assert_eq!(
             at(kv.as_ref()),
-            (load, 0),
+            (follows, 0),
             "the copy's position went with a range"
         );
         // The same range again, now empty there: it hashes as nothing.
@@ -963,11 +979,64 @@ mod tests {
             send(&copies, 41, 1, &[Record::Sync]).await,
             Err(ErrorCode::Stale)
         );
+        // A call without records only asks whether it is empty: it is.
+        assert_eq!(send(&copies, 41, 1, &[]).await, Ok(0));
         assert_eq!(
             send(&copies, 42, 1, &[store_made(), kv(b"a", b"1", false)]).await,
             Ok(2),
             "a new store's stream"
         );
+    }
+
+    /// A call of a resync's load that arrives after the primary started
+    /// another load (it outlived its timeout: the copy was slow) is
+    /// refused, contents and questions alike: it would put back keys as
+    /// they were before the new load compared them, or drop a range it
+    /// had settled. The new load goes on and ends whole.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_call_of_an_earlier_load_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let copies = copies_in(root.path());
+        let reset = |applied| Record::Reset { applied, stream: 5 };
+        let (first, second) = (71, 72);
+        assert_eq!(send(&copies, first, 0, &[reset(3)]).await, Ok(3));
+        assert_eq!(send(&copies, second, 0, &[reset(4)]).await, Ok(4));
+        assert_eq!(
+            send(&copies, second, 0, &[kv(b"k", b"new", false)]).await,
+            Ok(4)
+        );
+        // The first load's, late.
+        assert_eq!(
+            send(&copies, first, 0, &[kv(b"k", b"old", false)]).await,
+            Err(ErrorCode::Io)
+        );
+        let question = copies
+            .key_range(ServerId(0), first, None, None, [0; 16])
+            .await;
+        assert_eq!(question.unwrap_err().code, ErrorCode::Stale);
+        let digests = copies
+            .digests(ServerId(0), first, vec![(InodeId(9), ChunkIndex(0))])
+            .await;
+        assert_eq!(digests.unwrap_err().code, ErrorCode::Stale);
+        assert_eq!(send(&copies, second, 0, &[Record::Sync]).await, Ok(4));
+        // Ended: no load's call is taken any more, not even its own.
+        assert_eq!(
+            send(&copies, second, 0, &[kv(b"k", b"late", false)]).await,
+            Err(ErrorCode::Io)
+        );
+        let store = copies
+            .slot(ServerId(0))
+            .lock()
+            .await
+            .as_ref()
+            .unwrap()
+            .kv
+            .clone();
+        assert_eq!(store.get(b"k").unwrap().as_deref(), Some(&b"new"[..]));
+        assert_eq!(at(store.as_ref()), (5, 4));
+        drop(store);
+        // And it follows stream 5 from record 5.
+        assert_eq!(send(&copies, 5, 5, &[kv(b"n", b"1", false)]).await, Ok(5));
     }
 
     /// Positions of the format before boots (17 bytes) still read, and

@@ -187,13 +187,18 @@ pub(crate) enum Record {
     },
     /// Everything before is durable on the primary: make it so here.
     Sync,
-    /// Start a resync: follow this stream from record `applied + 1` (sent
+    /// Start a resync: follow `stream` from record `applied + 1` (sent
     /// in a load call, before the copy's contents). The copy's keys and
     /// chunk files stay for the load to compare (`Op::ReplicaKeyRange`,
     /// `Op::ReplicaDigests`); the load's end drops the chunk files not
-    /// asked about.
+    /// asked about. Every call of one load (this one's included) names
+    /// that load, not the stream, in its `stream` field: a call of an
+    /// earlier load of the same stream that arrives late (it outlived its
+    /// timeout, and the primary started over) is refused, where it would
+    /// have put back keys or dropped ranges the new load had settled.
     Reset {
         applied: u64,
+        stream: u64,
     },
     /// A resync's load: remove one chunk file of the copy (it differs from
     /// the primary's, which follows).
@@ -261,9 +266,10 @@ impl Record {
                 e.ino(*ino);
             }
             Record::Sync => e.u8(kind::SYNC),
-            Record::Reset { applied } => {
+            Record::Reset { applied, stream } => {
                 e.u8(kind::RESET);
                 e.u64(*applied);
+                e.u64(*stream);
             }
             Record::ChunkDrop { ino, index } => {
                 e.u8(kind::CHUNK_DROP);
@@ -318,6 +324,7 @@ impl Record {
                 kind::SYNC => Record::Sync,
                 kind::RESET => Record::Reset {
                     applied: d.u64().map_err(p)?,
+                    stream: d.u64().map_err(p)?,
                 },
                 kind::CHUNK_DROP => Record::ChunkDrop {
                     ino: d.ino().map_err(p)?,
@@ -1073,13 +1080,18 @@ impl Replicator {
         of: (usize, u64),
     ) -> Result<Loaded, String> {
         let progress = |note: &dyn Fn(&mut Rebuild)| self.progress(of.0, of.1, note);
+        // This load's id: every call of it carries it (`Record::Reset`).
+        let mut load = random_stream_id();
+        while load == self.stream_id {
+            load = random_stream_id();
+        }
         let send = |records: Vec<Record>| async move {
             let (heads, payloads) = encode_all(records.iter());
             let req = Request {
                 creds: Credentials::root(),
                 op: Op::ReplicaApply {
                     set: self.set,
-                    stream: self.stream_id,
+                    stream: load,
                     first_seq: 0,
                     heads,
                 },
@@ -1091,7 +1103,11 @@ impl Replicator {
                 .map(|_| ())
                 .map_err(|e| e.to_string())
         };
-        send(vec![Record::Reset { applied: from - 1 }]).await?;
+        send(vec![Record::Reset {
+            applied: from - 1,
+            stream: self.stream_id,
+        }])
+        .await?;
         // The chunk files are listed first, for the total the progress
         // counts against; files written later come with the records kept
         // since `from`.
@@ -1137,6 +1153,7 @@ impl Replicator {
             }
             let same = self
                 .same_key_range(
+                    load,
                     server,
                     replica,
                     after.clone(),
@@ -1174,14 +1191,14 @@ impl Replicator {
         let mut batches = files.chunks(REPLICA_DIGESTS_MAX);
         let mut current = batches.next();
         let mut theirs = match current {
-            Some(batch) => self.their_digests(server, replica, batch).await?,
+            Some(batch) => self.their_digests(load, server, replica, batch).await?,
             None => Vec::new(),
         };
         while let Some(batch) = current {
             let next = batches.next();
             let ask_next = async {
                 match next {
-                    Some(b) => self.their_digests(server, replica, b).await.map(Some),
+                    Some(b) => self.their_digests(load, server, replica, b).await.map(Some),
                     None => Ok(None),
                 }
             };
@@ -1278,6 +1295,7 @@ impl Replicator {
     /// not, it dropped them).
     async fn same_key_range(
         &self,
+        load: u64,
         server: &crate::Server,
         replica: ServerId,
         after: Option<Vec<u8>>,
@@ -1288,7 +1306,7 @@ impl Replicator {
             creds: Credentials::root(),
             op: Op::ReplicaKeyRange {
                 set: self.set,
-                stream: self.stream_id,
+                stream: load,
                 after,
                 upto,
                 digest,
@@ -1310,6 +1328,7 @@ impl Replicator {
     /// (`Op::ReplicaDigests`), in order.
     async fn their_digests(
         &self,
+        load: u64,
         server: &crate::Server,
         replica: ServerId,
         files: &[(InodeId, ChunkIndex, std::path::PathBuf)],
@@ -1318,7 +1337,7 @@ impl Replicator {
             creds: Credentials::root(),
             op: Op::ReplicaDigests {
                 set: self.set,
-                stream: self.stream_id,
+                stream: load,
                 chunks: files.iter().map(|(i, x, _)| (*i, *x)).collect(),
             },
             once: None,

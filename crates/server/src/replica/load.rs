@@ -22,9 +22,11 @@ use std::collections::HashSet;
 use std::path::Path;
 
 impl ReplicaCopies {
-    /// A load call of a resync (first_seq 0): a `Reset` (wipe the copy's
-    /// metadata, follow `stream` from its record `applied + 1`) or the
-    /// copy's contents, applied as they come and not numbered.
+    /// A load call of a resync (first_seq 0; `stream` is the load's id): a
+    /// `Reset` (the copy follows its stream from record `applied + 1`
+    /// once loaded; this load is the one under way) or the copy's
+    /// contents, applied as they come and not numbered, refused unless
+    /// they are of the load under way.
     pub(super) async fn load(
         &self,
         set: ServerId,
@@ -38,8 +40,13 @@ impl ReplicaCopies {
                 format!("server {}'s copy of set {set}: resync: {e}", self.me),
             )
         };
-        if let Some(Record::Reset { applied }) = records.first() {
-            let applied = *applied;
+        if let Some(&Record::Reset {
+            applied,
+            stream: follows,
+        }) = records.first()
+        {
+            let load = stream;
+            let stream = follows;
             let (dir, stores, boot) = (copy_dir(&self.root, set), self.stores.clone(), self.boot);
             let (root, me) = (self.root.clone(), self.me);
             let open = slot.take();
@@ -97,6 +104,7 @@ impl ReplicaCopies {
                 applied,
                 partial: true,
                 load_seen: Some(HashSet::new()),
+                load,
                 ..copy
             });
             tracing::info!(
@@ -108,8 +116,12 @@ impl ReplicaCopies {
             return ack(applied);
         }
         let copy = slot.as_mut().expect("opened before");
-        if copy.stream != stream {
-            return Err(failed("contents before the reset".into()));
+        if copy.load == 0 || copy.load != stream {
+            return Err(failed(
+                "contents of a load other than the one under way (one before its reset, or \
+                 an earlier one's arriving late)"
+                    .into(),
+            ));
         }
         // The load ends with a sync: the copy is whole and durable from
         // then on, at the reset's position (the records after it, replayed
@@ -150,6 +162,7 @@ impl ReplicaCopies {
         if ends {
             copy.partial = false;
             copy.load_seen = None;
+            copy.load = 0;
             tracing::info!(
                 "server {}: copy of set {set} loaded; {dropped} chunk files its primary no \
                  longer has dropped",
@@ -160,7 +173,8 @@ impl ReplicaCopies {
     }
 
     /// A resync's question (`Op::ReplicaDigests`): how the copy of `set`,
-    /// being loaded from `stream`, holds each of `chunks`. Each file asked
+    /// being loaded by load `stream` (refused for any other), holds each
+    /// of `chunks`. Each file asked
     /// about is kept at the load's end unless a record drops it, and one
     /// held is synced by the load's closing sync.
     pub(crate) async fn digests(
@@ -186,7 +200,7 @@ impl ReplicaCopies {
         let Some(copy) = slot.as_mut() else {
             return Err(stale());
         };
-        if copy.stream != stream {
+        if copy.load == 0 || copy.load != stream {
             return Err(stale());
         }
         let Some(seen) = copy.load_seen.as_mut() else {
@@ -237,7 +251,9 @@ impl ReplicaCopies {
         let slot = slot.lock_owned().await;
         self.not_promoted(set)?;
         let kv = match slot.as_ref() {
-            Some(copy) if copy.stream == stream && copy.load_seen.is_some() => copy.kv.clone(),
+            Some(copy) if copy.load != 0 && copy.load == stream && copy.load_seen.is_some() => {
+                copy.kv.clone()
+            }
             _ => {
                 return Err(err(
                     ErrorCode::Stale,
