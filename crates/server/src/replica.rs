@@ -683,6 +683,13 @@ mod tests {
         )
     }
 
+    /// The metadata store of the copy of set 0 (opened).
+    async fn store_of_set_0(copies: &ReplicaCopies) -> Arc<dyn KvStore> {
+        let slot = copies.slot(ServerId(0));
+        let copy = slot.lock().await;
+        copy.as_ref().expect("opened").kv.clone()
+    }
+
     fn at(kv: &dyn KvStore) -> (u64, u64) {
         let v = kv.get(keys::META_REPLICA_POSITION).unwrap().unwrap();
         let p = Position::decode(&v).unwrap();
@@ -925,14 +932,7 @@ mod tests {
             ask(&copies, load, Some(b"b"), None, digest(&theirs)).await,
             Ok(false)
         );
-        let kv = copies
-            .slot(ServerId(0))
-            .lock()
-            .await
-            .as_ref()
-            .unwrap()
-            .kv
-            .clone();
+        let kv = store_of_set_0(&copies).await;
         for (k, v) in &held[..2] {
             assert_eq!(kv.get(k).unwrap().as_deref(), Some(*v));
         }
@@ -1024,14 +1024,7 @@ mod tests {
             send(&copies, second, 0, &[kv(b"k", b"late", false)]).await,
             Err(ErrorCode::Io)
         );
-        let store = copies
-            .slot(ServerId(0))
-            .lock()
-            .await
-            .as_ref()
-            .unwrap()
-            .kv
-            .clone();
+        let store = store_of_set_0(&copies).await;
         assert_eq!(store.get(b"k").unwrap().as_deref(), Some(&b"new"[..]));
         assert_eq!(at(store.as_ref()), (5, 4));
         drop(store);
