@@ -286,7 +286,8 @@ impl InodeCheck {
 /// One pass: every inode with links, and every name.
 struct Pass {
     inodes: HashMap<InodeId, (FileKind, u32)>,
-    /// Link drops and renames unfinished, on every server.
+    /// Link drops, renames, directory removals and moves unfinished, on
+    /// every server.
     pending: u64,
     /// Names of each inode that is not a directory.
     names: HashMap<InodeId, Vec<(InodeId, FileName)>>,
@@ -413,18 +414,17 @@ impl Client {
         out.dangling.sort_by(|a, b| a.path.cmp(&b.path));
         let anything =
             !out.wrong.is_empty() || !out.unreached_dirs.is_empty() || !out.dangling.is_empty();
-        let held_back = if repair && anything && out.pending == 0 {
-            self.settle_before_repair().await.err()
-        } else {
-            None
-        };
-        if let Some(Ok(pending)) = held_back {
-            out.pending = pending;
+        let mut unsynced = None;
+        if repair && anything && out.pending == 0 {
+            match self.pending_once_synced().await {
+                Ok(pending) => out.pending = pending,
+                Err(e) => unsynced = Some(e),
+            }
         }
-        if repair && (out.pending > 0 || held_back.is_some()) {
-            let why = Repair::Skipped(match held_back {
-                Some(Err(e)) => format!("syncing every server before the repair: {e}"),
-                _ => format!(
+        if repair && (out.pending > 0 || unsynced.is_some()) {
+            let why = Repair::Skipped(match unsynced {
+                Some(e) => format!("syncing every server before the repair: {e}"),
+                None => format!(
                     "{} link drops, renames or directory removals or moves are still being \
                      finished on the servers; run fsck again once they are done",
                     out.pending
@@ -472,35 +472,28 @@ impl Client {
     }
 
     /// Before a repair: make durable on every server what the two passes
-    /// saw finished, then count again what is pending (Err(Ok(n)) if
-    /// something is; Err(Err(e)) if a server could not be synced). A link
+    /// saw finished, then count again what is pending there. A link
     /// drop's record is removed unsynced once its owner applied it, and
     /// the owner's decrement is unsynced too: a power cut on the owner
     /// undoes the decrement (the leak a repair then sets right), and one
     /// on the sender afterwards would bring the record back, whose drop,
     /// sent again, would take the repaired count one below the names and
     /// free an inode a name still reaches (the simulation, seed 22871).
-    async fn settle_before_repair(&self) -> std::result::Result<(), Result<u64>> {
-        let all: Vec<madfs_types::ServerId> = (0..self.server_count() as u16)
-            .map(madfs_types::ServerId)
-            .collect();
-        self.fsync_answers(&all).await.map_err(Err)?;
+    async fn pending_once_synced(&self) -> Result<u64> {
+        let all = self.all_servers();
+        self.fsync_answers(&all).await?;
         let mut pending = 0u64;
-        for &server in &all {
+        for server in all {
             let op = Op::ListInodes {
                 after: None,
                 max_entries: 1,
             };
-            match self.call(server, op).await {
-                Ok(Reply::InodePage { pending: p, .. }) => pending = pending.saturating_add(p),
-                Ok(other) => return Err(Err(ClientError::unexpected("ListInodes", &other))),
-                Err(e) => return Err(Err(e)),
+            match self.call(server, op).await? {
+                Reply::InodePage { pending: p, .. } => pending = pending.saturating_add(p),
+                other => return Err(ClientError::unexpected("ListInodes", &other)),
             }
         }
-        if pending > 0 {
-            return Err(Ok(pending));
-        }
-        Ok(())
+        Ok(pending)
     }
 
     /// Set the link count of `ino` to `want` on its owner if it is still
@@ -590,8 +583,11 @@ impl Client {
 
     /// Every server's inodes with links, then every name.
     async fn inode_pass(&self) -> Result<Pass> {
-        let servers = (0..self.server_count() as u16).map(madfs_types::ServerId);
-        let lists: Vec<_> = servers.map(|s| self.list_inodes(s)).collect();
+        let lists: Vec<_> = self
+            .all_servers()
+            .into_iter()
+            .map(|s| self.list_inodes(s))
+            .collect();
         let mut inodes = HashMap::new();
         let mut pending = 0u64;
         for (list, p) in try_join_bounded(lists, FANOUT_MAX).await? {

@@ -292,6 +292,13 @@ impl ReplicaCopies {
             ));
         }
         if copy.stream != stream {
+            // A call without records asks only whether the copy is empty
+            // (a server whose data directory is empty probes its replicas
+            // before it serves, replace.rs `copy_elsewhere`): it is, and
+            // nothing is taken.
+            if copy.applied == 0 && first_seq == 1 && records.is_empty() {
+                return ack(0);
+            }
             // An empty copy may follow a new stream from its first record
             // only if that record made the store (a new store's first
             // batch puts its format): a primary that restarted after a
@@ -304,13 +311,6 @@ impl ReplicaCopies {
             let starts_store = matches!(records.first(), Some(Record::Kv { batch, .. })
                 if WriteBatch::decode(batch)
                     .is_some_and(|b| b.keys().any(|k| k == keys::META_FORMAT)));
-            // A call without records asks only whether the copy is empty
-            // (a server whose data directory is empty probes its replicas
-            // before it serves, replace.rs `copy_elsewhere`): it is, and
-            // nothing is taken.
-            if copy.applied == 0 && first_seq == 1 && records.is_empty() {
-                return ack(0);
-            }
             if copy.applied != 0 || first_seq != 1 || !starts_store {
                 return Err(err(
                     ErrorCode::Stale,
