@@ -366,11 +366,12 @@ pub fn fsck(cluster: Option<&Path>, root: &str, repair: bool) -> Result<ExitCode
 
 fn print_inode_check(check: &madfs_client::InodeCheck) {
     for w in &check.wrong {
-        let what = match &w.repair {
-            None => String::new(),
-            Some(Repair::Done) if w.names == 0 => ": freed".to_string(),
-            Some(Repair::Done) => format!(": set to {}", w.names),
-            Some(Repair::Skipped(why)) => format!(": left alone, {why}"),
+        let what = match (&w.repair, &w.adopted_as) {
+            (None, _) => String::new(),
+            (Some(Repair::Done), Some(p)) => format!(": moved to {}", String::from_utf8_lossy(p)),
+            (Some(Repair::Done), None) if w.names == 0 => ": freed".to_string(),
+            (Some(Repair::Done), None) => format!(": set to {}", w.names),
+            (Some(Repair::Skipped(why)), _) => format!(": left alone, {why}"),
         };
         let paths: Vec<_> = w
             .paths
@@ -378,7 +379,10 @@ fn print_inode_check(check: &madfs_client::InodeCheck) {
             .map(|p| String::from_utf8_lossy(p).into_owned())
             .collect();
         let reached = if w.names == 0 {
-            "no name reaches it (leaked)".to_string()
+            match w.size {
+                Some(n) if w.adopts() => format!("no name reaches it (leaked, {n} bytes)"),
+                _ => "no name reaches it (leaked)".to_string(),
+            }
         } else {
             let noun = if w.names == 1 { "name" } else { "names" };
             format!("{} {noun} ({})", w.names, paths.join(", "))
@@ -413,6 +417,24 @@ fn print_inode_check(check: &madfs_client::InodeCheck) {
             d.ino
         );
     }
+    for d in &check.missing_dirs {
+        let what = match (&d.repair, &d.path) {
+            (Some(Repair::Done), Some(p)) => {
+                format!("made again as {}", String::from_utf8_lossy(p))
+            }
+            (Some(Repair::Skipped(why)), _) => format!("left alone, {why}"),
+            _ => "left alone".to_string(),
+        };
+        let named = match &d.named {
+            Some((path, _, _)) => format!("named {}", String::from_utf8_lossy(path)),
+            None => "no name left".to_string(),
+        };
+        println!(
+            "inode {} (directory): does not exist, {} names are in it ({} directories), {named}: \
+             {what}",
+            d.ino, d.names, d.subdirs
+        );
+    }
     if check.pending > 0 {
         println!(
             "{} link drops, renames, or directory removals or moves are still being finished on \
@@ -422,12 +444,14 @@ fn print_inode_check(check: &madfs_client::InodeCheck) {
     }
     println!(
         "{} inodes and {} names checked: {} with a wrong link count, {} directories no name \
-         reaches, {} names without their inode; {} repaired",
+         reaches, {} names without their inode, {} directories gone with names in them; {} \
+         repaired",
         check.inodes,
         check.names,
         check.wrong.len(),
         check.unreached_dirs.len(),
         check.dangling.len(),
+        check.missing_dirs.len(),
         check.repaired()
     );
 }

@@ -3,9 +3,9 @@
 //! inode's owner (the test fault `MADFS_FAULT_LOSE_LINK_DROPS`, as a drop
 //! unanswered for 9 minutes is given up) leaves a count above the names,
 //! or an inode no name reaches, holding its chunks for good. fsck must
-//! name exactly those, `--repair` set the counts to the names and free the
-//! leaked inodes and their chunk files, and leave every live file as it
-//! was. The owner's side (`Op::ListInodes`, `Op::FixFileLinks`) is driven
+//! name exactly those, `--repair` set the counts to the names, give a
+//! leaked inode that holds data a name in /lost+found and free an empty
+//! one, and leave every live file as it was. The owner's side (`Op::ListInodes`, `Op::FixFileLinks`) is driven
 //! with raw requests: root only, a compare-and-set on the count.
 
 mod common;
@@ -67,14 +67,21 @@ async fn fsck_frees_the_inodes_lost_link_drops_leaked_and_sets_counts_to_the_nam
     // Past the inline size: chunk files to purge.
     let big = 100 << 10;
     let mut files = Vec::new();
-    for (i, name) in ["high", "leaked", "linked", "plain"].iter().enumerate() {
+    for (i, name) in ["high", "leaked", "linked", "plain", "void"]
+        .iter()
+        .enumerate()
+    {
         let path = format!("/a/{name}");
-        let data = contents(i as u8, big);
+        let data = if *name == "void" {
+            Vec::new()
+        } else {
+            contents(i as u8, big)
+        };
         c.write_file(path.as_str(), &data).await.unwrap();
         let attr = c.stat(path.as_str()).await.unwrap();
         files.push((path, attr.ino, data));
     }
-    let (high, leaked, linked) = (files[0].1, files[1].1, files[2].1);
+    let (high, leaked, linked, void) = (files[0].1, files[1].1, files[2].1, files[4].1);
     // A second name elsewhere, removed: its drop is lost, the count stays 2.
     let extra = format!("/b/{}", remote_name(b.ino, high.owner(), "h"));
     c.hard_link("/a/high", extra.as_str()).await.unwrap();
@@ -83,6 +90,10 @@ async fn fsck_frees_the_inodes_lost_link_drops_leaked_and_sets_counts_to_the_nam
     let moved = format!("/b/{}", remote_name(b.ino, leaked.owner(), "l"));
     c.rename("/a/leaked", moved.as_str()).await.unwrap();
     c.remove_file(moved.as_str()).await.unwrap();
+    // The same, empty: nothing to keep.
+    let moved_void = format!("/b/{}", remote_name(b.ino, void.owner(), "v"));
+    c.rename("/a/void", moved_void.as_str()).await.unwrap();
+    c.remove_file(moved_void.as_str()).await.unwrap();
     // A healthy second name elsewhere: nothing to report.
     let second = format!("/b/{}", remote_name(b.ino, linked.owner(), "k"));
     c.hard_link("/a/linked", second.as_str()).await.unwrap();
@@ -98,12 +109,13 @@ async fn fsck_frees_the_inodes_lost_link_drops_leaked_and_sets_counts_to_the_nam
         .iter()
         .map(|w| (w.ino, w.nlink, w.names))
         .collect();
-    let mut want = vec![(high, 2, 1), (leaked, 1, 0)];
+    let mut want = vec![(high, 2, 1), (leaked, 1, 0), (void, 1, 0)];
     want.sort();
     assert_eq!(found, want, "{check:?}");
     assert!(check.unreached_dirs.is_empty() && check.dangling.is_empty());
-    // Root, /a, /b and the four files.
-    assert_eq!(check.inodes, 7, "{check:?}");
+    assert!(check.missing_dirs.is_empty(), "{check:?}");
+    // Root, /a, /b and the five files.
+    assert_eq!(check.inodes, 8, "{check:?}");
 
     let out = tc.madfs(["fsck"]);
     let text = String::from_utf8_lossy(&out.stdout);
@@ -116,14 +128,20 @@ async fn fsck_frees_the_inodes_lost_link_drops_leaked_and_sets_counts_to_the_nam
     );
     assert!(
         text.contains(&format!(
-            "inode {leaked} (File): link count 1, no name reaches it (leaked)\n"
+            "inode {leaked} (File): link count 1, no name reaches it (leaked, {big} bytes)\n"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "inode {void} (File): link count 1, no name reaches it (leaked)\n"
         )),
         "{text}"
     );
     assert!(
         text.contains(
-            "2 with a wrong link count, 0 directories no name reaches, 0 names without their \
-             inode; 0 repaired"
+            "3 with a wrong link count, 0 directories no name reaches, 0 names without their \
+             inode, 0 directories gone with names in them; 0 repaired"
         ),
         "{text}"
     );
@@ -136,22 +154,43 @@ async fn fsck_frees_the_inodes_lost_link_drops_leaked_and_sets_counts_to_the_nam
         "{text}"
     );
     assert!(
-        text.contains("no name reaches it (leaked): freed"),
+        text.contains(&format!(
+            "inode {void} (File): link count 1, no name reaches it (leaked): freed"
+        )),
         "{text}"
+    );
+    // `#INO`, with a suffix that puts the name on the inode's server.
+    let moved_to = format!(
+        "inode {leaked} (File): link count 1, no name reaches it (leaked, {big} bytes): moved to "
+    );
+    let adopted = text
+        .lines()
+        .find_map(|l| l.strip_prefix(moved_to.as_str()))
+        .unwrap_or_else(|| panic!("{leaked} not moved:\n{text}"))
+        .to_string();
+    assert!(
+        adopted.starts_with(&format!("/lost+found/#{}", leaked.0)),
+        "{adopted}"
     );
     assert_eq!(fresh().getattr(high).await.unwrap().nlink, 1);
     assert_eq!(
-        fresh().getattr(leaked).await.unwrap_err().code,
+        fresh().getattr(void).await.unwrap_err().code,
         ErrorCode::NotFound
     );
     let deadline = Instant::now() + Duration::from_secs(20);
-    while has_chunk_dir(&tc, leaked) {
-        assert!(Instant::now() < deadline, "the leaked inode's chunks stay");
+    while has_chunk_dir(&tc, void) {
+        assert!(Instant::now() < deadline, "the freed inode's chunks stay");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let kept = fresh().stat(adopted.as_str()).await.unwrap();
+    assert_eq!((kept.ino, kept.nlink, kept.size), (leaked, 1, big as u64));
+    assert_eq!(
+        &fresh().read_file(adopted.as_str()).await.unwrap(),
+        &files[1].2
+    );
     // Every live file as it was.
     for (path, ino, data) in &files {
-        if *ino == leaked {
+        if *ino == leaked || *ino == void {
             continue;
         }
         assert_eq!(
@@ -195,12 +234,16 @@ fn lose_key(tc: &TestCluster, i: usize, key: &[u8]) {
 }
 
 /// What only a lost write leaves (without replicas, a power cut that took
-/// a write of one store and not of another): a directory whose name is
-/// gone, with what is below it, and names whose inodes are gone, a file's
-/// and a directory's. fsck names them; `--repair` gives the directory a
-/// name in /lost+found, where everything below it reads as written, and
-/// removes the names; the counts of the root and of the lost+found come
-/// out right, and a second check is clean.
+/// a write of one store and not of another, or a disk that lost keys): a
+/// directory whose name is gone, with what is below it; names whose
+/// inodes are gone, a file's and a directory's; a file whose name is
+/// gone; and directories whose inode is gone while names are in them, one
+/// with its own name and one without. fsck names them; `--repair` gives
+/// the directory and the file names in /lost+found, where everything
+/// reads as written, removes the names, and makes the lost directories
+/// again, under their own name or in /lost+found, with what is in them;
+/// the counts of the root and of the lost+found come out right, and a
+/// second check is clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fsck_moves_directories_no_name_reaches_to_lost_found_and_removes_names_without_inodes() {
     let mut tc = TestCluster::start(SERVERS);
@@ -216,6 +259,15 @@ async fn fsck_moves_directories_no_name_reaches_to_lost_found_and_removes_names_
     // Empty: what an rmdir leaves if a power cut undoes its owner's drop.
     let empty = c.mkdir("/empty", 0o755).await.unwrap().ino;
     c.write_file("/kept", b"kept").await.unwrap();
+    let gone = c.mkdir("/gone", 0o755).await.unwrap().ino;
+    c.mkdir("/gone/in", 0o755).await.unwrap();
+    c.write_file("/gone/in/h", b"deep").await.unwrap();
+    c.write_file("/gone/f", &inside).await.unwrap();
+    let orphan = c.mkdir("/orphan", 0o755).await.unwrap().ino;
+    c.write_file("/orphan/o", b"orphan's").await.unwrap();
+    let z_data = contents(9, 3000);
+    c.write_file("/z", &z_data).await.unwrap();
+    let z = c.stat("/z").await.unwrap().ino;
     drop(c);
     for (i, status) in tc.stop_all() {
         assert!(status.success(), "server {i}: {status}");
@@ -228,6 +280,10 @@ async fn fsck_moves_directories_no_name_reaches_to_lost_found_and_removes_names_
     lose_key(&tc, holder("empty"), &keys::dentry(root, &name("empty")));
     lose_key(&tc, x.owner().0 as usize, &keys::inode(x));
     lose_key(&tc, y.owner().0 as usize, &keys::inode(y));
+    lose_key(&tc, gone.owner().0 as usize, &keys::inode(gone));
+    lose_key(&tc, orphan.owner().0 as usize, &keys::inode(orphan));
+    lose_key(&tc, holder("orphan"), &keys::dentry(root, &name("orphan")));
+    lose_key(&tc, holder("z"), &keys::dentry(root, &name("z")));
     tc.start_all_again();
     let c = tc.client();
 
@@ -239,11 +295,23 @@ async fn fsck_moves_directories_no_name_reaches_to_lost_found_and_removes_names_
         format!("inode {empty} (directory): no name reaches it, empty: left alone\n"),
         format!("/x: names inode {x}, which does not exist: left alone\n"),
         format!("/y: names inode {y}, which does not exist: left alone\n"),
+        format!("inode {z} (File): link count 1, no name reaches it (leaked, 3000 bytes)\n"),
+        format!(
+            "inode {gone} (directory): does not exist, 2 names are in it (1 directories), \
+             named /gone: left alone\n"
+        ),
+        format!(
+            "inode {orphan} (directory): does not exist, 1 names are in it (0 directories), \
+             no name left: left alone\n"
+        ),
     ] {
         assert!(text.contains(&line), "no {line:?} in:\n{text}");
     }
     assert!(
-        text.contains("2 directories no name reaches, 2 names without their inode; 0 repaired"),
+        text.contains(
+            "1 with a wrong link count, 2 directories no name reaches, 2 names without their \
+             inode, 2 directories gone with names in them; 0 repaired"
+        ),
         "{text}"
     );
 
@@ -261,10 +329,40 @@ async fn fsck_moves_directories_no_name_reaches_to_lost_found_and_removes_names_
         adopted == hash || adopted.starts_with(&format!("{hash}.")),
         "{adopted}"
     );
+    let in_lost_found = |prefix: String, ino: InodeId| {
+        let path = text
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .unwrap_or_else(|| panic!("no {prefix:?} in:\n{text}"))
+            .to_string();
+        let hash = format!("/lost+found/#{}", ino.0);
+        assert!(
+            path == hash || path.starts_with(&format!("{hash}.")),
+            "{path}"
+        );
+        path
+    };
+    let orphan_at = in_lost_found(
+        format!(
+            "inode {orphan} (directory): does not exist, 1 names are in it (0 directories), no \
+             name left: made again as "
+        ),
+        orphan,
+    );
+    let z_at = in_lost_found(
+        format!(
+            "inode {z} (File): link count 1, no name reaches it (leaked, 3000 bytes): moved to "
+        ),
+        z,
+    );
     for line in [
         format!("inode {empty} (directory): no name reaches it, empty: freed\n"),
         format!("/x: names inode {x}, which does not exist: removed\n"),
         format!("/y: names inode {y}, which does not exist: removed\n"),
+        format!(
+            "inode {gone} (directory): does not exist, 2 names are in it (1 directories), \
+             named /gone: made again as /gone\n"
+        ),
     ] {
         assert!(text.contains(&line), "no {line:?} in:\n{text}");
     }
@@ -281,10 +379,31 @@ async fn fsck_moves_directories_no_name_reaches_to_lost_found_and_removes_names_
         .map(|e| e.name.to_string())
         .collect();
     names.sort();
-    assert_eq!(names, ["kept", "lost+found"]);
+    assert_eq!(names, ["gone", "kept", "lost+found"]);
+    // Two directories adopted, one file.
     let lf = fresh.stat("/lost+found").await.unwrap();
-    assert_eq!((lf.perm & 0o7777, lf.nlink), (0o700, 3));
-    assert_eq!(fresh.stat("/").await.unwrap().nlink, 3);
+    assert_eq!((lf.perm & 0o7777, lf.nlink), (0o700, 4));
+    assert_eq!(fresh.stat("/").await.unwrap().nlink, 4);
+    // The lost directories, made again, hold what they held.
+    let remade = fresh.stat("/gone").await.unwrap();
+    assert_eq!(
+        (remade.ino, remade.perm & 0o7777, remade.uid, remade.nlink),
+        (gone, 0o700, 0, 3)
+    );
+    assert_eq!(fresh.read_file("/gone/f").await.unwrap(), inside);
+    assert_eq!(fresh.read_file("/gone/in/h").await.unwrap(), b"deep");
+    let remade = fresh.stat(orphan_at.as_str()).await.unwrap();
+    assert_eq!((remade.ino, remade.nlink), (orphan, 2));
+    assert_eq!(
+        fresh
+            .read_file(format!("{orphan_at}/o").as_str())
+            .await
+            .unwrap(),
+        b"orphan's"
+    );
+    let kept_z = fresh.stat(z_at.as_str()).await.unwrap();
+    assert_eq!((kept_z.ino, kept_z.nlink), (z, 1));
+    assert_eq!(fresh.read_file(z_at.as_str()).await.unwrap(), z_data);
     let moved = fresh.stat(adopted.as_str()).await.unwrap();
     assert_eq!(
         (moved.ino, moved.perm & 0o7777, moved.nlink),
@@ -331,10 +450,11 @@ async fn fsck_moves_directories_no_name_reaches_to_lost_found_and_removes_names_
         gid: 1000,
         groups: Vec::new(),
     };
-    let adopt = |name: &str| Op::AdoptDir {
-        dir: lost,
+    let adopt = |name: &str| Op::Adopt {
+        ino: lost,
         into: lf.ino,
         name: FileName::new(name.as_bytes()).unwrap(),
+        seen: 3,
     };
     let wrong_server = (0..)
         .map(|k| format!("elsewhere{k}"))
@@ -349,6 +469,47 @@ async fn fsck_moves_directories_no_name_reaches_to_lost_found_and_removes_names_
         ask_raw(&tc, owner, Credentials::root(), adopt(&wrong_server)).0,
         ErrorCode::InvalidArgument as u16
     );
+    // A file adopted with a count other than the one seen: EBUSY.
+    let z_name = (0..)
+        .map(|k| format!("again{k}"))
+        .find(|n| dentry_server(lf.ino, &name(n), SERVERS) == z.owner())
+        .unwrap();
+    let adopt_z = Op::Adopt {
+        ino: z,
+        into: lf.ino,
+        name: name(&z_name),
+        seen: 5,
+    };
+    let z_owner = z.owner().0 as usize;
+    assert_eq!(
+        ask_raw(&tc, z_owner, Credentials::root(), adopt_z).0,
+        ErrorCode::Busy as u16
+    );
+    // Making a directory again: root only; an id its owner never handed
+    // out is EINVAL, a file's EEXIST, and one that exists is left as it is.
+    let remake = |dir| Op::RemakeDir {
+        dir,
+        parent: root,
+        nlink: 2,
+    };
+    let unissued = InodeId::new(lost.owner(), 1 << 40);
+    assert_eq!(
+        ask_raw(&tc, owner, Credentials::root(), remake(unissued)).0,
+        ErrorCode::InvalidArgument as u16
+    );
+    assert_eq!(
+        ask_raw(&tc, z_owner, Credentials::root(), remake(z)).0,
+        ErrorCode::Exists as u16
+    );
+    assert_eq!(
+        ask_raw(&tc, owner, creds.clone(), remake(lost)).0,
+        ErrorCode::NotPermitted as u16
+    );
+    match ask_raw(&tc, owner, Credentials::root(), remake(lost)) {
+        // (Its subdirectory moved out above.)
+        (0, Ok(Reply::Attr(a))) => assert_eq!((a.ino, a.nlink), (lost, 2)),
+        other => panic!("remaking a directory that exists: {other:?}"),
+    }
     // Dropping a name whose inode exists, or that names another: EBUSY.
     let kept = fresh.stat("/kept").await.unwrap().ino;
     let drop_name = |ino| Op::DropName {

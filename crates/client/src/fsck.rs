@@ -196,8 +196,22 @@ pub struct WrongInode {
     pub names: u32,
     /// Some of those names, as paths (at most `PATHS_SHOWN`).
     pub paths: Vec<Vec<u8>>,
+    /// One with links and no name: its size, when it has data (a repair
+    /// then gives it a name in /lost+found, as e2fsck does; an empty one
+    /// is freed, as one without links).
+    pub size: Option<u64>,
     /// With `repair`: what became of it.
     pub repair: Option<Repair>,
+    /// Once repaired, if it had data: its path in the lost+found.
+    pub adopted_as: Option<Vec<u8>>,
+}
+
+impl WrongInode {
+    /// A repair gives it a name in /lost+found rather than setting its
+    /// count (and freeing it): no name reaches it, and it holds data.
+    pub fn adopts(&self) -> bool {
+        self.names == 0 && self.nlink > 0 && self.size.is_some_and(|s| s > 0)
+    }
 }
 
 /// Paths shown per inode at most.
@@ -218,8 +232,14 @@ pub struct InodeCheck {
     pub unreached_dirs: Vec<UnreachedDir>,
     /// Names whose inode does not exist, sorted by path; a repair
     /// removes them. (A name is never written before its inode, nor its
-    /// inode freed before it, so only a lost write leaves one.)
+    /// inode freed before it, so only a lost write leaves one.) The name
+    /// of a directory that names are in is not among them: it is kept,
+    /// and the directory made again (`missing_dirs`).
     pub dangling: Vec<DanglingName>,
+    /// Directories names are in whose inode does not exist, sorted by
+    /// inode; a repair makes each again (under its own name if that
+    /// survived, else in /lost+found), and what is in it is reached again.
+    pub missing_dirs: Vec<MissingDir>,
     /// Link drops, renames, directory removals and directory moves the
     /// servers had still to finish: while any are, nothing is repaired
     /// (one landing after a repair would make a count wrong, and a
@@ -255,7 +275,25 @@ pub struct DanglingName {
     pub repair: Option<Repair>,
 }
 
-/// Where a repair puts the directories no name reaches (as e2fsck does).
+/// A directory names are in (on some servers) whose inode does not
+/// exist, found so in two passes: a directory's inode is written, synced,
+/// before any name can go in it, so only a disk that lost keys leaves one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MissingDir {
+    pub ino: InodeId,
+    /// Names found in it.
+    pub names: u64,
+    /// Of them, directories.
+    pub subdirs: u32,
+    /// Its own name, if that survived (the path, and where it is).
+    pub named: Option<(Vec<u8>, InodeId, FileName)>,
+    /// With `repair`: what became of it.
+    pub repair: Option<Repair>,
+    /// Once made again: its path (its own name's, or in the lost+found).
+    pub path: Option<Vec<u8>>,
+}
+
+/// Where a repair puts what no name reaches (as e2fsck does).
 pub const LOST_FOUND: &str = "lost+found";
 
 impl InodeCheck {
@@ -275,11 +313,25 @@ impl InodeCheck {
                 .iter()
                 .filter(|d| d.repair != Some(Repair::Done))
                 .count()
+            + self
+                .missing_dirs
+                .iter()
+                .filter(|d| d.repair != Some(Repair::Done))
+                .count()
     }
 
     /// Repairs done, of every kind.
     pub fn repaired(&self) -> usize {
-        self.wrong.len() + self.unreached_dirs.len() + self.dangling.len() - self.left_wrong()
+        self.wrong.len() + self.unreached_dirs.len() + self.dangling.len() + self.missing_dirs.len()
+            - self.left_wrong()
+    }
+
+    /// Every problem's repair field, for marking them all skipped.
+    fn repairs_mut(&mut self) -> impl Iterator<Item = &mut Option<Repair>> {
+        (self.wrong.iter_mut().map(|w| &mut w.repair))
+            .chain(self.unreached_dirs.iter_mut().map(|d| &mut d.repair))
+            .chain(self.dangling.iter_mut().map(|d| &mut d.repair))
+            .chain(self.missing_dirs.iter_mut().map(|d| &mut d.repair))
     }
 }
 
@@ -293,8 +345,9 @@ struct Pass {
     names: HashMap<InodeId, Vec<(InodeId, FileName)>>,
     /// Directories some name reaches, with their parent and name.
     dirs: HashMap<InodeId, FindDir>,
-    /// Directories with at least one entry.
-    parents: HashSet<InodeId>,
+    /// Directories with at least one entry: how many names are in each,
+    /// and how many of those are directories.
+    children: HashMap<InodeId, (u64, u32)>,
     entries: u64,
 }
 
@@ -340,7 +393,7 @@ impl Client {
                     && !second.dirs.contains_key(&ino)
                     && !first.dirs.contains_key(&ino)
                 {
-                    let has_entries = |p: &Pass| p.parents.contains(&ino);
+                    let has_entries = |p: &Pass| p.children.contains_key(&ino);
                     out.unreached_dirs.push(UnreachedDir {
                         ino,
                         nlink,
@@ -372,7 +425,9 @@ impl Client {
                 nlink,
                 names: u32::try_from(n).unwrap_or(u32::MAX),
                 paths,
+                size: None,
                 repair: None,
+                adopted_as: None,
             });
         }
         for (ino, names) in &second.names {
@@ -392,9 +447,36 @@ impl Client {
                 }
             }
         }
-        // Directories' names whose directory does not exist.
+        // Directories names are in whose inode does not exist.
+        let exists =
+            |ino: &InodeId| first.inodes.contains_key(ino) || second.inodes.contains_key(ino);
+        for (ino, &(names, subdirs)) in &second.children {
+            if exists(ino) || !first.children.contains_key(ino) {
+                continue;
+            }
+            let named = second.dirs.get(ino).and_then(|d| {
+                let same = first
+                    .dirs
+                    .get(ino)
+                    .is_some_and(|f| f.parent == d.parent && f.name == d.name);
+                same.then(|| {
+                    let path = path_of(&second.dirs, d.parent, &d.name);
+                    (path, d.parent, d.name.clone())
+                })
+            });
+            out.missing_dirs.push(MissingDir {
+                ino: *ino,
+                names,
+                subdirs,
+                named,
+                repair: None,
+                path: None,
+            });
+        }
+        // Directories' names whose directory does not exist (and nothing
+        // is in it: one that names are in is made again).
         for (ino, d) in &second.dirs {
-            let gone = !second.inodes.contains_key(ino) && !first.inodes.contains_key(ino);
+            let gone = !exists(ino) && !out.missing_dirs.iter().any(|m| m.ino == *ino);
             let same_before = first
                 .dirs
                 .get(ino)
@@ -412,8 +494,13 @@ impl Client {
         out.wrong.sort_by_key(|w| w.ino);
         out.unreached_dirs.sort_by_key(|d| d.ino);
         out.dangling.sort_by(|a, b| a.path.cmp(&b.path));
-        let anything =
-            !out.wrong.is_empty() || !out.unreached_dirs.is_empty() || !out.dangling.is_empty();
+        out.missing_dirs.sort_by_key(|d| d.ino);
+        // What a leaked inode with links holds decides whether a repair
+        // keeps it: asked of its owner (one gone meanwhile is freed).
+        for w in out.wrong.iter_mut().filter(|w| w.names == 0 && w.nlink > 0) {
+            w.size = self.getattr(w.ino).await.ok().map(|a| a.size);
+        }
+        let anything = out.repairs_mut().next().is_some();
         let mut unsynced = None;
         if repair && anything && out.pending == 0 {
             match self.pending_once_synced().await {
@@ -430,45 +517,98 @@ impl Client {
                     out.pending
                 ),
             });
-            for w in &mut out.wrong {
-                w.repair = Some(why.clone());
-            }
-            for d in &mut out.unreached_dirs {
-                d.repair = Some(why.clone());
-            }
-            for d in &mut out.dangling {
-                d.repair = Some(why.clone());
+            for r in out.repairs_mut() {
+                *r = Some(why.clone());
             }
         } else if repair {
-            for d in &mut out.dangling {
-                d.repair = Some(self.drop_dangling(d).await);
-            }
-            for d in out.unreached_dirs.iter_mut().filter(|d| d.empty) {
-                d.repair = Some(self.fix_links(d.ino, d.nlink, 0).await);
-            }
-            if out.unreached_dirs.iter().any(|d| !d.empty) {
-                match self.lost_found().await {
-                    Ok(lf) => {
-                        for d in out.unreached_dirs.iter_mut().filter(|d| !d.empty) {
-                            (d.repair, d.adopted_as) = match self.adopt_dir(d.ino, lf).await {
-                                Ok(path) => (Some(Repair::Done), Some(path)),
-                                Err(why) => (Some(why), None),
-                            };
-                        }
-                    }
-                    Err(e) => {
-                        let why = Repair::Skipped(format!("/{LOST_FOUND}: {e}"));
-                        for d in out.unreached_dirs.iter_mut().filter(|d| !d.empty) {
-                            d.repair = Some(why.clone());
-                        }
-                    }
-                }
-            }
-            for w in &mut out.wrong {
-                w.repair = Some(self.fix_links(w.ino, w.nlink, w.names).await);
-            }
+            self.repair_namespace(&mut out).await;
         }
         Ok(out)
+    }
+
+    /// The repairs of a check that found no work pending, in an order
+    /// that lets each find what it needs: the root first if it is gone
+    /// (the lost+found is made in it), names without inodes dropped, lost
+    /// directories made again, and then what no name reaches adopted or
+    /// freed, and link counts set.
+    async fn repair_namespace(&self, out: &mut InodeCheck) {
+        let mut lf = None;
+        out.missing_dirs.sort_by_key(|d| d.ino != InodeId::ROOT);
+        for d in &mut out.dangling {
+            d.repair = Some(self.drop_dangling(d).await);
+        }
+        for d in &mut out.missing_dirs {
+            (d.repair, d.path) = match self.remake_dir(d, &mut lf).await {
+                Ok(path) => (Some(Repair::Done), Some(path)),
+                Err(why) => (Some(why), None),
+            };
+        }
+        out.missing_dirs.sort_by_key(|d| d.ino);
+        for d in out.unreached_dirs.iter_mut() {
+            (d.repair, d.adopted_as) = if d.empty {
+                (Some(self.fix_links(d.ino, d.nlink, 0).await), None)
+            } else {
+                match self.adopt(d.ino, 0, &mut lf).await {
+                    Ok(path) => (Some(Repair::Done), Some(path)),
+                    Err(why) => (Some(why), None),
+                }
+            };
+        }
+        for w in &mut out.wrong {
+            (w.repair, w.adopted_as) = if w.adopts() {
+                match self.adopt(w.ino, w.nlink, &mut lf).await {
+                    Ok(path) => (Some(Repair::Done), Some(path)),
+                    Err(why) => (Some(why), None),
+                }
+            } else {
+                (Some(self.fix_links(w.ino, w.nlink, w.names).await), None)
+            };
+        }
+    }
+
+    /// Make lost directory `d` again: under its own name if that
+    /// survived, else in the lost+found (made again with it as its
+    /// parent, then named there). Its path, or why not.
+    async fn remake_dir(
+        &self,
+        d: &MissingDir,
+        lf: &mut Option<std::result::Result<InodeId, String>>,
+    ) -> std::result::Result<Vec<u8>, Repair> {
+        let parent = match &d.named {
+            Some((_, parent, _)) => *parent,
+            None if d.ino == InodeId::ROOT => InodeId::ROOT,
+            None => self.lost_found_once(lf).await?,
+        };
+        let op = Op::RemakeDir {
+            dir: d.ino,
+            parent,
+            nlink: d.subdirs.saturating_add(2),
+        };
+        match self.call(d.ino.owner(), op).await {
+            Ok(Reply::Attr(_)) => self.cache.forget_attr(d.ino),
+            Ok(other) => return Err(Repair::Skipped(format!("unexpected answer {other:?}"))),
+            Err(e) => return Err(Repair::Skipped(e.to_string())),
+        }
+        match &d.named {
+            Some((path, _, _)) => Ok(path.clone()),
+            None if d.ino == InodeId::ROOT => Ok(b"/".to_vec()),
+            None => self.adopt(d.ino, 0, lf).await,
+        }
+    }
+
+    /// The lost+found, made on first need and then remembered (or why
+    /// it could not be).
+    async fn lost_found_once(
+        &self,
+        lf: &mut Option<std::result::Result<InodeId, String>>,
+    ) -> std::result::Result<InodeId, Repair> {
+        if lf.is_none() {
+            *lf = Some(self.lost_found().await.map_err(|e| e.to_string()));
+        }
+        match lf.as_ref().expect("set above") {
+            Ok(ino) => Ok(*ino),
+            Err(e) => Err(Repair::Skipped(format!("/{LOST_FOUND}: {e}"))),
+        }
     }
 
     /// Before a repair: make durable on every server what the two passes
@@ -547,31 +687,39 @@ impl Client {
         }
     }
 
-    /// Give directory `dir` a name in the lost+found `lf`: `#` and its
-    /// inode number, with a suffix that puts the name on the directory's
-    /// own server (the adoption is then one batch there). Its path, or
-    /// why not.
-    async fn adopt_dir(&self, dir: InodeId, lf: InodeId) -> std::result::Result<Vec<u8>, Repair> {
+    /// Give inode `ino`, whose link count was `seen` (a directory's is
+    /// not checked), a name in the lost+found: `#` and its inode number,
+    /// with a suffix that puts the name on the inode's own server (the
+    /// adoption is then one batch there). Its path, or why not.
+    async fn adopt(
+        &self,
+        ino: InodeId,
+        seen: u32,
+        lf: &mut Option<std::result::Result<InodeId, String>>,
+    ) -> std::result::Result<Vec<u8>, Repair> {
+        let lf = self.lost_found_once(lf).await?;
         let name = (0..)
             .map(|k| {
                 let n = if k == 0 {
-                    format!("#{}", dir.0)
+                    format!("#{}", ino.0)
                 } else {
-                    format!("#{}.{k}", dir.0)
+                    format!("#{}.{k}", ino.0)
                 };
                 FileName::new(n.as_bytes()).expect("a short name without a slash")
             })
-            .find(|n| self.dentry_server(lf, n) == dir.owner())
+            .find(|n| self.dentry_server(lf, n) == ino.owner())
             .expect("some suffix lands on every server");
-        let op = Op::AdoptDir {
-            dir,
+        let op = Op::Adopt {
+            ino,
             into: lf,
             name: name.clone(),
+            seen,
         };
-        match self.call(dir.owner(), op).await {
+        match self.call(ino.owner(), op).await {
             Ok(Reply::Created { .. }) => {
                 self.cache.forget_entry(lf, &name);
                 self.cache.forget_attr(lf);
+                self.cache.forget_attr(ino);
                 let mut path = format!("/{LOST_FOUND}/").into_bytes();
                 path.extend_from_slice(name.as_bytes());
                 Ok(path)
@@ -597,25 +745,30 @@ impl Client {
         let scan = self.find_scan(&FindQuery::default()).await?;
         let mut names: HashMap<InodeId, Vec<(InodeId, FileName)>> = HashMap::new();
         let mut entries = 0u64;
-        let mut parents = HashSet::new();
+        let mut children: HashMap<InodeId, (u64, u32)> = HashMap::new();
         for m in scan.entries() {
             entries += 1;
-            parents.insert(m.parent);
             if m.kind != FileKind::Dir {
+                children.entry(m.parent).or_default().0 += 1;
                 names
                     .entry(m.ino)
                     .or_default()
                     .push((m.parent, m.name.clone()));
             }
         }
-        // Subdirectories are entries too (the scan pages them apart).
-        parents.extend(scan.dirs.values().map(|d| d.parent));
+        // Subdirectories counted from the directories the scan found
+        // (every one, whatever the query matched).
+        for d in scan.dirs.values() {
+            let c = children.entry(d.parent).or_default();
+            c.0 += 1;
+            c.1 = c.1.saturating_add(1);
+        }
         Ok(Pass {
             inodes,
             pending,
             names,
             dirs: scan.dirs,
-            parents,
+            children,
             entries,
         })
     }

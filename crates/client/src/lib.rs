@@ -44,7 +44,8 @@ pub use error::{ClientError, Result};
 pub use file::{File, OpenOptions};
 pub use find::{parse_size, parse_type, DuTotals, FindOutput, Found};
 pub use fsck::{
-    DanglingName, InodeCheck, LinkCheck, Repair, UnreachedDir, WrongInode, WrongLinks, LOST_FOUND,
+    DanglingName, InodeCheck, LinkCheck, MissingDir, Repair, UnreachedDir, WrongInode, WrongLinks,
+    LOST_FOUND,
 };
 pub use madfs_proto::find::{glob_match, FindAttrs, FindQuery, SizeCmp, SizeTest};
 pub use path::{normalize, AsFsPath, ParsedPath, PathComponent, SYMLINK_FOLLOW_MAX};

@@ -84,8 +84,9 @@ pub enum Opcode {
     FixDirLinks = 31,
     ListInodes = 32,
     FixFileLinks = 33,
-    AdoptDir = 34,
+    Adopt = 34,
     DropName = 35,
+    RemakeDir = 36,
     // Between servers only (a client connection may not send these).
     Seal = 40,
     AdjustLinks = 41,
@@ -135,8 +136,9 @@ impl Opcode {
             31 => FixDirLinks,
             32 => ListInodes,
             33 => FixFileLinks,
-            34 => AdoptDir,
+            34 => Adopt,
             35 => DropName,
+            36 => RemakeDir,
             40 => Seal,
             41 => AdjustLinks,
             42 => RenameInstall,
@@ -487,13 +489,16 @@ pub enum Op {
         seen: u32,
         want: u32,
     },
-    /// `madfs fsck --repair`: give directory `dir`, which no name reaches,
-    /// the name `name` in `into` (the lost+found). Sent to the owner of
-    /// `dir`, which must hold that name too; root only.
-    AdoptDir {
-        dir: InodeId,
+    /// `madfs fsck --repair`: give inode `ino`, which no name reaches,
+    /// the name `name` in `into` (the lost+found). Anything but a
+    /// directory must still have the link count `seen` the check saw, and
+    /// then has 1. Sent to the owner of `ino`, which must hold that name
+    /// too; root only.
+    Adopt {
+        ino: InodeId,
         into: InodeId,
         name: FileName,
+        seen: u32,
     },
     /// `madfs fsck --repair`: remove `name` in `parent` if it still names
     /// `ino` and `ino` does not exist (a name whose inode a lost write
@@ -502,6 +507,16 @@ pub enum Op {
         parent: InodeId,
         name: FileName,
         ino: InodeId,
+    },
+    /// `madfs fsck --repair`: make directory `dir` again, empty of its
+    /// own, with mode 0700, owner root and link count `nlink` (2 plus
+    /// the subdirectories found in it), as a child of `parent` (ignored
+    /// for the root): names are in it on some servers, and its inode is
+    /// gone. Sent to the owner of `dir`; root only.
+    RemakeDir {
+        dir: InodeId,
+        parent: InodeId,
+        nlink: u32,
     },
     /// One page of this server's whole shard of dentries, in key order,
     /// after `after` (see find.rs): every directory, and every entry that
@@ -976,8 +991,9 @@ impl Op {
             Op::FixDirLinks { .. } => Opcode::FixDirLinks,
             Op::ListInodes { .. } => Opcode::ListInodes,
             Op::FixFileLinks { .. } => Opcode::FixFileLinks,
-            Op::AdoptDir { .. } => Opcode::AdoptDir,
+            Op::Adopt { .. } => Opcode::Adopt,
             Op::DropName { .. } => Opcode::DropName,
+            Op::RemakeDir { .. } => Opcode::RemakeDir,
             Op::Find { .. } => Opcode::Find,
             Op::Seal { .. } => Opcode::Seal,
             Op::AdjustLinks { .. } => Opcode::AdjustLinks,
@@ -1312,15 +1328,26 @@ impl Request {
                 e.u32(*seen);
                 e.u32(*want);
             }
-            Op::AdoptDir { dir, into, name } => {
-                e.ino(*dir);
+            Op::Adopt {
+                ino,
+                into,
+                name,
+                seen,
+            } => {
+                e.ino(*ino);
                 e.ino(*into);
                 e.name(name);
+                e.u32(*seen);
             }
             Op::DropName { parent, name, ino } => {
                 e.ino(*parent);
                 e.name(name);
                 e.ino(*ino);
+            }
+            Op::RemakeDir { dir, parent, nlink } => {
+                e.ino(*dir);
+                e.ino(*parent);
+                e.u32(*nlink);
             }
             Op::Find {
                 query,
@@ -1591,15 +1618,21 @@ impl Request {
                 seen: d.u32()?,
                 want: d.u32()?,
             },
-            Opcode::AdoptDir => Op::AdoptDir {
-                dir: d.ino()?,
+            Opcode::Adopt => Op::Adopt {
+                ino: d.ino()?,
                 into: d.ino()?,
                 name: d.name()?,
+                seen: d.u32()?,
             },
             Opcode::DropName => Op::DropName {
                 parent: d.ino()?,
                 name: d.name()?,
                 ino: d.ino()?,
+            },
+            Opcode::RemakeDir => Op::RemakeDir {
+                dir: d.ino()?,
+                parent: d.ino()?,
+                nlink: d.u32()?,
             },
             Opcode::Find => Op::Find {
                 query: FindQuery::decode(&mut d)?,
@@ -2428,15 +2461,21 @@ mod tests {
                 seen: 3,
                 want: 0,
             },
-            Op::AdoptDir {
-                dir: ino,
+            Op::Adopt {
+                ino,
                 into: InodeId::ROOT,
                 name: name("#7.0"),
+                seen: 2,
             },
             Op::DropName {
                 parent: InodeId::ROOT,
                 name: name("gone"),
                 ino,
+            },
+            Op::RemakeDir {
+                dir: ino,
+                parent: InodeId::ROOT,
+                nlink: 3,
             },
             Op::PurgeChunks { ino },
             Op::InvalidateDir { dir: ino },

@@ -35,6 +35,12 @@ impl Counter {
         })
     }
 
+    /// Whether `id` may have been handed out: below the next id (ids
+    /// skipped at a restart count as handed out).
+    pub fn issued(&self, id: u64) -> bool {
+        id < self.next.load(Ordering::Relaxed)
+    }
+
     /// A fresh id. The mark is written synced: an id must never be handed
     /// out twice, even across a power cut.
     pub fn next(&self, kv: &dyn KvStore) -> Result<u64, KvError> {

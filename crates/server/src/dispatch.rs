@@ -349,8 +349,16 @@ impl Server {
             Op::ListInodes { after, max_entries } => {
                 ok(self.list_inodes(c, after, max_entries).await?)
             }
-            Op::AdoptDir { dir, into, name } => ok(self.adopt_dir(c, dir, into, &name).await?),
+            Op::Adopt {
+                ino,
+                into,
+                name,
+                seen,
+            } => ok(self.adopt(c, ino, into, &name, seen).await?),
             Op::DropName { parent, name, ino } => ok(self.drop_name(c, parent, &name, ino).await?),
+            Op::RemakeDir { dir, parent, nlink } => {
+                ok(self.remake_dir(c, dir, parent, nlink).await?)
+            }
             Op::FixFileLinks { ino, seen, want } => {
                 ok(self.fix_file_links(c, ino, seen, want).await?)
             }

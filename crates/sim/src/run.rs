@@ -152,6 +152,9 @@ pub struct Outcome {
     /// Leaks (counts above the names, inodes no name reaches) set right or
     /// freed by `madfs fsck --repair`'s inode check.
     pub leaks_repaired: usize,
+    /// Of those, leaked files holding data that the repair gave names in
+    /// /lost+found (read back and removed by the run).
+    pub leaks_adopted: usize,
 }
 
 /// A broken invariant, with what is needed to replay it.
@@ -1045,6 +1048,37 @@ impl Sim {
             before.leaked.values().collect::<Vec<_>>()
         ));
         self.out.leaks_repaired += repaired;
+        // Leaked files that hold data are given names in /lost+found,
+        // which the model does not know: the operator reads and removes
+        // them, as after e2fsck. Each must read as its size says.
+        let adopted: Vec<(Vec<u8>, u64)> = check
+            .wrong
+            .iter()
+            .filter_map(|w| Some((w.adopted_as.clone()?, w.size?)))
+            .collect();
+        for (path, size) in &adopted {
+            let p = String::from_utf8_lossy(path).into_owned();
+            let read = fsck.read_file(p.as_str()).await;
+            if read.as_ref().map(|d| d.len() as u64).ok() != Some(*size) {
+                return Err(self.fail(format!(
+                    "{p}, adopted by fsck --repair with {size} bytes, reads {:?}",
+                    read.map(|d| d.len())
+                )));
+            }
+            fsck.remove_file(p.as_str())
+                .await
+                .map_err(|e| self.fail(format!("removing {p}: {e}")))?;
+        }
+        self.out.leaks_adopted += adopted.len();
+        if !adopted.is_empty() {
+            fsck.remove_dir("/lost+found")
+                .await
+                .map_err(|e| self.fail(format!("removing /lost+found: {e}")))?;
+            self.log.push(format!(
+                "fsck --repair: {} leaked files with data moved to /lost+found, read and removed",
+                adopted.len()
+            ));
+        }
         let obs = observe(disks);
         // Empty directories no name reaches (an rmdir's leftover) are
         // freed too; none with entries is left by any crash here (it

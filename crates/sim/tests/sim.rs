@@ -69,7 +69,7 @@ fn simulated_cluster_keeps_its_invariants() {
     let started = std::time::Instant::now();
     let (mut ops, mut failed, mut crashes, mut dropped, mut lost, mut leaks, mut holes) =
         (0, 0, 0, 0, 0, 0, 0);
-    let (mut repaired, mut freed) = (0, 0);
+    let (mut repaired, mut freed, mut adopted) = (0, 0, 0);
     let mut stalled = Vec::new();
     for &seed in &seeds {
         let mut cfg = SimConfig::new(seed, steps);
@@ -85,6 +85,7 @@ fn simulated_cluster_keeps_its_invariants() {
                 holes += o.stale_holes;
                 repaired += o.links_repaired;
                 freed += o.leaks_repaired;
+                adopted += o.leaks_adopted;
                 if o.stalls > 0 {
                     stalled.push(seed);
                 }
@@ -96,7 +97,7 @@ fn simulated_cluster_keeps_its_invariants() {
         "simulation: {} seeds x {steps} steps in {:.1?}: {ops} operations succeeded, {failed} failed, \
          {crashes} crashes ({lost} unsynced batches lost), {dropped} messages lost, \
          {leaks} inodes leaked by a crash or a lost message, {holes} holes showing cut-off bytes, \
-         {repaired} directory link counts a loss left wrong repaired by fsck, {freed} leaks repaired by fsck; seeds with calls stalled for the whole call timeout: {stalled:?}",
+         {repaired} directory link counts a loss left wrong repaired by fsck, {freed} leaks repaired by fsck ({adopted} kept in /lost+found); seeds with calls stalled for the whole call timeout: {stalled:?}",
         seeds.len(),
         started.elapsed()
     );
@@ -272,7 +273,7 @@ fn replicated_cluster_loses_nothing_acknowledged() {
         (0, 0, 0, 0, 0, 0);
     let (mut dropped, mut power_cuts, mut lost, mut voter_moves, mut quick) = (0, 0, 0, 0, 0);
     let mut double = 0;
-    let (mut repaired, mut freed) = (0, 0);
+    let (mut repaired, mut freed, mut adopted) = (0, 0, 0);
     let mut stalled = Vec::new();
     for &seed in &seeds {
         let mut cfg = SimConfig::replicated(seed, steps);
@@ -296,6 +297,7 @@ fn replicated_cluster_loses_nothing_acknowledged() {
                 double += o.double_faults;
                 repaired += o.links_repaired;
                 freed += o.leaks_repaired;
+                adopted += o.leaks_adopted;
                 if o.stalls > 0 {
                     stalled.push(seed);
                 }
@@ -308,7 +310,7 @@ fn replicated_cluster_loses_nothing_acknowledged() {
          {failed} failed, {crashes} servers killed ({power_cuts} by a power cut, {quick} of them \
          back at once, {double} of these with their copy killed too, {lost} unsynced batches lost), {restarts} restarted, {partitions} partitions, {failovers} sets failed \
          over, {voter_moves} voter moves, {dropped} messages lost, {repaired} directory link \
-         counts a loss left wrong and {freed} leaks repaired by fsck; seeds with calls stalled for the whole call \
+         counts a loss left wrong and {freed} leaks repaired by fsck ({adopted} kept in /lost+found); seeds with calls stalled for the whole call \
          timeout: {stalled:?}",
         seeds.len(),
         started.elapsed()

@@ -300,12 +300,13 @@ fn main() {
             ),
         ),
         (
-            "request-adopt-dir",
+            "request-adopt",
             request(
-                Op::AdoptDir {
-                    dir: ino,
+                Op::Adopt {
+                    ino,
                     into: InodeId::ROOT,
                     name: name("#7.1"),
+                    seen: 1,
                 },
                 &[],
             ),
@@ -317,6 +318,17 @@ fn main() {
                     parent: InodeId::ROOT,
                     name: name("gone"),
                     ino,
+                },
+                &[],
+            ),
+        ),
+        (
+            "request-remake-dir",
+            request(
+                Op::RemakeDir {
+                    dir: ino,
+                    parent: InodeId::ROOT,
+                    nlink: 2,
                 },
                 &[],
             ),

@@ -7,10 +7,11 @@
 //! link or unlink since (each changes the count on the owner, under the
 //! same lock) makes it answer EBUSY and change nothing.
 //!
-//! The two repairs of the namespace itself, each one batch on one server:
-//! a directory no name reaches gets one in the lost+found
-//! (`Op::AdoptDir`), and a name whose inode does not exist goes
-//! (`Op::DropName`).
+//! The three repairs of the namespace itself, each one batch on one
+//! server: an inode no name reaches gets one in the lost+found
+//! (`Op::Adopt`), a name whose inode does not exist goes (`Op::DropName`),
+//! and a directory that names are in but whose inode is gone is made
+//! again (`Op::RemakeDir`).
 
 use crate::errors::{err, kv_err};
 use crate::keys;
@@ -238,38 +239,42 @@ impl Server {
         Ok(Reply::Links { nlink: want })
     }
 
-    /// `Op::AdoptDir`: give directory `dir` (owned here), which the check
-    /// found no name reaching in two passes, the name `name` in `into`
-    /// (the lost+found), which must be held here too: the name, the
-    /// directory's parent record and (when `into` is also here) the
-    /// lost+found's count are one batch, synced; a lost+found elsewhere
-    /// has its count and times changed by a touch, as after a mkdir. A
-    /// name already naming `dir` (a retry) is answered as done. The
-    /// client adopts only while no server has a removal, move or rename
-    /// of a directory unfinished (`list_inodes`' pending count): an rmdir
-    /// removes the name first and the directory after, so a directory
-    /// with a removal under way has no name for a while.
-    pub(crate) async fn adopt_dir(
+    /// `Op::Adopt`: give inode `ino` (owned here), which the check found
+    /// no name reaching in two passes, the name `name` in `into` (the
+    /// lost+found), which must be held here too: the name, a directory's
+    /// parent record or a file's link count (then 1), and (when `into` is
+    /// also here) the lost+found's count are one batch, synced; a
+    /// lost+found elsewhere has its count and times changed by a touch,
+    /// as after a mkdir. Anything but a directory must still have the
+    /// count `seen` exactly (a link since is EBUSY, and so is an
+    /// adoption of one that has a name now). A name already naming `ino`
+    /// (a retry) is answered as done. The client adopts only while no
+    /// server has a removal, move or rename unfinished (`list_inodes`'
+    /// pending count): an rmdir removes the name first and the directory
+    /// after, so a directory with a removal under way has no name for a
+    /// while.
+    pub(crate) async fn adopt(
         self: &Arc<Self>,
         c: &Credentials,
-        dir: InodeId,
+        ino: InodeId,
         into: InodeId,
         name: &FileName,
+        seen: u32,
     ) -> Result<Reply, WireError> {
-        root_only(c, "give a directory a new name")?;
-        if !self.holds_dentry(into, name) || dir.owner() != self.id {
+        root_only(c, "give an inode a new name")?;
+        if !self.holds_dentry(into, name) || ino.owner() != self.id {
             return Err(err(
                 ErrorCode::InvalidArgument,
                 format!(
-                    "server {}: adopting directory {dir} as {name} in {into} needs both here",
+                    "server {}: adopting inode {ino} as {name} in {into} needs both here",
                     self.id
                 ),
             ));
         }
-        if dir == into || dir == InodeId::ROOT {
+        if ino == into || ino == InodeId::ROOT {
             return Err(err(
                 ErrorCode::InvalidArgument,
-                format!("directory {dir} cannot be adopted into {into}"),
+                format!("inode {ino} cannot be adopted into {into}"),
             ));
         }
         self.wait_unsealed(into).await?;
@@ -277,23 +282,21 @@ impl Server {
         if lost_found.kind != FileKind::Dir {
             return Err(err(ErrorCode::NotDir, format!("inode {into}")));
         }
-        let changes = DirChanges::one(into, 1);
-        let mut lock_keys = vec![LockKey::Dentry(into, name), LockKey::Inode(dir)];
+        let kind = self.must_inode(ino)?.attr.kind;
+        let changes = DirChanges::one(into, i64::from(kind == FileKind::Dir));
+        let mut lock_keys = vec![LockKey::Dentry(into, name), LockKey::Inode(ino)];
         lock_keys.extend(changes.local_keys(self.id));
         let held = self.lock_unsealed(into, &lock_keys).await?;
-        let inode = self.must_inode(dir)?;
-        if inode.attr.kind != FileKind::Dir {
-            return Err(err(ErrorCode::NotDir, format!("inode {dir}")));
-        }
-        let entry = Entry {
-            ino: dir,
-            kind: FileKind::Dir,
-            attr: Some(inode.attr.clone()),
-        };
+        // (An inode's kind never changes: `changes` holds.)
+        let mut inode = self.must_inode(ino)?;
         match self.load_dentry(into, name)? {
-            Some((FileKind::Dir, ino)) if ino == dir => {
+            Some(named) if named == (kind, ino) => {
                 return Ok(Reply::Created {
-                    entry,
+                    entry: Entry {
+                        ino,
+                        kind,
+                        attr: Some(inode.attr.clone()),
+                    },
                     created: false,
                     touched: Vec::new(),
                     verifier: self.write_verifier(),
@@ -303,18 +306,100 @@ impl Server {
             None => {}
         }
         let mut b = WriteBatch::new();
-        Self::put_dentry(&mut b, into, name, FileKind::Dir, dir);
-        Self::put_dir_parent(&mut b, dir, into);
+        if kind == FileKind::Dir {
+            Self::put_dir_parent(&mut b, ino, into);
+        } else {
+            // One without links is freed, not adopted (nothing counts it
+            // as a name's any more: an unlink's last step was lost).
+            if seen == 0 {
+                return Err(err(
+                    ErrorCode::InvalidArgument,
+                    format!("inode {ino} has no links: it is freed, not adopted"),
+                ));
+            }
+            // Exactly the count seen: one already 1 may have a name since
+            // (a retry of this adoption is answered above, by its name).
+            if inode.attr.nlink != seen {
+                return Err(err(
+                    ErrorCode::Busy,
+                    format!(
+                        "the link count of inode {ino} changed meanwhile ({seen} when checked, \
+                         {} now)",
+                        inode.attr.nlink
+                    ),
+                ));
+            }
+            inode.attr.nlink = 1;
+            b.put(&keys::inode(ino), &inode.encode());
+        }
+        Self::put_dentry(&mut b, into, name, kind, ino);
         let tickets = self.touch_local(&mut b, &changes, Timestamp::now())?;
         self.kv.write(b, true).map_err(kv_err)?;
         drop(held);
         let touched = self.touch_queued(tickets);
         Ok(Reply::Created {
-            entry,
+            entry: Entry {
+                ino,
+                kind,
+                attr: Some(inode.attr),
+            },
             created: true,
             touched,
             verifier: self.write_verifier(),
         })
+    }
+
+    /// `Op::RemakeDir`: make directory `dir` (owned here) again, whose
+    /// inode is gone while names are in it on some servers (a lost write,
+    /// or a disk that lost keys): mode 0700, owner root, link count
+    /// `nlink`, times now, and `parent` as its parent (for a directory
+    /// whose own name survived, that name's directory; else the
+    /// lost+found, where `Op::Adopt` gives it a name next). Synced. Its
+    /// id must be one this server handed out (so no create can get it
+    /// again); one made already (a retry) is answered as done.
+    pub(crate) async fn remake_dir(
+        self: &Arc<Self>,
+        c: &Credentials,
+        dir: InodeId,
+        parent: InodeId,
+        nlink: u32,
+    ) -> Result<Reply, WireError> {
+        root_only(c, "make a lost directory again")?;
+        if dir.owner() != self.id
+            || !(dir == InodeId::ROOT || self.inode_counter.issued(dir.counter()))
+            || nlink < 2
+            || (dir == parent && dir != InodeId::ROOT)
+        {
+            return Err(err(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "server {}: directory {dir} with {nlink} links in {parent} cannot be made \
+                     again here",
+                    self.id
+                ),
+            ));
+        }
+        let _g = self.locks.lock(&[LockKey::Inode(dir)]).await?;
+        if let Some(inode) = self.load_inode(dir)? {
+            if inode.attr.kind != FileKind::Dir {
+                return Err(err(
+                    ErrorCode::Exists,
+                    format!("inode {dir} exists and is not a directory"),
+                ));
+            }
+            return Ok(Reply::Attr(inode.attr));
+        }
+        let mut inode = crate::inode::Inode::new(dir, FileKind::Dir, 0o700, 0, 0, Vec::new());
+        inode.attr.nlink = nlink;
+        let mut b = WriteBatch::new();
+        b.put(&keys::inode(dir), &inode.encode());
+        if dir != InodeId::ROOT {
+            Self::put_dir_parent(&mut b, dir, parent);
+        }
+        self.kv.write(b, true).map_err(kv_err)?;
+        self.inode_count
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(Reply::Attr(inode.attr))
     }
 
     /// `Op::DropName`: remove `name` in `parent` (held here) if it still
