@@ -943,13 +943,27 @@ impl Replicator {
                 if me.resync(&server, i, generation, from, replica).await {
                     return;
                 }
-                let overtaken = me.lock().replicas[i].generation != generation;
-                if overtaken {
-                    return;
-                }
-                if attempt == RESYNC_ATTEMPTS {
-                    // Given up: no progress to show (the replica stays out).
-                    me.lock().replicas[i].rebuild = None;
+                // Over when overtaken by a newer catch-up, and given up
+                // when it left the set meanwhile (the group agreed): the
+                // records kept for it from `from` are gone, so another
+                // attempt would load the whole copy and fail at once; the
+                // group's next map lists it as catching up again once it
+                // asks, and that starts a new catch-up.
+                let over = {
+                    let mut st = me.lock();
+                    let r = &mut st.replicas[i];
+                    if r.generation != generation {
+                        true
+                    } else if r.out.is_some() || attempt == RESYNC_ATTEMPTS {
+                        // Given up: no progress to show (the replica stays
+                        // out).
+                        r.rebuild = None;
+                        true
+                    } else {
+                        false
+                    }
+                };
+                if over {
                     return;
                 }
                 tokio::time::sleep(RESYNC_PAUSE).await;
