@@ -259,10 +259,40 @@ async fn fsck_moves_directories_no_name_reaches_to_lost_found_and_removes_names_
     // Empty: what an rmdir leaves if a power cut undoes its owner's drop.
     let empty = c.mkdir("/empty", 0o755).await.unwrap().ino;
     c.write_file("/kept", b"kept").await.unwrap();
-    let gone = c.mkdir("/gone", 0o755).await.unwrap().ino;
-    c.mkdir("/gone/in", 0o755).await.unwrap();
-    c.write_file("/gone/in/h", b"deep").await.unwrap();
-    c.write_file("/gone/f", &inside).await.unwrap();
+    // A directory on a server other than 0, and one in it whose inode
+    // sorts before its own (a lower server): the repair meets the inner
+    // one first, whose name is in a directory not made yet.
+    let top = (0..)
+        .map(|k| format!("gone{k}"))
+        .find(|n| {
+            dentry_server(
+                InodeId::ROOT,
+                &FileName::new(n.as_bytes()).unwrap(),
+                SERVERS,
+            )
+            .0 > 0
+        })
+        .unwrap();
+    let gone = c
+        .mkdir(format!("/{top}").as_str(), 0o755)
+        .await
+        .unwrap()
+        .ino;
+    let inner = (0..)
+        .map(|k| format!("in{k}"))
+        .find(|n| {
+            dentry_server(gone, &FileName::new(n.as_bytes()).unwrap(), SERVERS) < gone.owner()
+        })
+        .unwrap();
+    let (top_path, in_path) = (format!("/{top}"), format!("/{top}/{inner}"));
+    let gone_in = c.mkdir(in_path.as_str(), 0o755).await.unwrap().ino;
+    assert!(gone_in < gone);
+    c.write_file(format!("{in_path}/h").as_str(), b"deep")
+        .await
+        .unwrap();
+    c.write_file(format!("{top_path}/f").as_str(), &inside)
+        .await
+        .unwrap();
     let orphan = c.mkdir("/orphan", 0o755).await.unwrap().ino;
     c.write_file("/orphan/o", b"orphan's").await.unwrap();
     let z_data = contents(9, 3000);
@@ -281,6 +311,8 @@ async fn fsck_moves_directories_no_name_reaches_to_lost_found_and_removes_names_
     lose_key(&tc, x.owner().0 as usize, &keys::inode(x));
     lose_key(&tc, y.owner().0 as usize, &keys::inode(y));
     lose_key(&tc, gone.owner().0 as usize, &keys::inode(gone));
+    // One inside it too: made again only once /gone is.
+    lose_key(&tc, gone_in.owner().0 as usize, &keys::inode(gone_in));
     lose_key(&tc, orphan.owner().0 as usize, &keys::inode(orphan));
     lose_key(&tc, holder("orphan"), &keys::dentry(root, &name("orphan")));
     lose_key(&tc, holder("z"), &keys::dentry(root, &name("z")));
@@ -298,11 +330,15 @@ async fn fsck_moves_directories_no_name_reaches_to_lost_found_and_removes_names_
         format!("inode {z} (File): link count 1, no name reaches it (leaked, 3000 bytes)\n"),
         format!(
             "inode {gone} (directory): does not exist, 2 names are in it (1 directories), \
-             named /gone: left alone\n"
+             named {top_path}: left alone\n"
         ),
         format!(
             "inode {orphan} (directory): does not exist, 1 names are in it (0 directories), \
              no name left: left alone\n"
+        ),
+        format!(
+            "inode {gone_in} (directory): does not exist, 1 names are in it (0 directories), \
+             named {in_path}: left alone\n"
         ),
     ] {
         assert!(text.contains(&line), "no {line:?} in:\n{text}");
@@ -310,7 +346,7 @@ async fn fsck_moves_directories_no_name_reaches_to_lost_found_and_removes_names_
     assert!(
         text.contains(
             "1 with a wrong link count, 2 directories no name reaches, 2 names without their \
-             inode, 2 directories gone with names in them; 0 repaired"
+             inode, 3 directories gone with names in them; 0 repaired"
         ),
         "{text}"
     );
@@ -361,7 +397,11 @@ async fn fsck_moves_directories_no_name_reaches_to_lost_found_and_removes_names_
         format!("/y: names inode {y}, which does not exist: removed\n"),
         format!(
             "inode {gone} (directory): does not exist, 2 names are in it (1 directories), \
-             named /gone: made again as /gone\n"
+             named {top_path}: made again as {top_path}\n"
+        ),
+        format!(
+            "inode {gone_in} (directory): does not exist, 1 names are in it (0 directories), \
+             named {in_path}: made again as {in_path}\n"
         ),
     ] {
         assert!(text.contains(&line), "no {line:?} in:\n{text}");
@@ -379,19 +419,28 @@ async fn fsck_moves_directories_no_name_reaches_to_lost_found_and_removes_names_
         .map(|e| e.name.to_string())
         .collect();
     names.sort();
-    assert_eq!(names, ["gone", "kept", "lost+found"]);
+    assert_eq!(names, [top.as_str(), "kept", "lost+found"]);
     // Two directories adopted, one file.
     let lf = fresh.stat("/lost+found").await.unwrap();
     assert_eq!((lf.perm & 0o7777, lf.nlink), (0o700, 4));
     assert_eq!(fresh.stat("/").await.unwrap().nlink, 4);
     // The lost directories, made again, hold what they held.
-    let remade = fresh.stat("/gone").await.unwrap();
+    let remade = fresh.stat(top_path.as_str()).await.unwrap();
     assert_eq!(
         (remade.ino, remade.perm & 0o7777, remade.uid, remade.nlink),
         (gone, 0o700, 0, 3)
     );
-    assert_eq!(fresh.read_file("/gone/f").await.unwrap(), inside);
-    assert_eq!(fresh.read_file("/gone/in/h").await.unwrap(), b"deep");
+    let read = |p: String| {
+        let fresh = fresh.clone();
+        async move { fresh.read_file(p.as_str()).await.unwrap() }
+    };
+    assert_eq!(read(format!("{top_path}/f")).await, inside);
+    assert_eq!(read(format!("{in_path}/h")).await, b"deep");
+    let remade = fresh.stat(in_path.as_str()).await.unwrap();
+    assert_eq!(
+        (remade.ino, remade.perm & 0o7777, remade.nlink),
+        (gone_in, 0o700, 2)
+    );
     let remade = fresh.stat(orphan_at.as_str()).await.unwrap();
     assert_eq!((remade.ino, remade.nlink), (orphan, 2));
     assert_eq!(

@@ -537,11 +537,28 @@ impl Client {
         for d in &mut out.dangling {
             d.repair = Some(self.drop_dangling(d).await);
         }
-        for d in &mut out.missing_dirs {
-            (d.repair, d.path) = match self.remake_dir(d, &mut lf).await {
-                Ok(path) => (Some(Repair::Done), Some(path)),
-                Err(why) => (Some(why), None),
-            };
+        // In rounds: a lost directory whose surviving name is in another
+        // lost directory is made once that one is.
+        loop {
+            let mut made = 0;
+            for d in out.missing_dirs.iter_mut() {
+                if d.repair == Some(Repair::Done) {
+                    continue;
+                }
+                (d.repair, d.path) = match self.remake_dir(d, &mut lf).await {
+                    Ok(path) => (Some(Repair::Done), Some(path)),
+                    Err(why) => (Some(why), None),
+                };
+                made += usize::from(d.repair == Some(Repair::Done));
+            }
+            if made == 0
+                || out
+                    .missing_dirs
+                    .iter()
+                    .all(|d| d.repair == Some(Repair::Done))
+            {
+                break;
+            }
         }
         out.missing_dirs.sort_by_key(|d| d.ino);
         for d in out.unreached_dirs.iter_mut() {

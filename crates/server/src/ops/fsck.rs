@@ -356,7 +356,8 @@ impl Server {
     /// whose own name survived, that name's directory; else the
     /// lost+found, where `Op::Adopt` gives it a name next). Synced. Its
     /// id must be one this server handed out (so no create can get it
-    /// again); one made already (a retry) is answered as done.
+    /// again), and `parent` a directory; one made already (a retry) is
+    /// answered as done.
     pub(crate) async fn remake_dir(
         self: &Arc<Self>,
         c: &Credentials,
@@ -378,6 +379,12 @@ impl Server {
                     self.id
                 ),
             ));
+        }
+        // The parent must be a directory that exists (its name's
+        // directory, or the lost+found): nothing else may be recorded as
+        // a directory's parent, which renames walk.
+        if dir != InodeId::ROOT && self.dir_owner(parent).await?.kind != FileKind::Dir {
+            return Err(err(ErrorCode::NotDir, format!("inode {parent}")));
         }
         let _g = self.locks.lock(&[LockKey::Inode(dir)]).await?;
         if let Some(inode) = self.load_inode(dir)? {
