@@ -317,18 +317,10 @@ impl Server {
                     format!("inode {ino} has no links: it is freed, not adopted"),
                 ));
             }
-            // Exactly the count seen: one already 1 may have a name since
-            // (a retry of this adoption is answered above, by its name).
-            if inode.attr.nlink != seen {
-                return Err(err(
-                    ErrorCode::Busy,
-                    format!(
-                        "the link count of inode {ino} changed meanwhile ({seen} when checked, \
-                         {} now)",
-                        inode.attr.nlink
-                    ),
-                ));
-            }
+            // Exactly the count seen (`want` = `seen`): one already 1 may
+            // have a name since (a retry of this adoption is answered
+            // above, by its name).
+            as_checked(&format!("inode {ino}"), inode.attr.nlink, seen, seen)?;
             inode.attr.nlink = 1;
             b.put(&keys::inode(ino), &inode.encode());
         }
