@@ -1,7 +1,7 @@
 //! What a resync needs of a chunk store beyond reads and writes: a digest
 //! of one chunk file (so a copy that already holds a file as its primary
 //! does is not sent it again), and, on a copy only, the removal of one
-//! chunk file and the fsync of one it keeps (replication.rs `load`).
+//! chunk file and the fsync of one it keeps (replication/resync.rs `load`).
 
 use super::ChunkStore;
 use madfs_proto::message::ChunkDigest;

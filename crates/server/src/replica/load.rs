@@ -1,4 +1,4 @@
-//! A resync's load, the replica's side (replication.rs `load` is the
+//! A resync's load, the replica's side (replication/resync.rs `load` is the
 //! primary's): the reset that starts it, the questions the primary
 //! compares metadata ranges and chunk files by, and the load's records.
 //! The copy's keys and chunk files survive the reset: the primary asks
