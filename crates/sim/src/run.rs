@@ -1051,19 +1051,48 @@ impl Sim {
         // Leaked files that hold data are given names in /lost+found,
         // which the model does not know: the operator reads and removes
         // them, as after e2fsck. Each must read as its size says.
-        let adopted: Vec<(Vec<u8>, u64)> = check
+        let adopted: Vec<(InodeId, Vec<u8>, u64)> = check
             .wrong
             .iter()
-            .filter_map(|w| Some((w.adopted_as.clone()?, w.size?)))
+            .filter_map(|w| Some((w.ino, w.adopted_as.clone()?, w.size?)))
             .collect();
-        for (path, size) in &adopted {
+        for (ino, path, size) in &adopted {
             let p = String::from_utf8_lossy(path).into_owned();
             let read = fsck.read_file(p.as_str()).await;
-            if read.as_ref().map(|d| d.len() as u64).ok() != Some(*size) {
-                return Err(self.fail(format!(
-                    "{p}, adopted by fsck --repair with {size} bytes, reads {:?}",
-                    read.map(|d| d.len())
-                )));
+            let data = match read {
+                Ok(d) if d.len() as u64 == *size => d,
+                other => {
+                    return Err(self.fail(format!(
+                        "{p}, adopted by fsck --repair with {size} bytes, reads {:?}",
+                        other.map(|d| d.len())
+                    )))
+                }
+            };
+            // A file fsynced whose name a crash then lost (its name was
+            // not synced: fsync(2) of a file promises its data and
+            // inode, not the directory entry; seed 60247): what the
+            // fsync promised is what /lost+found holds. Removed by the
+            // operator below, it promises nothing more.
+            if let Some(want) = self.fsynced.remove(ino) {
+                if data != want {
+                    return Err(self.fail(format!(
+                        "{p}: inode {ino} was fsynced with {} ({} bytes), adopted with {} \
+                         ({} bytes)",
+                        digest(&want),
+                        want.len(),
+                        digest(&data),
+                        data.len()
+                    )));
+                }
+            }
+            if let Some((offset, want)) = self.fsynced_writes.remove(ino) {
+                if data.get(offset..offset + want.len()) != Some(&want[..]) {
+                    return Err(self.fail(format!(
+                        "{p}: inode {ino}'s fsynced write of {} bytes at {offset} is not \
+                         there once adopted",
+                        want.len()
+                    )));
+                }
             }
             fsck.remove_file(p.as_str())
                 .await
