@@ -25,14 +25,23 @@ pub enum KvError {
     Open(String),
     /// A read or write on an open store failed.
     Io(String),
+    /// A layer above the store refused a write before anything reached
+    /// the disk (a server's store of a set that moved away): nothing was
+    /// lost, so nothing is poisoned for it.
+    Refused(String),
 }
 
 impl KvError {
     /// Whether the store failed because its disk is full (so callers can
     /// answer ENOSPC instead of EIO).
     pub fn is_no_space(&self) -> bool {
-        let (KvError::Open(m) | KvError::Io(m)) = self;
+        let (KvError::Open(m) | KvError::Io(m) | KvError::Refused(m)) = self;
         m.contains("No space left on device")
+    }
+
+    /// Whether the write was refused before it reached the store.
+    pub fn is_refused(&self) -> bool {
+        matches!(self, KvError::Refused(_))
     }
 }
 
@@ -41,6 +50,7 @@ impl fmt::Display for KvError {
         match self {
             KvError::Open(msg) => write!(f, "kv store open failed: {msg}"),
             KvError::Io(msg) => write!(f, "kv store I/O error: {msg}"),
+            KvError::Refused(msg) => write!(f, "kv store write refused: {msg}"),
         }
     }
 }

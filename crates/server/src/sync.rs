@@ -87,7 +87,11 @@ impl SyncCoalescer {
                         .map_err(|e| format!("syncing chunk files: {e}"))
                         .and_then(|()| {
                             kv.sync_wal().map_err(|e| {
-                                chunks.poison(&format!("syncing the metadata log failed: {e}"));
+                                // A store of a set that moved away refuses
+                                // before syncing: nothing was lost.
+                                if !e.is_refused() {
+                                    chunks.poison(&format!("syncing the metadata log failed: {e}"));
+                                }
                                 format!("syncing metadata log: {e}")
                             })
                         });
@@ -170,8 +174,9 @@ impl KvStore for PoisonGuard {
         self.check()?;
         let r = self.inner.write(batch, sync);
         if let Err(e) = &r {
-            // A full disk is not a lost write: RocksDB recovers from it.
-            if sync && !e.is_no_space() {
+            // A full disk is not a lost write: RocksDB recovers from it;
+            // nor is a write refused before it reached the store.
+            if sync && !e.is_no_space() && !e.is_refused() {
                 self.chunks
                     .poison(&format!("a synced write to the metadata store failed: {e}"));
             }
@@ -191,8 +196,10 @@ impl KvStore for PoisonGuard {
     fn sync_wal(&self) -> madfs_kv::Result<()> {
         self.check()?;
         self.inner.sync_wal().inspect_err(|e| {
-            self.chunks
-                .poison(&format!("syncing the metadata log failed: {e}"))
+            if !e.is_refused() {
+                self.chunks
+                    .poison(&format!("syncing the metadata log failed: {e}"))
+            }
         })
     }
 

@@ -638,4 +638,18 @@ fn replicated_seeds_that_once_failed_pass() {
             panic!("seed {seed} (once: {what}; server dir_moves.rs) fails again:\n{f}");
         }
     }
+    // Found with 4 servers and the defaults of 2026-11-29.
+    let (seed, steps) = (8093, 27);
+    let cfg = SimConfig {
+        servers: 4,
+        ..SimConfig::replicated(seed, steps)
+    };
+    if let Err(f) = run(&cfg) {
+        panic!(
+            "seed {seed} (once: a mkdir on a store deposed mid-way wrote its name after the \
+             store had become the set's copy again and a resync's load had compared it; a \
+             later failover to that copy brought the name back under a removed directory; \
+             server replication.rs `retire`) fails again:\n{f}"
+        );
+    }
 }
