@@ -87,11 +87,7 @@ impl SyncCoalescer {
                         .map_err(|e| format!("syncing chunk files: {e}"))
                         .and_then(|()| {
                             kv.sync_wal().map_err(|e| {
-                                // A store of a set that moved away refuses
-                                // before syncing: nothing was lost.
-                                if !e.is_refused() {
-                                    chunks.poison(&format!("syncing the metadata log failed: {e}"));
-                                }
+                                poison_after_log_sync(&chunks, &e);
                                 format!("syncing metadata log: {e}")
                             })
                         });
@@ -165,6 +161,15 @@ impl PoisonGuard {
     }
 }
 
+/// Poison `chunks` after the metadata log's sync failed with `e`, unless
+/// the sync was refused before it reached the store (a server's store of
+/// a set that moved away): then nothing was lost.
+fn poison_after_log_sync(chunks: &ChunkStore, e: &KvError) {
+    if !e.is_refused() {
+        chunks.poison(&format!("syncing the metadata log failed: {e}"));
+    }
+}
+
 impl KvStore for PoisonGuard {
     fn get(&self, key: &[u8]) -> madfs_kv::Result<Option<Vec<u8>>> {
         self.inner.get(key)
@@ -195,12 +200,9 @@ impl KvStore for PoisonGuard {
 
     fn sync_wal(&self) -> madfs_kv::Result<()> {
         self.check()?;
-        self.inner.sync_wal().inspect_err(|e| {
-            if !e.is_refused() {
-                self.chunks
-                    .poison(&format!("syncing the metadata log failed: {e}"))
-            }
-        })
+        self.inner
+            .sync_wal()
+            .inspect_err(|e| poison_after_log_sync(&self.chunks, e))
     }
 
     fn scan_visit(
