@@ -551,12 +551,9 @@ impl Client {
                 };
                 made += usize::from(d.repair == Some(Repair::Done));
             }
-            if made == 0
-                || out
-                    .missing_dirs
-                    .iter()
-                    .all(|d| d.repair == Some(Repair::Done))
-            {
+            // Done when a round makes nothing (every one made, or the
+            // rest cannot be).
+            if made == 0 {
                 break;
             }
         }
