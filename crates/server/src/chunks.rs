@@ -446,6 +446,13 @@ impl ChunkStore {
         self.fresh_buffers.load(Ordering::Relaxed)
     }
 
+    /// With a mirror, its leave to change the chunks (`ChunkMirror::admit`):
+    /// a deposed primary's store, which becomes this server's copy of the
+    /// set again, takes no change that its new primary never recorded.
+    fn admit(&self) -> io::Result<Option<std::sync::RwLockReadGuard<'_, ()>>> {
+        self.mirror.get().map(|m| m.admit()).transpose()
+    }
+
     /// `data`, also as `shared` when the caller shares it.
     fn write_inner(
         &self,
@@ -457,6 +464,7 @@ impl ChunkStore {
         chunk_size: u64,
     ) -> io::Result<()> {
         self.check_poisoned()?;
+        let _admitted = self.admit()?;
         // With replicas, racing writes are recorded in the order the disk
         // applied them (write_order.rs).
         let _turn = self.mirror.get().map(|_| self.order.write(ino, index));
@@ -643,6 +651,7 @@ impl ChunkStore {
     /// Drop this server's data of `ino` at and beyond byte `size` of the file.
     pub fn truncate(&self, ino: InodeId, size: u64, chunk_size: u64) -> io::Result<()> {
         self.check_poisoned()?;
+        let _admitted = self.admit()?;
         let _turn = self.mirror.get().map(|_| self.order.whole(ino));
         let _ticket = self.cache.begin_truncate(ino, size, chunk_size);
         let Some(files) = self.chunk_files(ino)? else {
@@ -683,6 +692,7 @@ impl ChunkStore {
     /// Remove every chunk of `ino` held here.
     pub fn purge(&self, ino: InodeId) -> io::Result<()> {
         self.check_poisoned()?;
+        let _admitted = self.admit()?;
         let _turn = self.mirror.get().map(|_| self.order.whole(ino));
         let _ticket = self.cache.begin_purge(ino);
         let dir = self.inode_dir(ino);
@@ -869,6 +879,36 @@ fn du(path: &Path) -> io::Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A deposed primary's chunk store (its set moved to another server)
+    /// changes nothing more, and says why: a write still running there
+    /// would land in what becomes this server's copy of the set, unknown
+    /// to the set's new primary (the metadata twin: seed 8093).
+    #[test]
+    fn a_deposed_store_takes_no_chunk_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = ChunkStore::open(dir.path().join("chunks")).unwrap();
+        let stream = Arc::new(crate::replication::Replicator::new(
+            madfs_types::ServerId(0),
+            &[madfs_types::ServerId(1)],
+        ));
+        s.set_mirror(stream.clone());
+        let (ino, cs) = (InodeId(7), 100);
+        s.write(ino, ChunkIndex(0), 0, b"kept", cs).unwrap();
+        let seq = stream.last_seq();
+        stream.retire();
+        let refused = s.write(ino, ChunkIndex(1), 0, b"late", cs).unwrap_err();
+        assert!(
+            refused.to_string().contains("moved to another server"),
+            "{refused}"
+        );
+        assert!(s.truncate(ino, 2, cs).is_err());
+        assert!(s.purge(ino).is_err());
+        assert_eq!(s.extent(ino, ChunkIndex(0), ChunkIndex(9), cs).unwrap(), 4);
+        assert_eq!(s.read(ino, ChunkIndex(0), 0, 4).unwrap(), b"kept");
+        assert_eq!(stream.last_seq(), seq, "nothing more recorded");
+        assert!(s.poisoned().is_none(), "a refusal is no lost write");
+    }
 
     #[test]
     fn extent_is_the_end_of_the_highest_chunk_with_data_in_the_range() {

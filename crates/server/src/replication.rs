@@ -102,6 +102,10 @@ pub fn stats() -> &'static ReplicationStats {
 
 /// Where a chunk store reports its changes (the primary's `Replicator`).
 pub trait ChunkMirror: Send + Sync {
+    /// Leave to change the chunks until the guard drops, taken before a
+    /// change touches the disk and held until it is reported; refused
+    /// once the set moved away from this store (`Replicator::retire`).
+    fn admit(&self) -> std::io::Result<std::sync::RwLockReadGuard<'_, ()>>;
     fn wrote(
         &self,
         ino: InodeId,
@@ -318,7 +322,7 @@ impl Replicator {
     /// the set moved away (`retire`).
     fn writing(&self) -> madfs_kv::Result<std::sync::RwLockReadGuard<'_, ()>> {
         let guard = self.writes.read().unwrap_or_else(|e| e.into_inner());
-        if self.is_retired() {
+        if self.retired() {
             return Err(madfs_kv::KvError::Refused(format!(
                 "set {} moved to another server: this server's store of it takes no more writes",
                 self.set
@@ -329,16 +333,12 @@ impl Replicator {
 
     /// Whether the set moved away from this store (`retire`).
     pub(crate) fn retired(&self) -> bool {
-        self.is_retired()
-    }
-
-    fn is_retired(&self) -> bool {
         self.retired.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Whether replica `i` may leave the set now (after `why`).
     async fn may_leave(&self, i: usize, why: &str) -> bool {
-        if self.is_retired() {
+        if self.retired() {
             return false;
         }
         let server = self.lock().replicas[i].server;
@@ -699,6 +699,10 @@ pub(crate) fn random_stream_id() -> u64 {
 }
 
 impl ChunkMirror for Replicator {
+    fn admit(&self) -> std::io::Result<std::sync::RwLockReadGuard<'_, ()>> {
+        self.writing().map_err(std::io::Error::other)
+    }
+
     fn wrote(
         &self,
         ino: InodeId,

@@ -1,6 +1,6 @@
 //! Reads and writes of chunk data, and the sizes writes grow.
 
-use crate::errors::{err, io_err, kv_err, OpResult};
+use crate::errors::{chunk_write_err, err, io_err, kv_err, OpResult};
 use crate::keys;
 use crate::locks::LockKey;
 use crate::replication::SharedBytes;
@@ -35,7 +35,7 @@ impl Server {
         } else {
             blocking(move || chunks.write_shared(ino, chunk, offset as u64, &data, cs)).await
         }
-        .map_err(io_err)
+        .map_err(chunk_write_err)
     }
 
     pub(crate) async fn read(

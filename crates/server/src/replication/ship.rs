@@ -44,7 +44,7 @@ impl Replicator {
         let mut failures = 0u32;
         loop {
             let changed = self.changed.notified();
-            if self.lock().replicas[i].generation != generation || self.is_retired() {
+            if self.lock().replicas[i].generation != generation || self.retired() {
                 return;
             }
             let Some((first_seq, batch)) = self.next_batch(i) else {
