@@ -903,6 +903,83 @@ fn a_voter_lost_for_good_moves_to_a_live_server_and_the_group_survives_the_next_
     rt.block_on(read_back(&c, &files));
 }
 
+/// A voter whose place moved while it was away comes back with a Raft node
+/// the group no longer counts. When the next voter is lost for good and it
+/// is the only server that is no voter, it leaves that node behind and
+/// takes the place as a new one (it declined before, and the group stayed
+/// at two voters, one loss from stopping every failover).
+#[test]
+fn a_voter_whose_place_moved_takes_the_next_lost_voters_place() {
+    // 4 servers: voters 0, 1 and 2; server 3 the only other.
+    let mut tc = TestCluster::start_with(
+        4,
+        Options {
+            replicas: 2,
+            server_env: vec![("MADFS_TEST_VOTER_LOST_AFTER_MS".into(), "3000".into())],
+            ..Options::default()
+        },
+    );
+    let rt = client_runtime();
+    let c = tc.client();
+    let mut files: Expected = Vec::new();
+    rt.block_on(write_round(&c, "/v0", 0, 8, &mut files));
+    tc.kill9(0);
+    voters_become(&tc, &rt, &c, [1, 2, 3]);
+    // Server 0 comes back with its old node, which counts for nothing.
+    tc.restart(0);
+    rt.block_on(write_round(&c, "/v1", 100, 8, &mut files));
+
+    tc.kill9(2);
+    voters_become(&tc, &rt, &c, [0, 1, 3]);
+    let log = common::tail(&tc.log_path(0), 400);
+    assert!(log.contains("leaving node incarnation 0 behind"), "{log}");
+    assert!(
+        log.contains("a voter of the membership group in place of server 2"),
+        "{log}"
+    );
+    rt.block_on(write_round(&c, "/v2", 200, 8, &mut files));
+    rt.block_on(read_back(&c, &files));
+
+    // Restarted, server 0 is the new node again, a voter.
+    assert!(tc.stop(0).success(), "server 0 exited badly");
+    tc.restart(0);
+    rt.block_on(write_round(&c, "/v3", 300, 8, &mut files));
+    voters_become(&tc, &rt, &c, [0, 1, 3]);
+    let log = common::tail(&tc.log_path(0), 400);
+    assert!(
+        log.contains("a voter of the membership group again after a restart"),
+        "{log}"
+    );
+    rt.block_on(read_back(&c, &files));
+}
+
+/// Wait (90 s at most) until the servers name `wanted` as the voters.
+fn voters_become(
+    tc: &TestCluster,
+    rt: &tokio::runtime::Runtime,
+    c: &madfs_client::Client,
+    wanted: [u16; 3],
+) {
+    let wanted = wanted.map(madfs_types::ServerId).to_vec();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    loop {
+        let mut v = rt
+            .block_on(c.cluster_routes())
+            .map(|r| r.voters)
+            .unwrap_or_default();
+        v.sort();
+        if v == wanted {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "voters {v:?}, not {wanted:?}; server 0's log:\n{}",
+            common::tail(&tc.log_path(0), 60)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
 /// Writes racing over the same bytes reach the replica in the order they
 /// reached the primary's disk: after many clients overwrite one range at
 /// once, the replica's copy equals the primary's byte for byte (it would

@@ -99,6 +99,52 @@ impl Membership {
         Membership::launch(cfg, kv, net, incarnation, replaces).await
     }
 
+    /// Make this node, which the group no longer counts (its server's
+    /// voter place moved to another server while it was away), a new node
+    /// of its server, to take the place of voter `cfg.replaces`: stopped,
+    /// then its store forgets the old node's Raft state and takes a fresh
+    /// incarnation, in one synced batch (a crash leaves the old node, a
+    /// member of nothing, or the new identity, which a restart starts
+    /// again). Returns the new node running, as [`Membership::join`] does;
+    /// then call [`Membership::become_voter`].
+    ///
+    /// The caller must know that the group does not count this node (the
+    /// leader's voters leave its server out): it forgets its votes, so it
+    /// is as good as dead to the group from here on. That is safe in any
+    /// case (its node id never answers again: the new one refuses messages
+    /// for it), but a group that still counted it would have lost a voter.
+    pub async fn rejoin(
+        self,
+        cfg: MembershipConfig,
+        net: Arc<dyn Transport>,
+    ) -> Result<Membership, MembershipError> {
+        check_config(&cfg, false)?;
+        if cfg.me != self.inner.me {
+            return Err(MembershipError::Config(format!(
+                "node of server {} rejoining as server {}",
+                self.inner.me, cfg.me
+            )));
+        }
+        let old = self.inner.node;
+        let kv = self.stop().await.ok_or(MembershipError::ShutDown)?;
+        let replaces = cfg.replaces.filter(|r| *r != cfg.me);
+        let incarnation = loop {
+            let fresh = fresh_incarnation();
+            if fresh != incarnation_of(old) {
+                break fresh;
+            }
+        };
+        store::take_new_identity(&*kv, incarnation, replaces.map(|r| r.0))?;
+        let place = replaces.map_or(String::new(), |lost| format!(" in place of voter {lost}"));
+        tracing::info!(
+            "membership: server {} leaves node incarnation {} behind and joins as incarnation \
+             {incarnation}{place}",
+            cfg.me,
+            incarnation_of(old)
+        );
+        Membership::launch(cfg, kv, net, incarnation, replaces).await
+    }
+
     /// Whether `kv` holds the identity of a node that joined (a stored
     /// incarnation): a server made a voter after the group started, which
     /// starts that node again on a restart.

@@ -64,7 +64,8 @@ pub(crate) struct Inner {
     /// Proposal ids: a random start per process, then +1 per proposal.
     next_nonce: AtomicU64,
     /// The store, released last by `shutdown` so a restart can reopen it.
-    kv: Mutex<Option<Arc<dyn KvStore>>>,
+    /// The store, as openraft's tasks hold it (`store::Held`).
+    kv: Mutex<Option<Arc<store::Held>>>,
     bootstrap_task: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -128,7 +129,10 @@ impl Membership {
         let timing = cfg.timing.clone();
         let node = node_id(cfg.me, incarnation);
         let (publish, map) = watch::channel(ClusterMap::default());
-        let (log, machine) = store::open(kv.clone(), publish)?;
+        // What openraft's tasks hold: counted apart from the caller's
+        // handles on `kv`, so `stop` knows when they let go.
+        let held = Arc::new(store::Held(kv));
+        let (log, machine) = store::open(held.clone(), publish)?;
         let millis = |d: Duration| d.as_millis().max(1) as u64;
         let raft_config = openraft::Config {
             cluster_name: "madfs-membership".into(),
@@ -176,7 +180,7 @@ impl Membership {
                 map,
                 stopped: watch::channel(false).0,
                 next_nonce: AtomicU64::new(seed),
-                kv: Mutex::new(Some(kv)),
+                kv: Mutex::new(Some(held)),
                 bootstrap_task: Mutex::new(None),
             }),
         };
@@ -449,6 +453,13 @@ impl Membership {
     /// and its store (released, so the same directory can be reopened).
     /// Later calls on any clone fail with `ShutDown`.
     pub async fn shutdown(&self) {
+        self.stop().await;
+    }
+
+    /// `shutdown`, giving back the store once openraft's tasks let go of
+    /// it (`None` if another call stopped the node first, or they still
+    /// hold it after `STORE_RELEASE_WAIT`).
+    pub(crate) async fn stop(&self) -> Option<Arc<dyn KvStore>> {
         self.inner.stopped.send_replace(true);
         if let Err(e) = self.inner.raft.shutdown().await {
             tracing::warn!("membership: raft task ended badly: {e}");
@@ -460,16 +471,16 @@ impl Membership {
         // openraft's state-machine and replication tasks drop their handles
         // on the store shortly after its core stops; wait for them, so the
         // store (RocksDB's lock) is free when this returns.
-        let kv = lock(&self.inner.kv).take();
-        if let Some(kv) = kv {
-            let deadline = Instant::now() + STORE_RELEASE_WAIT;
-            while Arc::strong_count(&kv) > 1 && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            if Arc::strong_count(&kv) > 1 {
-                tracing::warn!("membership: the store is still in use after shutdown");
-            }
+        let held = lock(&self.inner.kv).take()?;
+        let deadline = Instant::now() + STORE_RELEASE_WAIT;
+        while Arc::strong_count(&held) > 1 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
+        if Arc::strong_count(&held) > 1 {
+            tracing::warn!("membership: the store is still in use after shutdown");
+            return None;
+        }
+        Some(held.0.clone())
     }
 }
 

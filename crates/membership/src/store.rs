@@ -162,6 +162,30 @@ pub(crate) fn write_identity(
         .map_err(|e| MembershipError::Storage(e.to_string()))
 }
 
+/// Forget the Raft state of the node `kv` held (its vote, log, snapshot,
+/// commit index and identity) and record a new identity, in one synced
+/// batch: a crash leaves either the old node whole or the new identity,
+/// never an empty store, which a restart of an original voter would take
+/// for incarnation 0 with none of its votes.
+pub(crate) fn take_new_identity(
+    kv: &dyn KvStore,
+    incarnation: u64,
+    replaces: Option<u16>,
+) -> Result<(), MembershipError> {
+    let mut batch = WriteBatch::new();
+    for key in [KEY_VOTE, KEY_COMMITTED, KEY_PURGED, KEY_SNAPSHOT] {
+        batch.delete(key);
+    }
+    kv.scan_visit(PREFIX_LOG, PREFIX_LOG, &mut |key, _| {
+        batch.delete(key);
+        true
+    })?;
+    batch.put(KEY_INCARNATION, &encode(&incarnation));
+    batch.put(KEY_REPLACES, &encode(&replaces));
+    kv.write(batch, true)
+        .map_err(|e| MembershipError::Storage(e.to_string()))
+}
+
 /// The voter a joined node takes the place of (`None`: itself, or none).
 pub(crate) fn read_replaces(kv: &dyn KvStore) -> Result<Option<u16>, MembershipError> {
     let stored: Option<Option<u16>> =
@@ -183,6 +207,42 @@ pub(crate) fn holds_raft_state(kv: &dyn KvStore) -> Result<bool, MembershipError
         false
     })?;
     Ok(any_entry)
+}
+
+/// The store as a node's Raft tasks hold it: its own count of handles,
+/// whatever else holds the store (`Membership::stop` waits for it).
+pub(crate) struct Held(pub(crate) Arc<dyn KvStore>);
+
+impl KvStore for Held {
+    fn get(&self, key: &[u8]) -> madfs_kv::Result<Option<Vec<u8>>> {
+        self.0.get(key)
+    }
+
+    fn write(&self, batch: WriteBatch, sync: bool) -> madfs_kv::Result<()> {
+        self.0.write(batch, sync)
+    }
+
+    fn scan(
+        &self,
+        prefix: &[u8],
+        start: &[u8],
+        limit: usize,
+    ) -> madfs_kv::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.0.scan(prefix, start, limit)
+    }
+
+    fn sync_wal(&self) -> madfs_kv::Result<()> {
+        self.0.sync_wal()
+    }
+
+    fn scan_visit(
+        &self,
+        prefix: &[u8],
+        start: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> madfs_kv::Result<()> {
+        self.0.scan_visit(prefix, start, f)
+    }
 }
 
 /// Open the store's Raft state: the log store and the state machine, which

@@ -214,8 +214,9 @@ pub struct Members {
     voters: Mutex<Vec<ServerId>>,
     /// This server's Raft node: started with the process if it is a voter
     /// (or was made one before), or later when the leader asks it to take
-    /// a lost voter's place.
-    node: std::sync::OnceLock<Membership>,
+    /// a lost voter's place; then replaced by a new node if it had one
+    /// the group no longer counts (`promote`).
+    node: std::sync::RwLock<Option<Membership>>,
     /// What starting a node later needs: the cluster file and where the
     /// node keeps its state (DATA/membership, or the Raft store injected
     /// by the simulation).
@@ -334,7 +335,7 @@ impl Members {
             me,
             intended,
             voters: Mutex::new(voters),
-            node: std::sync::OnceLock::new(),
+            node: std::sync::RwLock::new(None),
             later,
             promoting: AtomicBool::new(false),
             campaigns: AtomicBool::new(true),
@@ -361,7 +362,9 @@ impl Members {
     /// (pinging every server with the epoch and the voters), and the maps
     /// it applies.
     fn attach(self: &Arc<Self>, node: Membership) {
-        let node = self.node.get_or_init(|| node);
+        *self.node.write().unwrap_or_else(|e| e.into_inner()) = Some(node.clone());
+        self.campaigns.store(true, Ordering::Release);
+        let node = &node;
         let net = self.net.clone();
         let source = node.clone();
         let ping: PingFn = Arc::new(move |to, ping: Ping| {
@@ -410,13 +413,22 @@ impl Members {
         });
     }
 
+    /// This server's Raft node, if it has one (`node`).
+    fn node(&self) -> Option<Membership> {
+        self.node.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// Take the place of voter `lost` (asked by the leader's detector):
     /// start a node under a fresh incarnation in DATA/membership, then
-    /// join the group. Once at a time; a server that has a node already
-    /// (a voter, or made one before) is refused.
+    /// join the group. Once at a time; refused by a voter. A server with
+    /// a node the leader no longer lists as a voter's (its place moved
+    /// while it was away) leaves that node behind for a new one
+    /// (`Membership::rejoin`): otherwise a cluster whose only server that
+    /// is no voter is such a one would stay at two voters after a second
+    /// voter is lost for good.
     fn promote(self: &Arc<Self>, lost: ServerId) -> Result<(), String> {
-        if self.node.get().is_some() {
-            return Err(format!("server {} has a Raft node already", self.me));
+        if self.node().is_some() && self.voters().contains(&self.me) {
+            return Err(format!("server {} is a voter already", self.me));
         }
         if self.promoting.swap(true, Ordering::AcqRel) {
             return Ok(());
@@ -427,9 +439,25 @@ impl Members {
             let mut mc = membership_config(me, members.voters(), &later.data_dir, &later.cfg);
             mc.replaces = Some(lost);
             let net: Arc<dyn Transport> = Arc::new(NodeNet(members.net.clone()));
-            let joined = match &later.raft_store {
-                None => Membership::join(mc, net).await,
-                Some(kv) => Membership::join_with_store(mc, kv.clone(), net).await,
+            let joined = match (members.node(), &later.raft_store) {
+                (Some(old), _) => {
+                    let detector = members
+                        .detector
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .take();
+                    if let Some(d) = detector {
+                        d.stop().await;
+                    }
+                    tracing::warn!(
+                        "server {me}: leaving node incarnation {} behind (no voter any more) \
+                         to take the place of voter {lost}",
+                        old.incarnation()
+                    );
+                    old.rejoin(mc, net).await
+                }
+                (None, None) => Membership::join(mc, net).await,
+                (None, Some(kv)) => Membership::join_with_store(mc, kv.clone(), net).await,
             };
             match joined {
                 Ok(node) => {
@@ -523,7 +551,7 @@ impl Members {
             return Err(bad("empty membership message".into()));
         };
         match t {
-            tag::NODE => match self.node.get() {
+            tag::NODE => match self.node() {
                 Some(node) => node
                     .handle(rest)
                     .await
@@ -553,7 +581,7 @@ impl Members {
                         .chunks_exact(2)
                         .map(|b| ServerId(u16::from_le_bytes([b[0], b[1]])))
                         .collect();
-                    if let Some(node) = self.node.get() {
+                    if let Some(node) = self.node() {
                         // A node whose place moved while it was away stops
                         // campaigning (and starts again if listed again).
                         let votes = voters.contains(&self.me);
@@ -573,8 +601,7 @@ impl Members {
             }
             tag::PROPOSE => {
                 let node = self
-                    .node
-                    .get()
+                    .node()
                     .ok_or_else(|| bad(format!("server {} is not a voter", self.me)))?;
                 let (change, epoch): (Change, u64) =
                     serde_json::from_slice(rest).map_err(|e| bad(e.to_string()))?;
@@ -683,9 +710,8 @@ impl Members {
 
     /// This server's node, if it is a voter of the group now (a
     /// replacement's node is not, until it took over).
-    fn voting_node(&self) -> Option<&Membership> {
-        self.node
-            .get()
+    fn voting_node(&self) -> Option<Membership> {
+        self.node()
             .filter(|_| !self.replacing.load(Ordering::Acquire) && self.voters().contains(&self.me))
     }
 
@@ -717,7 +743,7 @@ impl Members {
     /// node becomes a voter in place of the node it replaces, and the
     /// server answers pings from now on.
     pub async fn take_over_done(&self) -> Result<(), ServerError> {
-        if let Some(node) = self.node.get() {
+        if let Some(node) = self.node() {
             node.become_voter()
                 .await
                 .map_err(|e| ServerError::Config(format!("joining the membership group: {e}")))?;
@@ -818,7 +844,7 @@ impl Members {
         if let Some(d) = detector {
             d.stop().await;
         }
-        if let Some(node) = self.node.get() {
+        if let Some(node) = self.node() {
             node.shutdown().await;
         }
     }

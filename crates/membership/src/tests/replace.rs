@@ -293,3 +293,83 @@ async fn a_lost_voters_place_is_taken_once_and_a_second_taker_is_refused() {
     );
     assert_eq!(group.node(leader).voters(), three, "the group did not grow");
 }
+
+/// A voter whose place moved while it was away comes back with its old
+/// node, which the group no longer counts. Sent to take the place of a
+/// second voter lost for good, it leaves that node behind for a new
+/// incarnation (`rejoin`): the group keeps three voters and commits with
+/// it, and its restart comes back as the new node, never as the old one.
+#[tokio::test(start_paused = true)]
+async fn a_voter_whose_place_moved_takes_another_lost_voters_place_as_a_new_node() {
+    let mut group = Group::start(3, 5, 2, 17).await;
+    let leader = group.wait_leader(&ALL).await;
+    group.wait_converged().await;
+    let [away, second] = others(&ALL, &[leader])[..] else {
+        unreachable!("three voters")
+    };
+    group.kill(away).await;
+    group
+        .join_node_replacing(ServerId(3), Some(away))
+        .await
+        .become_voter()
+        .await
+        .expect("server 3 takes the place of the voter away");
+    group.start_node(away).await;
+    let old_node = group.node(away).node_id();
+    let voters = BTreeSet::from([leader, second, ServerId(3)]);
+    group
+        .wait_until("the leader counts server 3, not the one away", WAIT, |g| {
+            g.node(leader).voters().into_iter().collect::<BTreeSet<_>>() == voters
+                && !g.node(leader).member_nodes().contains(&old_node)
+        })
+        .await;
+
+    group.kill(second).await;
+    let node = group.nodes.remove(&away).expect("running");
+    group.net.detach(away);
+    let mut cfg = crate::MembershipConfig::new(
+        away,
+        group.voters.clone(),
+        std::path::PathBuf::new(),
+        group.initial.clone(),
+    );
+    cfg.timing = group.timing.clone();
+    cfg.replaces = Some(second);
+    let renewed = node
+        .rejoin(cfg, group.net.transport(away))
+        .await
+        .expect("the old node is left behind");
+    group.net.attach(renewed.clone());
+    group.nodes.insert(away, renewed.clone());
+    let new_node = renewed.node_id();
+    assert_ne!(new_node, old_node);
+    assert_ne!(renewed.incarnation(), 0);
+    renewed
+        .become_voter()
+        .await
+        .expect("it takes the second lost voter's place");
+    let voters = BTreeSet::from([leader, away, ServerId(3)]);
+    assert_eq!(
+        group
+            .node(leader)
+            .voters()
+            .into_iter()
+            .collect::<BTreeSet<_>>(),
+        voters,
+        "three voters again"
+    );
+
+    // With server 3 gone too, the leader and the new node are a quorum.
+    group.kill(ServerId(3)).await;
+    let map = group.node(leader).map();
+    group
+        .node(leader)
+        .propose(some_change(&map, 3), map.epoch)
+        .await
+        .expect("committed by the leader and the new node");
+
+    // A restart comes back as the new node, with its votes.
+    group.kill(away).await;
+    group.start_node(away).await;
+    assert_eq!(group.node(away).node_id(), new_node);
+}
