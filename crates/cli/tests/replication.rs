@@ -263,6 +263,64 @@ fn a_replica_cut_off_for_a_while_gets_the_records_it_missed_not_a_load() {
     assert_same_store(2, &tc.config().servers[2].data_dir, &copy);
 }
 
+/// A server that serves another server's set from its copy (after a
+/// failover) and is then cut off for a while (SIGSTOP) loses the set; when
+/// it answers again, its copy of that set takes records again and comes
+/// back in sync. Before, the deposed set's `Server` kept its store, and
+/// RocksDB's lock on the copy's directory, for its background loops'
+/// pauses (up to a minute): the copy could not be opened ("lock hold by
+/// current process"), the resync gave up after its 10 tries, and the set
+/// stayed at one copy until the process restarted.
+#[test]
+fn a_server_deposed_from_a_set_it_served_from_its_copy_gets_the_copy_back_in_sync() {
+    let (mut tc, rt) = replicated_cluster();
+    let c = tc.client();
+    let mut files: Expected = Vec::new();
+    rt.block_on(write_round(&c, "/a", 0, 8, &mut files));
+    assert_eq!(tc.config().replica_set(madfs_types::ServerId(1))[1].0, 2);
+    let serving = |set: usize| {
+        rt.block_on(c.cluster_routes())
+            .ok()
+            .map(|r| r.serving[set].0)
+    };
+    let wait_serving = |set: usize, what: &str, ok: &dyn Fn(u16) -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !serving(set).is_some_and(ok) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "set {set} not {what}: {:?}",
+                serving(set)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    let in_sync = || copies_in_sync(&rt, &c);
+
+    tc.kill9(1);
+    rt.block_on(write_round(&c, "/b", 100, 8, &mut files));
+    wait_serving(1, "served by server 2", &|s| s == 2);
+    tc.restart(1);
+    wait_all_in_sync(&in_sync, 60, "after server 1 came back");
+
+    let pid = tc.pid(2) as i32;
+    // SAFETY: signalling a child we started and have not reaped.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    rt.block_on(write_round(&c, "/c", 200, 8, &mut files));
+    wait_serving(1, "moved away from server 2", &|s| s != 2);
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    wait_all_in_sync(&in_sync, 60, "after server 2 answered again");
+    rt.block_on(write_round(&c, "/d", 300, 8, &mut files));
+    rt.block_on(read_back(&c, &files));
+    // Set 1 is served from server 1's copy of it now (its own store was
+    // deposed at its restart), and server 2's copy equals it.
+    assert_eq!(serving(1), Some(1));
+    drop(c);
+    stop_all_cleanly(&mut tc);
+    let copy = |s: usize| tc.config().servers[s].data_dir.join("replica-of-1");
+    assert_same_store(1, &copy(1), &copy(2));
+}
+
 /// How many copies of each set are in sync, as the servers say (none
 /// where no server answers).
 fn copies_in_sync(rt: &tokio::runtime::Runtime, c: &madfs_client::Client) -> Vec<u8> {

@@ -596,13 +596,15 @@ impl Server {
         let mut wait = Duration::from_millis(200);
         while !self.send_dir_parent_change(dir).await {
             // A deposed store's moves are its set's new primary's to finish.
-            if self.replication.as_ref().is_some_and(|r| r.retired()) {
+            if self.deposed() {
                 return;
             }
             if let Some(g) = guard {
                 g.renew().await;
             }
-            tokio::time::sleep(wait).await;
+            if !self.pause(wait).await {
+                return;
+            }
             wait = (wait * 2).min(Duration::from_secs(10));
         }
     }

@@ -41,8 +41,7 @@ impl Server {
         // (once.rs); a deposed store is left alone.
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(crate::once::SWEEP_EVERY).await;
-                if self.replication.as_ref().is_some_and(|r| r.retired()) {
+                if !self.pause(crate::once::SWEEP_EVERY).await {
                     return;
                 }
                 self.clear_removal_records();
@@ -65,6 +64,32 @@ impl Server {
                 }
             }
         });
+    }
+
+    /// Wait `d`, or less if the set moves away from this store meanwhile
+    /// (`Replicator::retire`); false if it has. Background loops pause
+    /// with it, so a deposed store's `Server` is dropped (its store
+    /// closed, and with RocksDB its lock released) without waiting out
+    /// their pauses: a copy of the set kept in the same directory is
+    /// opened again only then.
+    pub(crate) async fn pause(&self, d: Duration) -> bool {
+        match &self.replication {
+            None => {
+                tokio::time::sleep(d).await;
+                true
+            }
+            Some(r) => {
+                tokio::select! {
+                    () = tokio::time::sleep(d) => !r.retired(),
+                    () = r.until_retired() => false,
+                }
+            }
+        }
+    }
+
+    /// Whether the set moved away from this store (never without replicas).
+    pub(crate) fn deposed(&self) -> bool {
+        self.replication.as_ref().is_some_and(|r| r.retired())
     }
 
     /// With replicas: whether every replica in the set has what this

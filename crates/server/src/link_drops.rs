@@ -254,21 +254,21 @@ impl Server {
     pub(crate) async fn resend_link_drops(self: Arc<Self>) {
         let mut wait = RETRY_FIRST;
         loop {
-            if self.replication.as_ref().is_some_and(|r| r.retired()) {
+            if self.deposed() {
                 return;
             }
             let (failed, more) = self.resend_pass().await;
             if failed == 0 && !more {
                 wait = RETRY_FIRST;
-                // Woken by a failed send; the timeout only notices a
-                // deposed store.
-                let _ = tokio::time::timeout(
-                    crate::once::SWEEP_EVERY,
-                    self.link_drops.failed.notified(),
-                )
-                .await;
+                // Woken by a failed send, or the store deposed.
+                tokio::select! {
+                    () = self.link_drops.failed.notified() => {}
+                    _ = self.pause(crate::once::SWEEP_EVERY) => {}
+                }
             } else if failed > 0 {
-                tokio::time::sleep(wait).await;
+                if !self.pause(wait).await {
+                    return;
+                }
                 wait = (wait * 2).min(RETRY_MAX);
             }
         }

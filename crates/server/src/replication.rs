@@ -177,6 +177,8 @@ pub struct Replicator {
     /// The set moved away from this store (`retire`): nothing is shipped
     /// from it any more, and no replica leaves on its word.
     retired: std::sync::atomic::AtomicBool,
+    /// Wakes what waits for the retirement (`until_retired`).
+    retiring: Notify,
     /// The store's own metadata (not shipped), where the copies that
     /// acknowledgements wait for are kept while it is served
     /// (`start_noting`).
@@ -241,6 +243,7 @@ impl Replicator {
             direct: std::sync::OnceLock::new(),
             group: std::sync::OnceLock::new(),
             retired: std::sync::atomic::AtomicBool::new(false),
+            retiring: Notify::new(),
             noting: std::sync::OnceLock::new(),
             writes: std::sync::RwLock::new(()),
         }
@@ -316,6 +319,21 @@ impl Replicator {
         self.retired
             .store(true, std::sync::atomic::Ordering::Release);
         self.changed.notify_waiters();
+        self.retiring.notify_waiters();
+    }
+
+    /// Returns once the set moved away from this store (`retire`).
+    pub(crate) async fn until_retired(&self) {
+        loop {
+            let woken = self.retiring.notified();
+            tokio::pin!(woken);
+            // Registered before the check: a retirement in between wakes it.
+            woken.as_mut().enable();
+            if self.retired() {
+                return;
+            }
+            woken.await;
+        }
     }
 
     /// Leave to write to the store until the guard drops; refused once

@@ -94,6 +94,12 @@ pub struct Server {
     pub(crate) dir_moves: crate::dir_moves::DirMoveLock,
 }
 
+impl Drop for Server {
+    fn drop(&mut self) {
+        tracing::info!("the store of set {} is closed here", self.id);
+    }
+}
+
 impl Server {
     /// Open server `id`'s store under its data directory, set up as `opts`
     /// says (dentry index budget, direct I/O).

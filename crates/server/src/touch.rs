@@ -286,7 +286,11 @@ impl Server {
                         && Instant::now() < give_up =>
                 {
                     tracing::warn!("touching directory {dir} on its owner (will retry): {e}");
-                    tokio::time::sleep(wait).await;
+                    // Deposed: the set's new primary sends the touches its
+                    // copy holds (`resend_touches`).
+                    if !self.pause(wait).await {
+                        return;
+                    }
                     wait = (wait * 2).min(TOUCH_BACKOFF_MAX);
                 }
                 Err(e) => {

@@ -457,7 +457,7 @@ impl Server {
     /// store is deposed.
     async fn on_every_copy(&self) -> bool {
         loop {
-            if self.replication.as_ref().is_some_and(|r| r.retired()) {
+            if self.deposed() {
                 return false;
             }
             if self.replicated_now().await {

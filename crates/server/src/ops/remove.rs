@@ -144,8 +144,7 @@ impl Server {
         // promotion of a copy that has them.
         let deadline = Instant::now() + PURGE_RETRY_FOR;
         while !self.replicated_now().await {
-            if self.replication.as_ref().is_some_and(|r| r.retired()) || Instant::now() >= deadline
-            {
+            if self.deposed() || Instant::now() >= deadline {
                 tracing::warn!(
                     "not purging the chunks of {} freed inode(s): the free is not on every replica",
                     inos.len()
@@ -191,7 +190,11 @@ impl Server {
                 );
                 return;
             }
-            tokio::time::sleep(delay).await;
+            // Deposed: the ORPH records are on the set's copies, whose new
+            // primary purges them.
+            if !self.pause(delay).await {
+                return;
+            }
             delay = (delay * 2).min(Duration::from_secs(5));
             round += 1;
             pending = left;
@@ -438,7 +441,7 @@ impl Server {
     /// went into the directory the removal then took away).
     async fn finish_unreplicated_dir_removal(self: Arc<Self>, r: DirRemoval) {
         loop {
-            if self.replication.as_ref().is_some_and(|rep| rep.retired()) {
+            if self.deposed() {
                 return;
             }
             // Renew the seals first: each wait may take the longest one.
