@@ -149,7 +149,11 @@ fn decode_parent_change(v: &[u8]) -> Option<(InodeId, InodeId)> {
 }
 
 /// The lock, taken for one move; released by `release` or, if dropped
-/// unreleased, by a task (or, failing that, its lease).
+/// unreleased, by a task (or, failing that, its lease). Never released by
+/// a deposed store (its set moved to another server): what it left of the
+/// move is settled by the set's new primary from its copy, so the lock
+/// runs out with its lease and is handed on only once that server says
+/// the move is settled (`dir_move_settled`).
 pub(crate) struct DirMoveGuard {
     srv: Arc<Server>,
     token: u64,
@@ -168,7 +172,9 @@ impl DirMoveGuard {
     pub(crate) async fn release(mut self) {
         self.released = true;
         self.srv.dir_moves.moving().remove(&self.token);
-        release_lock(&self.srv, self.token).await;
+        if !self.srv.deposed() {
+            release_lock(&self.srv, self.token).await;
+        }
     }
 }
 
@@ -176,6 +182,9 @@ impl Drop for DirMoveGuard {
     fn drop(&mut self) {
         if !self.released {
             self.srv.dir_moves.moving().remove(&self.token);
+            if self.srv.deposed() {
+                return;
+            }
             let (srv, token) = (self.srv.clone(), self.token);
             tokio::spawn(async move { release_lock(&srv, token).await });
         }

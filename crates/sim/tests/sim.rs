@@ -639,17 +639,30 @@ fn replicated_seeds_that_once_failed_pass() {
         }
     }
     // Found with 4 servers and the defaults of 2026-11-29.
-    let (seed, steps) = (8093, 27);
-    let cfg = SimConfig {
-        servers: 4,
-        ..SimConfig::replicated(seed, steps)
-    };
-    if let Err(f) = run(&cfg) {
-        panic!(
-            "seed {seed} (once: a mkdir on a store deposed mid-way wrote its name after the \
-             store had become the set's copy again and a resync's load had compared it; a \
-             later failover to that copy brought the name back under a removed directory; \
-             server replication.rs `retire`) fails again:\n{f}"
-        );
+    let found_with_4_servers = [
+        (
+            8093,
+            27,
+            "a mkdir on a store deposed mid-way wrote its name after the store had become \
+             the set's copy again and a resync's load had compared it; a later failover to \
+             that copy brought the name back under a removed directory; server \
+             replication.rs `retire`",
+        ),
+        (
+            9302,
+            52,
+            "a directory rename's settling on a deposed store retried its refused write for \
+             good, renewing the cluster's directory-move lock each time: every later \
+             directory move failed with EBUSY; server rename/recovery.rs `settle`",
+        ),
+    ];
+    for (seed, steps, what) in found_with_4_servers {
+        let cfg = SimConfig {
+            servers: 4,
+            ..SimConfig::replicated(seed, steps)
+        };
+        if let Err(f) = run(&cfg) {
+            panic!("seed {seed} (once: {what}) fails again:\n{f}");
+        }
     }
 }

@@ -131,6 +131,15 @@ pub(super) async fn settle(
     let b_server = dentry_server(intent.dst_parent, &intent.dst_name, srv.servers);
     let mut wait = Duration::from_millis(200);
     loop {
+        // A deposed store's renames are settled by its set's new primary
+        // (its recovery finds the intent in its copy); this store refuses
+        // the writes, and a directory move's lock is left to its lease
+        // (`DirMoveGuard`). Retrying here held that lock for good: every
+        // later directory move failed with EBUSY (the replicated
+        // simulation with 4 servers, seed 9302).
+        if srv.deposed() {
+            return;
+        }
         let q = Op::RenameResolve {
             tx,
             coordinator: srv.id,
@@ -207,7 +216,7 @@ pub(super) async fn settle(
         if let Some(g) = &dir_move {
             g.renew().await;
         }
-        tokio::time::sleep(wait).await;
+        srv.pause(wait).await;
         wait = (wait * 2).min(Duration::from_secs(10));
     }
 }
