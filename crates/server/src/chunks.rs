@@ -549,6 +549,11 @@ impl ChunkStore {
             if f.metadata().map(|m| m.len() > before).unwrap_or(false) {
                 let _ = f.set_len(before);
             }
+            // The disk's own failure, unlike a full one: the store is
+            // unusable, and with replicas its set moves to a copy.
+            if matches!(e.raw_os_error(), Some(libc::EIO) | Some(libc::EROFS)) {
+                self.poison(&format!("writing {} failed: {e}", path.display()));
+            }
             return Err(e);
         }
         let after = offset + data.len() as u64;

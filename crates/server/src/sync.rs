@@ -180,10 +180,19 @@ impl KvStore for PoisonGuard {
         let r = self.inner.write(batch, sync);
         if let Err(e) = &r {
             // A full disk is not a lost write: RocksDB recovers from it;
-            // nor is a write refused before it reached the store.
-            if sync && !e.is_no_space() && !e.is_refused() {
+            // nor is a write refused before it reached the store. Any
+            // other failure, synced or not, is the disk's: RocksDB takes
+            // no write after it until reopened, so the store is unusable
+            // and, with replicas, its set moves to a copy (step_down.rs)
+            // while the request that met it is sent there again (its
+            // error becomes `Unavailable`, failover.rs). Only synced
+            // failures poisoned it before: a file system shut down under
+            // a server (`xfs_io -x -c shutdown`) failed creates with EIO
+            // for as long as no synced write came.
+            if !e.is_no_space() && !e.is_refused() {
+                let what = if sync { "a synced write" } else { "a write" };
                 self.chunks
-                    .poison(&format!("a synced write to the metadata store failed: {e}"));
+                    .poison(&format!("{what} to the metadata store failed: {e}"));
             }
         }
         r
@@ -293,6 +302,32 @@ mod tests {
             "{why}"
         );
         put(&kv, false).expect_err("later writes are refused");
+    }
+
+    /// A dead disk fails an unsynced write as well: the store is unusable
+    /// from then on, so it is poisoned at once (and its set moves).
+    #[test]
+    fn a_failed_unsynced_metadata_write_poisons_the_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let chunks = Arc::new(ChunkStore::open(dir.path().to_path_buf()).unwrap());
+        let disk = Arc::new(FaultyKv::default());
+        let kv = PoisonGuard::new(disk.clone(), chunks.clone());
+        put(&kv, false).unwrap();
+        disk.set_dead(true);
+        put(&kv, false).expect_err("the write on the dead disk");
+        let why = chunks.poisoned().expect("poisoned");
+        assert!(
+            why.contains("a write to the metadata store failed"),
+            "{why}"
+        );
+        disk.set_dead(false);
+        put(&kv, false).expect_err("later writes are refused");
+        // A full disk is no lost write: not poisoned.
+        let dir = tempfile::tempdir().unwrap();
+        let chunks = Arc::new(ChunkStore::open(dir.path().to_path_buf()).unwrap());
+        let kv = PoisonGuard::new(Arc::new(FaultyKv::full()), chunks.clone());
+        put(&kv, false).expect_err("full");
+        assert!(chunks.poisoned().is_none());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,7 @@
 //! A metadata store for unit tests whose writes and syncs fail on demand:
-//! a full disk (every write refused) or a failing fsync (synced writes and
-//! log syncs refused), over an in-memory store.
+//! a full disk (every write refused), a failing fsync (synced writes and
+//! log syncs refused) or a dead disk (every write fails with EIO), over an
+//! in-memory store.
 
 use madfs_kv::{KvError, KvStore, MemStore, WriteBatch};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,12 +11,18 @@ pub(crate) struct FaultyKv {
     inner: MemStore,
     full: AtomicBool,
     fsync_fails: AtomicBool,
+    dead: AtomicBool,
 }
 
 impl FaultyKv {
     /// Every write fails with ENOSPC from now on (or no longer).
     pub(crate) fn set_full(&self, full: bool) {
         self.full.store(full, Ordering::SeqCst);
+    }
+
+    /// Every write fails with EIO from now on (or no longer).
+    pub(crate) fn set_dead(&self, dead: bool) {
+        self.dead.store(dead, Ordering::SeqCst);
     }
 
     /// A store whose synced writes and log syncs all fail with EIO.
@@ -48,6 +55,11 @@ impl KvStore for FaultyKv {
         }
         if sync && self.fsync_fails.load(Ordering::SeqCst) {
             return Err(Self::fsync_error());
+        }
+        if self.dead.load(Ordering::SeqCst) {
+            return Err(KvError::Io(
+                "IO error: While appending to file: Input/output error".into(),
+            ));
         }
         self.inner.write(batch, sync)
     }
