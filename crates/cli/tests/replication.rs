@@ -898,14 +898,7 @@ fn a_lost_voter_is_replaced_and_the_group_survives_the_next_loss() {
 fn a_voter_lost_for_good_moves_to_a_live_server_and_the_group_survives_the_next_loss() {
     // 6 servers: sets are [s, s+1], voters 0, 1 and 2; losing 0 and 2
     // leaves every set a copy (set 1 is [1, 2]; set 5 is [5, 0]).
-    let mut tc = TestCluster::start_with(
-        6,
-        Options {
-            replicas: 2,
-            server_env: vec![("MADFS_TEST_VOTER_LOST_AFTER_MS".into(), "3000".into())],
-            ..Options::default()
-        },
-    );
+    let mut tc = voter_moving_cluster(6);
     let rt = client_runtime();
     let c = tc.client();
     let mut files: Expected = Vec::new();
@@ -929,17 +922,7 @@ fn a_voter_lost_for_good_moves_to_a_live_server_and_the_group_survives_the_next_
     assert_eq!(promoted, 3, "the lowest live server that is no voter");
     // The servers say so, and `madfs status` shows it (pings bring the
     // voters to every server: wait for the one that answers).
-    let wanted = [1u16, 2, 3].map(madfs_types::ServerId).to_vec();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let mut v = rt.block_on(c.cluster_routes()).unwrap().voters;
-        v.sort();
-        if v == wanted {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "voters {v:?}");
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
+    voters_become(&tc, &rt, &c, [1, 2, 3]);
     let status = String::from_utf8_lossy(&tc.madfs(["status"]).stdout).into_owned();
     assert!(status.contains("membership voters: servers "), "{status}");
 
@@ -969,14 +952,7 @@ fn a_voter_lost_for_good_moves_to_a_live_server_and_the_group_survives_the_next_
 #[test]
 fn a_voter_whose_place_moved_takes_the_next_lost_voters_place() {
     // 4 servers: voters 0, 1 and 2; server 3 the only other.
-    let mut tc = TestCluster::start_with(
-        4,
-        Options {
-            replicas: 2,
-            server_env: vec![("MADFS_TEST_VOTER_LOST_AFTER_MS".into(), "3000".into())],
-            ..Options::default()
-        },
-    );
+    let mut tc = voter_moving_cluster(4);
     let rt = client_runtime();
     let c = tc.client();
     let mut files: Expected = Vec::new();
@@ -1009,6 +985,19 @@ fn a_voter_whose_place_moved_takes_the_next_lost_voters_place() {
         "{log}"
     );
     rt.block_on(read_back(&c, &files));
+}
+
+/// `servers` servers keeping 2 copies, whose leader moves a voter silent
+/// for 3 s to a live server (voters 0, 1 and 2).
+fn voter_moving_cluster(servers: usize) -> TestCluster {
+    TestCluster::start_with(
+        servers,
+        Options {
+            replicas: 2,
+            server_env: vec![("MADFS_TEST_VOTER_LOST_AFTER_MS".into(), "3000".into())],
+            ..Options::default()
+        },
+    )
 }
 
 /// Wait (90 s at most) until the servers name `wanted` as the voters.

@@ -441,14 +441,7 @@ impl Members {
             let net: Arc<dyn Transport> = Arc::new(NodeNet(members.net.clone()));
             let joined = match (members.node(), &later.raft_store) {
                 (Some(old), _) => {
-                    let detector = members
-                        .detector
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .take();
-                    if let Some(d) = detector {
-                        d.stop().await;
-                    }
+                    members.stop_detector().await;
                     tracing::warn!(
                         "server {me}: leaving node incarnation {} behind (no voter any more) \
                          to take the place of voter {lost}",
@@ -835,7 +828,8 @@ impl Members {
         false
     }
 
-    pub async fn shutdown(&self) {
+    /// Stop the detector of this server's node, if it runs one.
+    async fn stop_detector(&self) {
         let detector = self
             .detector
             .lock()
@@ -844,6 +838,10 @@ impl Members {
         if let Some(d) = detector {
             d.stop().await;
         }
+    }
+
+    pub async fn shutdown(&self) {
+        self.stop_detector().await;
         if let Some(node) = self.node() {
             node.shutdown().await;
         }
