@@ -156,10 +156,15 @@ pub(crate) fn write_identity(
     replaces: Option<u16>,
 ) -> Result<(), MembershipError> {
     let mut batch = WriteBatch::new();
-    batch.put(KEY_INCARNATION, &encode(&incarnation));
-    batch.put(KEY_REPLACES, &encode(&replaces));
+    put_identity(&mut batch, incarnation, replaces);
     kv.write(batch, true)
         .map_err(|e| MembershipError::Storage(e.to_string()))
+}
+
+/// The identity records (`INCA`, `REPL`) in `batch`.
+fn put_identity(batch: &mut WriteBatch, incarnation: u64, replaces: Option<u16>) {
+    batch.put(KEY_INCARNATION, &encode(&incarnation));
+    batch.put(KEY_REPLACES, &encode(&replaces));
 }
 
 /// Forget the Raft state of the node `kv` held (its vote, log, snapshot,
@@ -180,8 +185,7 @@ pub(crate) fn take_new_identity(
         batch.delete(key);
         true
     })?;
-    batch.put(KEY_INCARNATION, &encode(&incarnation));
-    batch.put(KEY_REPLACES, &encode(&replaces));
+    put_identity(&mut batch, incarnation, replaces);
     kv.write(batch, true)
         .map_err(|e| MembershipError::Storage(e.to_string()))
 }
