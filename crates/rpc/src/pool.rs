@@ -113,6 +113,15 @@ pub struct Pool {
     slots: Vec<Mutex<Option<(SocketAddr, Connection)>>>,
     /// Set by `in_process`: calls go there instead of over TCP.
     local: Option<Arc<dyn LocalNet>>,
+    /// How long a call waits for its set to move (`FAILOVER_WAIT`).
+    failover_wait: Duration,
+    /// Per set: 0, or 1 + the map epoch at which a call to it waited the
+    /// whole `failover_wait` in vain (every server of the set gone). Until
+    /// the set answers again or the map changes, a call to it that fails
+    /// asks for the routes once and gives up (`after_failover`): a process
+    /// that stats a directory's files, a quarter of them on that set, is
+    /// not held `failover_wait` per file.
+    given_up: Vec<AtomicU64>,
 }
 
 impl Pool {
@@ -133,6 +142,8 @@ impl Pool {
             timeouts,
             slots,
             local: None,
+            failover_wait: failover_wait(),
+            given_up: (0..cfg.servers.len()).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
@@ -152,6 +163,32 @@ impl Pool {
             timeouts: Timeouts::default(),
             slots: (0..servers).map(|_| Mutex::new(None)).collect(),
             local: Some(net),
+            failover_wait: failover_wait(),
+            given_up: (0..servers).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// How long a call waits for its set to move to another server
+    /// (`FAILOVER_WAIT` unless told otherwise: a client that should give
+    /// up sooner).
+    pub fn set_failover_wait(&mut self, wait: Duration) {
+        self.failover_wait = wait;
+    }
+
+    /// Whether calls to `set` give up at once for now: one waited the whole
+    /// failover wait under the routes this pool still has.
+    fn gave_up_on(&self, set: ServerId) -> bool {
+        let mark = self.given_up[set.0 as usize].load(Ordering::Relaxed);
+        mark != 0 && mark - 1 == self.epoch.load(Ordering::Relaxed)
+    }
+
+    /// `set` answered (whatever it said): calls to it wait for a failover
+    /// again.
+    fn answered(&self, set: ServerId) {
+        if let Some(mark) = self.given_up.get(set.0 as usize) {
+            if mark.load(Ordering::Relaxed) != 0 {
+                mark.store(0, Ordering::Relaxed);
+            }
         }
     }
 
@@ -298,6 +335,7 @@ impl Pool {
     /// A new connection to `server` at `addr`, with this pool's key, role
     /// and timeouts.
     async fn connect(&self, server: ServerId, addr: SocketAddr) -> Result<Connection, RpcError> {
+        let to = self.route(server);
         Connection::connect(
             server,
             addr,
@@ -307,6 +345,19 @@ impl Pool {
             self.timeouts.call,
         )
         .await
+        .map_err(|e| {
+            // The connection names the set it is for; where the set moved,
+            // the server that did not answer is another.
+            let named = format!("server {server} at {addr}");
+            let moved = format!("server {to} (serving set {server}) at {addr}");
+            match e {
+                RpcError::Io(m) if to != server => RpcError::Io(m.replacen(&named, &moved, 1)),
+                RpcError::Timeout(m) if to != server => {
+                    RpcError::Timeout(m.replacen(&named, &moved, 1))
+                }
+                e => e,
+            }
+        })
     }
 
     pub async fn call(
@@ -324,7 +375,10 @@ impl Pool {
                 self.after_failover(server, tried_on, e, || self.call_once(server, req, data))
                     .await
             }
-            other => other,
+            other => {
+                self.answered(server);
+                other
+            }
         }
     }
 
@@ -381,7 +435,10 @@ impl Pool {
                 })
                 .await
             }
-            other => other,
+            other => {
+                self.answered(server);
+                other
+            }
         }
     }
 
@@ -494,13 +551,14 @@ impl Pool {
     }
 
     /// After a call for `set`, sent to server `tried_on`, failed with
-    /// `err`: for at most `FAILOVER_WAIT`, make the call again with
+    /// `err`: for at most the failover wait, make the call again with
     /// `again` where the set is served now: at once if the routes already
     /// lead elsewhere (a call given up as `Moved`, or routes another call
     /// learned meanwhile), else after asking for the routes again (the
     /// same server, if it refused for want of a lease or came back;
     /// another after a failover), until it gets through or fails
-    /// otherwise.
+    /// otherwise. A set given up before under the same routes
+    /// (`gave_up_on`) gets one ask for the routes, not the whole wait.
     async fn after_failover<F, Fut>(
         &self,
         set: ServerId,
@@ -512,14 +570,28 @@ impl Pool {
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<Response, RpcError>>,
     {
-        let deadline = tokio::time::Instant::now() + failover_wait();
+        let quick = self.gave_up_on(set);
+        let wait = match quick {
+            true => ROUTES_ASK_TIMEOUT,
+            false => self.failover_wait,
+        };
+        let deadline = tokio::time::Instant::now() + wait;
         // The routes are asked at once after the first failure (the set
         // may have moved long ago: a client new to it), then every
         // `ROUTES_POLL`.
         let mut pause = Duration::ZERO;
         loop {
-            if tokio::time::Instant::now() + pause >= deadline {
-                return Err(err);
+            if tokio::time::Instant::now() + pause >= deadline || (quick && pause > Duration::ZERO)
+            {
+                if !quick {
+                    tracing::warn!(
+                        "no server answered for set {set} (last tried: server {tried_on}) in \
+                         {wait:?}: calls to it fail at once until it answers or moves"
+                    );
+                    self.given_up[set.0 as usize]
+                        .store(self.epoch.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                }
+                return Err(given_up(err, set, tried_on));
             }
             if self.route(set) == tried_on {
                 tokio::time::sleep(pause).await;
@@ -544,7 +616,10 @@ impl Pool {
             tried_on = self.route(set);
             match again().await {
                 Err(e) if unreachable(&e) => err = e,
-                other => return other,
+                other => {
+                    self.answered(set);
+                    return other;
+                }
             }
         }
     }
@@ -635,6 +710,22 @@ impl Pool {
             .address(server)
             .ok_or_else(|| RpcError::Config(format!("no server {server} in the cluster")))?;
         self.connect(server, addr).await?.call(req, &[]).await
+    }
+}
+
+/// The error a call to `set`, last sent to server `tried_on`, stands with:
+/// a transport error names the set's server as the connection knew it (the
+/// set's id), so where the set had moved it says which server that was.
+fn given_up(err: RpcError, set: ServerId, tried_on: ServerId) -> RpcError {
+    let context = |m: String| match set == tried_on {
+        true => m,
+        false => format!("{m} (no other copy of set {set} answered)"),
+    };
+    match err {
+        RpcError::Io(m) => RpcError::Io(context(m)),
+        RpcError::Timeout(m) => RpcError::Timeout(context(m)),
+        RpcError::Moved(m) => RpcError::Moved(context(m)),
+        other => other,
     }
 }
 
