@@ -570,7 +570,13 @@ impl Pool {
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<Response, RpcError>>,
     {
-        let quick = self.gave_up_on(set);
+        // A server that answered (refusing for want of a lease: starting,
+        // or cut off from the group) is alive: its set is not given up.
+        let answered = matches!(err, RpcError::Remote(_));
+        if answered {
+            self.answered(set);
+        }
+        let quick = !answered && self.gave_up_on(set);
         let wait = match quick {
             true => ROUTES_ASK_TIMEOUT,
             false => self.failover_wait,
@@ -583,7 +589,7 @@ impl Pool {
         loop {
             if tokio::time::Instant::now() + pause >= deadline || (quick && pause > Duration::ZERO)
             {
-                if !quick {
+                if !quick && !matches!(err, RpcError::Remote(_)) {
                     tracing::warn!(
                         "no server answered for set {set} (last tried: server {tried_on}) in \
                          {wait:?}: calls to it fail at once until it answers or moves"
