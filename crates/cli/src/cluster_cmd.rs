@@ -502,10 +502,17 @@ fn describe_rebuild(set: u16, r: &madfs_client::Rebuild) -> String {
     } else {
         100.0 * r.bytes_done as f64 / r.bytes_total as f64
     };
+    let phase = match r.failure.is_empty() {
+        true => r.phase.describe().to_string(),
+        false => format!(
+            "{} (the last attempt failed: {})",
+            r.phase.describe(),
+            r.failure
+        ),
+    };
     format!(
-        "rebuilding set {set} on server {}: {}; {} metadata records ({} of them already there), {} of {} of chunk data ({percent:.0}%, {} of it already there)",
+        "rebuilding set {set} on server {}: {phase}; {} metadata records ({} of them already there), {} of {} of chunk data ({percent:.0}%, {} of it already there)",
         r.replica,
-        r.phase.describe(),
         r.keys,
         r.keys_kept,
         human_bytes(r.bytes_done),

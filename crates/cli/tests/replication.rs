@@ -1572,3 +1572,110 @@ fn a_set_with_every_copy_gone_fails_with_eio_and_comes_back() {
         &[(gone.clone(), gone_data), (alive.clone(), alive_data)],
     ));
 }
+
+/// A copy whose server's disk fills up leaves its set before it takes the
+/// room that server's own set needs, and comes back once room is made.
+/// Found with server 1's data directory on a small file system: its copy
+/// of set 0 wrote until the disk was full (the reserve a server keeps for
+/// its own set's writers did not hold for copies), left the set, and its
+/// catch-up was given up after 10 failed tries; once files were removed
+/// the set stayed one copy short until a restart, its stale copy kept the
+/// removed files' room, and set 0's primary kept every record for the
+/// replica in memory meanwhile (its RSS grew with every write to set 0).
+#[test]
+fn a_copy_on_a_full_disk_leaves_its_set_and_comes_back_once_room_is_made() {
+    use madfs_types::{FileName, InodeId, ServerId};
+    // Server 1 keeps set 0's copy, on a private tmpfs: its three RocksDB
+    // stores (its own, the membership group's, the copy's) preallocate
+    // about 66 MiB of it.
+    const DISK: u64 = 160 << 20;
+    let mut tc = TestCluster::start_with(
+        SERVERS,
+        Options {
+            replicas: 2,
+            tmpfs_bytes: Some(DISK),
+            tmpfs_servers: vec![1],
+            server_env: vec![("MADFS_RESYNC_PAUSE_MAX_MS".into(), "200".into())],
+            ..Options::default()
+        },
+    );
+    assert_eq!(
+        tc.config().replica_set(ServerId(0)),
+        vec![ServerId(0), ServerId(1)]
+    );
+    let rt = client_runtime();
+    let c = tc.client();
+    let stats_of = |server: u16| {
+        rt.block_on(c.server_stats())
+            .into_iter()
+            .find(|(s, _)| *s == ServerId(server))
+            .and_then(|(_, r)| r.ok())
+            .unwrap_or_else(|| panic!("no statistics from server {server}"))
+    };
+    // Files of one chunk on set 0 (their names, inodes and chunks there).
+    let on_set_0 = (0u64..)
+        .map(|k| (k, format!("z{k}")))
+        .filter(|(_, n)| {
+            let name = FileName::new(n.as_bytes()).unwrap();
+            madfs_types::dentry_server(InodeId::ROOT, &name, SERVERS) == ServerId(0)
+        })
+        .map(|(k, n)| (format!("/{n}"), pattern(k, common::CHUNK as usize)));
+    let mut written = Vec::new();
+    for (path, data) in on_set_0 {
+        rt.block_on(c.write_file(path.as_str(), &data))
+            .unwrap_or_else(|e| panic!("writing {path} on set 0: {e}"));
+        written.push((path, data));
+        if copies_in_sync(&rt, &c).first() == Some(&1) {
+            break;
+        }
+        assert!(
+            written.len() < 400,
+            "server 1's copy of set 0 never left the set with {} MiB written: {:?}",
+            written.len(),
+            stats_of(1)
+        );
+    }
+    let owner = rt
+        .block_on(c.stat(written[0].0.as_str()))
+        .unwrap()
+        .ino
+        .owner();
+    assert_eq!(owner, ServerId(0), "the files were meant for set 0");
+    // Server 1 keeps its reserve (the smaller of 64 MiB and an eighth of
+    // its disk) for its own set: the copy stopped short of it.
+    let one = stats_of(1);
+    let reserve = (64u64 << 20).min(one.bytes_total / 8);
+    assert!(
+        one.bytes_avail >= reserve / 2,
+        "server 1's copy of set 0 took its disk down to {} bytes free (reserve {reserve})",
+        one.bytes_avail
+    );
+    // Set 0's primary shows the catch-up waiting, and why.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let rebuilds = stats_of(0).rebuilds;
+        if rebuilds.iter().any(|r| {
+            r.replica == ServerId(1)
+                && r.phase == madfs_client::RebuildPhase::Waiting
+                && r.failure.contains("keeps its last")
+        }) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no catch-up of server 1 waiting for room: {rebuilds:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // Room is made on set 0; the copy catches up, without a restart.
+    let kept = written.split_off(written.len() - 4);
+    for (path, _) in &written {
+        rt.block_on(c.remove_file(path.as_str())).unwrap();
+    }
+    wait_all_in_sync(&|| copies_in_sync(&rt, &c), 60, "after room was made");
+    // Server 1 serves set 0 from that copy once server 0 is gone.
+    tc.kill9(0);
+    rt.block_on(read_back(&c, &kept));
+    let routes = rt.block_on(c.routes()).unwrap();
+    assert_eq!(routes[0], ServerId(1), "{routes:?}");
+}

@@ -196,6 +196,29 @@ impl WriteBatch {
     }
 
     /// A batch `encode` made; None if `bytes` is not one.
+    /// Bytes the puts of an encoded batch (`encode`) bring (their keys
+    /// and values; deletes bring none), read without decoding it. None if
+    /// it does not decode.
+    pub fn encoded_put_bytes(mut bytes: &[u8]) -> Option<u64> {
+        let skip = |b: &mut &[u8]| -> Option<u64> {
+            let len = u32::from_le_bytes(b.get(..4)?.try_into().ok()?) as usize;
+            *b = b.get(4 + len..)?;
+            Some(len as u64)
+        };
+        let mut total = 0u64;
+        while let Some((&tag, rest)) = bytes.split_first() {
+            bytes = rest;
+            match tag {
+                1 => total += skip(&mut bytes)? + skip(&mut bytes)?,
+                2 => {
+                    skip(&mut bytes)?;
+                }
+                _ => return None,
+            }
+        }
+        Some(total)
+    }
+
     pub fn decode(mut bytes: &[u8]) -> Option<WriteBatch> {
         fn field<'a>(b: &mut &'a [u8]) -> Option<&'a [u8]> {
             let len = u32::from_le_bytes(b.get(..4)?.try_into().ok()?) as usize;

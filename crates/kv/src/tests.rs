@@ -458,6 +458,17 @@ fn batches_round_trip_through_bytes() {
         assert!(partial.is_none() || partial.unwrap().len() < b.len());
     }
     assert!(WriteBatch::decode(&[9, 0, 0, 0, 0]).is_none());
+    // The bytes its puts bring: keys and values, not the deletes.
+    assert_eq!(WriteBatch::encoded_put_bytes(&bytes), Some(2 + 300 + 2 + 5));
+    assert_eq!(WriteBatch::encoded_put_bytes(&[]), Some(0));
+    for cut in 1..bytes.len() {
+        let whole = WriteBatch::decode(&bytes[..cut]).is_some();
+        assert_eq!(
+            WriteBatch::encoded_put_bytes(&bytes[..cut]).is_some(),
+            whole
+        );
+    }
+    assert!(WriteBatch::encoded_put_bytes(&[9, 0, 0, 0, 0]).is_none());
 }
 
 #[test]

@@ -287,6 +287,9 @@ pub const SEAL_HOLDERS_MAX: usize = 16;
 
 /// ReplicaDigests: chunk files asked about in one request, at most.
 pub const REPLICA_DIGESTS_MAX: usize = 4096;
+/// Longest reason a rebuild's last attempt failed (`Rebuild::failure`);
+/// longer ones are cut.
+pub const REBUILD_FAILURE_MAX_BYTES: usize = 1024;
 
 /// ReplicaKeyRange: the longest key a range may start after or end at
 /// (store keys are a prefix, ids and at most a 255-byte name).
@@ -764,6 +767,9 @@ pub struct Rebuild {
     /// Of `bytes_done`, the bytes the replica already held as they are
     /// (compared by digest) and that were not sent.
     pub bytes_kept: u64,
+    /// Why the last attempt failed (empty: none failed), shown while the
+    /// rebuild waits to try again (`RebuildPhase::Waiting`).
+    pub failure: String,
 }
 
 /// The steps of a rebuild, in order.
@@ -778,6 +784,9 @@ pub enum RebuildPhase {
     Chunks = 2,
     /// Shipping the records written since the rebuild started.
     CatchingUp = 3,
+    /// An attempt failed (a full disk on the replica, a refusal, a
+    /// connection lost); the next starts after a pause.
+    Waiting = 4,
 }
 
 impl RebuildPhase {
@@ -787,6 +796,7 @@ impl RebuildPhase {
             1 => RebuildPhase::Keys,
             2 => RebuildPhase::Chunks,
             3 => RebuildPhase::CatchingUp,
+            4 => RebuildPhase::Waiting,
             _ => return None,
         })
     }
@@ -797,6 +807,7 @@ impl RebuildPhase {
             RebuildPhase::Keys => "comparing and copying metadata",
             RebuildPhase::Chunks => "comparing and copying chunk data",
             RebuildPhase::CatchingUp => "applying the changes since",
+            RebuildPhase::Waiting => "waiting to try again",
         }
     }
 }
@@ -1842,6 +1853,11 @@ impl Reply {
                     e.u64(r.bytes_done);
                     e.u64(r.bytes_total);
                     e.u64(r.bytes_kept);
+                    let mut end = r.failure.len().min(REBUILD_FAILURE_MAX_BYTES);
+                    while !r.failure.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    e.str16(&r.failure[..end]);
                 }
             }
             Reply::Sealed { empty } => {
@@ -2080,6 +2096,7 @@ impl Reply {
                             bytes_done: d.u64()?,
                             bytes_total: d.u64()?,
                             bytes_kept: d.u64()?,
+                            failure: d.str16(REBUILD_FAILURE_MAX_BYTES, "rebuild failure")?,
                         });
                     }
                     all
@@ -2674,6 +2691,7 @@ mod tests {
                     bytes_done: 1 << 20,
                     bytes_total: 3 << 20,
                     bytes_kept: 1 << 19,
+                    failure: "no space left on device".into(),
                 }],
             }),
             Reply::Sealed { empty: false },

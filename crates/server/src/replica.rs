@@ -81,6 +81,9 @@ pub(crate) struct ReplicaCopies {
     /// When the last ReplicaApply came (a stopping server waits for its
     /// primaries' last records: `quiet_for`).
     last_apply: Mutex<Option<std::time::Instant>>,
+    /// Free space of the data directory's file system, which the copies
+    /// share with the server's own set (`room_for`).
+    space: crate::space::SpaceGauge,
     /// The kernel boot positions are written in (`Position::whole`).
     boot: Option<BootId>,
     /// This server's own store: once its set moved away (never served
@@ -103,6 +106,7 @@ impl ReplicaCopies {
     ) -> ReplicaCopies {
         ReplicaCopies {
             me,
+            space: crate::space::SpaceGauge::new(root.clone()),
             root,
             sets,
             home,
@@ -234,6 +238,38 @@ impl ReplicaCopies {
         ))
     }
 
+    /// Room for `growth` more bytes in the copy of `set`: refused
+    /// (NoSpace) where they would take the disk into the reserve that the
+    /// server's own set stops at (`space::reserve`), or for a resync's
+    /// load (`loading`), into twice it: a rebuild never takes the room the
+    /// server's own writers need. Before, a copy wrote until the disk was
+    /// full, and the server's own set then met ENOSPC in RocksDB itself.
+    fn room_for(&self, set: ServerId, growth: u64, loading: bool) -> Result<(), WireError> {
+        if growth == 0 {
+            return Ok(());
+        }
+        let factor = if loading { 2 } else { 1 };
+        let granted = self
+            .space
+            .grant(growth, |total| factor * crate::space::reserve(total))
+            .map_err(|e| {
+                err(
+                    ErrorCode::Io,
+                    format!("server {}: measuring free space: {e}", self.me),
+                )
+            })?;
+        granted.map_err(|reserve| {
+            err(
+                ErrorCode::NoSpace,
+                format!(
+                    "server {} keeps its last {reserve} bytes free: its copy of set {set} \
+                     takes no more",
+                    self.me
+                ),
+            )
+        })
+    }
+
     /// Refuse records (and a load's questions) for a copy served here.
     fn not_promoted(&self, set: ServerId) -> Result<(), WireError> {
         if !self.is_promoted(set) {
@@ -336,6 +372,7 @@ impl ReplicaCopies {
         let (kv, chunks) = (copy.kv.clone(), copy.chunks.clone());
         let (stream, start, boot) = (copy.stream, first_seq + skip as u64, self.boot);
         let todo: Vec<Record> = records.into_iter().skip(skip).collect();
+        self.room_for(set, growth(&todo), false)?;
         // Records this call acknowledges without a sync after them.
         let leaves_unsynced = todo.last().is_some_and(|r| !matches!(r, Record::Sync));
         let mark = (leaves_unsynced && !copy.marked)
@@ -600,6 +637,22 @@ fn apply_records(
         kv.write(b, false).map_err(|e| (last, e.to_string()))?;
     }
     Ok(last)
+}
+
+/// Bytes `records` may add to a copy: their data, and the keys and values
+/// their metadata batches put. Removals add none: they go through on a
+/// full disk, as on the primary.
+fn growth(records: &[Record]) -> u64 {
+    records
+        .iter()
+        .map(|r| match r {
+            Record::ChunkWrite { data, .. } => data.len() as u64,
+            Record::Kv { batch, .. } => {
+                WriteBatch::encoded_put_bytes(batch).unwrap_or(batch.len() as u64)
+            }
+            _ => 0,
+        })
+        .sum()
 }
 
 fn decode_batch(batch: &[u8]) -> Result<WriteBatch, String> {

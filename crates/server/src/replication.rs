@@ -57,6 +57,13 @@ const KEPT_RECORDS_MAX: usize = 1 << 18;
 const KEPT_BYTES_MAX: usize = 256 << 20;
 /// ...for at most this long after it left.
 const KEPT_FOR: Duration = Duration::from_secs(120);
+/// Records kept for a replica catching up (written during its load, sent
+/// after it), at most this many...
+const CATCH_UP_RECORDS_MAX: usize = 1 << 19;
+/// ...of at most this many payload bytes: past them the attempt is given
+/// up (the replica leaves until the next one, `catch_up`), so a load that
+/// outlasts a storm of writes costs the primary bounded memory.
+const CATCH_UP_BYTES_MAX: usize = 1 << 30;
 /// How often an acknowledgement tries again to write the list of copies
 /// it waits for, while the store refuses it (`note_waited`).
 const NOTE_RETRY: Duration = Duration::from_millis(100);
@@ -507,11 +514,28 @@ impl Replicator {
     }
 
     /// Stop keeping records for replicas out of the set once they cost
-    /// more than the limits, or were kept long enough.
+    /// more than the limits, or were kept long enough; give up the
+    /// attempt of a replica catching up (not yet waited for) once the
+    /// records kept for it cost more than theirs.
     fn bound_kept(&self, s: &mut Stream) {
         let over = s.pending.len() > KEPT_RECORDS_MAX || s.pending_bytes > KEPT_BYTES_MAX;
         let now = std::time::Instant::now();
         let mut dropped = false;
+        if s.pending.len() > CATCH_UP_RECORDS_MAX || s.pending_bytes > CATCH_UP_BYTES_MAX {
+            let (records, bytes) = (s.pending.len(), s.pending_bytes);
+            for r in s.replicas.iter_mut() {
+                if r.out.is_none() && r.syncing && !r.awaited {
+                    let why = format!(
+                        "the changes made during its catch-up outgrew what is kept for it \
+                         ({records} records, {bytes} bytes)"
+                    );
+                    tracing::error!("set {}: replica {}: {why}", self.set, r.server);
+                    r.out = Some(why);
+                    r.kept_until = None;
+                    dropped = true;
+                }
+            }
+        }
         for r in s.replicas.iter_mut().filter(|r| r.out.is_some()) {
             if r.kept_until.is_some_and(|until| over || now >= until) {
                 r.kept_until = None;
@@ -534,11 +558,18 @@ impl Replicator {
     /// with its copy whole), the records after its last acknowledgement
     /// are kept for a while, to replay instead of a whole load.
     fn leave(&self, i: usize, why: String, keep: bool) {
+        self.leave_if(i, None, why, keep);
+    }
+
+    /// `leave`, if replica `i` is still in the set, and at `generation`
+    /// where given (not taken up again by a newer catch-up). Whether it
+    /// left.
+    fn leave_if(&self, i: usize, generation: Option<u64>, why: String, keep: bool) -> bool {
         let mut s = self.lock();
         let s = &mut *s;
         let r = &mut s.replicas[i];
-        if r.out.is_some() {
-            return;
+        if r.out.is_some() || generation.is_some_and(|g| g != r.generation) {
+            return false;
         }
         tracing::error!(
             "replica {} of set {} leaves the set, not acknowledging anymore: {why}",
@@ -555,6 +586,7 @@ impl Replicator {
         }
         self.trim(s);
         self.acked.notify_waiters();
+        true
     }
 
     /// The map no longer counts `server` in the set: stop shipping to it.
@@ -591,11 +623,24 @@ impl Replicator {
     /// left). Its index, generation and the first record it will get;
     /// None if records already go to it.
     fn add_syncing(&self, server: ServerId) -> Option<(usize, u64, u64)> {
+        self.add_syncing_if(server, None)
+    }
+
+    /// `add_syncing`, only if `server`'s catch-up is still at `generation`
+    /// where given (a catch-up that paused after a failed attempt, and
+    /// that nothing took over or ended meanwhile: `forget_catch_up`).
+    fn add_syncing_if(
+        &self,
+        server: ServerId,
+        generation: Option<u64>,
+    ) -> Option<(usize, u64, u64)> {
         let mut s = self.lock();
         let from = s.next_seq;
         let first_pending = s.next_seq - s.pending.len() as u64;
         let i = match s.replicas.iter().position(|r| r.server == server) {
             Some(i) if s.replicas[i].out.is_none() => return None,
+            Some(i) if generation.is_some_and(|g| g != s.replicas[i].generation) => return None,
+            None if generation.is_some() => return None,
             Some(i) => i,
             None => {
                 s.replicas.push(Replica {
@@ -619,6 +664,8 @@ impl Replicator {
         r.awaited = false;
         r.generation += 1;
         r.acked = from - 1;
+        // What the last attempt failed with stays shown until one passes.
+        let failure = r.rebuild.take().map(|b| b.failure).unwrap_or_default();
         r.rebuild = Some(Rebuild {
             replica: server,
             phase: RebuildPhase::Starting,
@@ -627,8 +674,46 @@ impl Replicator {
             bytes_done: 0,
             bytes_total: 0,
             bytes_kept: 0,
+            failure,
         });
         Some((i, r.generation, from))
+    }
+
+    /// Replica `i`'s catch-up of `generation` failed with `why` while the
+    /// map still lists it as catching up: it leaves until the next attempt
+    /// (no records are kept for it meanwhile: kept for a replica that
+    /// took none, they grew without bound), and its rebuild shows as
+    /// waiting. False if a newer catch-up took over, or it left already
+    /// (the group took it out).
+    fn pause_catch_up(&self, i: usize, generation: u64, why: &str) -> bool {
+        if !self.leave_if(
+            i,
+            Some(generation),
+            format!("its catch-up failed ({why}); it is tried again later"),
+            false,
+        ) {
+            return false;
+        }
+        let mut s = self.lock();
+        if let Some(p) = s.replicas[i].rebuild.as_mut() {
+            p.phase = RebuildPhase::Waiting;
+            p.failure = why.to_string();
+        }
+        true
+    }
+
+    /// The map lists `server` neither in the set nor catching up: a
+    /// catch-up of it waiting for its next attempt starts none.
+    pub(crate) fn forget_catch_up(&self, server: ServerId) {
+        let mut s = self.lock();
+        if let Some(r) = s
+            .replicas
+            .iter_mut()
+            .find(|r| r.server == server && r.out.is_some())
+        {
+            r.generation += 1;
+            r.rebuild = None;
+        }
     }
 
     /// The resyncs running now and how far each has come.
@@ -923,6 +1008,66 @@ mod tests {
         r.acknowledge(0, 0, last);
         assert!(r.lock().pending.is_empty(), "no longer kept");
         assert_eq!(r.add_syncing(ServerId(2)).unwrap().2, last + 1);
+    }
+
+    /// A catch-up whose attempt failed while the map still lists its
+    /// replica as catching up keeps no records for it until the next
+    /// attempt, which starts from the stream's next record; one the map
+    /// no longer lists starts none.
+    #[test]
+    fn a_catch_up_waiting_to_try_again_keeps_no_records_for_its_replica() {
+        let r = Replicator::new(ServerId(0), &[]);
+        let (i, generation, from) = r.add_syncing(ServerId(1)).unwrap();
+        assert_eq!(from, 1);
+        for _ in 0..10 {
+            r.record(Record::Sync);
+        }
+        assert_eq!(r.lock().pending.len(), 10, "kept for the catch-up");
+        assert!(r.pause_catch_up(i, generation, "no space left on device"));
+        assert!(r.lock().pending.is_empty(), "kept while it waits");
+        r.record(Record::Sync);
+        assert!(r.lock().pending.is_empty(), "kept while it waits");
+        let shown = r.rebuilds();
+        assert_eq!(shown.len(), 1);
+        assert_eq!(shown[0].phase, RebuildPhase::Waiting);
+        assert_eq!(shown[0].failure, "no space left on device");
+        // An older attempt cannot pause the catch-up again.
+        assert!(!r.pause_catch_up(i, generation, "late"));
+
+        let (i, next, from) = r.add_syncing_if(ServerId(1), Some(generation)).unwrap();
+        assert_eq!((next, from), (generation + 1, 12));
+        assert!(
+            r.add_syncing_if(ServerId(1), Some(next)).is_none(),
+            "records go to it already"
+        );
+        let shown = r.rebuilds();
+        assert_eq!(shown[0].phase, RebuildPhase::Starting);
+        assert_eq!(
+            shown[0].failure, "no space left on device",
+            "until one passes"
+        );
+
+        assert!(r.pause_catch_up(i, next, "refused"));
+        r.forget_catch_up(ServerId(1));
+        assert!(r.add_syncing_if(ServerId(1), Some(next)).is_none());
+        assert!(r.rebuilds().is_empty());
+        assert!(r.lock().pending.is_empty());
+    }
+
+    /// The records kept for a replica catching up (written while it is
+    /// loaded) are bounded: past the bound its attempt is given up, and
+    /// they go. Before, a catch-up given up after its tries left its
+    /// replica listed, and the primary kept every later record for it.
+    #[test]
+    fn records_kept_for_a_catch_up_are_bounded() {
+        let r = Replicator::new(ServerId(0), &[]);
+        r.add_syncing(ServerId(1)).unwrap();
+        for _ in 0..=CATCH_UP_RECORDS_MAX {
+            r.record(Record::Sync);
+        }
+        assert!(r.lock().pending.is_empty(), "still kept");
+        let (_, _, out) = r.replicas().pop().unwrap();
+        assert!(out.is_some_and(|why| why.contains("outgrew")));
     }
 
     /// A caught-up replica is waited for before the group is asked to

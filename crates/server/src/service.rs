@@ -31,12 +31,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
-/// Free space kept back from operations that grow the store: RocksDB needs
-/// room to roll its log and flush memtables (up to its 64 MiB memtable
-/// budget), and removals must keep working on a full disk. Without it,
-/// RocksDB itself hits ENOSPC and refuses every later write until restart.
-const SPACE_RESERVE_MAX_BYTES: u64 = 64 << 20;
-
 /// How long a stopping server waits for its replicas to take its last records.
 const SHUTDOWN_REPLICATION_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -430,12 +424,12 @@ impl Server {
         b.put(&keys::dentry(parent, name), &encode_dentry(kind, ino));
     }
 
-    /// Refuse growth (ENOSPC) once free space would drop into the reserve:
-    /// the smaller of 64 MiB and an eighth of the disk.
+    /// Refuse growth (ENOSPC) once free space would drop into the reserve
+    /// (`space::reserve`).
     pub(crate) fn check_space(&self, growth: u64) -> Result<(), WireError> {
         let granted = self
             .space
-            .grant(growth, |total| SPACE_RESERVE_MAX_BYTES.min(total / 8))
+            .grant(growth, crate::space::reserve)
             .map_err(io_err)?;
         granted.map_err(|reserve| {
             err(

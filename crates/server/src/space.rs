@@ -18,6 +18,20 @@ const SAMPLE_MAX_AGE: Duration = Duration::from_millis(20);
 /// (total, free, available to unprivileged users) bytes of a file system.
 pub type Space = (u64, u64, u64);
 
+/// Free space kept back from operations that grow the store: RocksDB needs
+/// room to roll its log and flush memtables (up to its 64 MiB memtable
+/// budget), and removals must keep working on a full disk. Without it,
+/// RocksDB itself hits ENOSPC and refuses every later write until restart.
+const SPACE_RESERVE_MAX_BYTES: u64 = 64 << 20;
+
+/// The reserve of a file system of `total` bytes: the smaller of 64 MiB
+/// and an eighth of it. A server's own set grows up to it; the copies it
+/// keeps of other sets too, and a resync's load only up to twice it
+/// (replica.rs `room_for`).
+pub(crate) fn reserve(total: u64) -> u64 {
+    SPACE_RESERVE_MAX_BYTES.min(total / 8)
+}
+
 struct Sample {
     taken: Instant,
     total: u64,

@@ -56,6 +56,8 @@ pub struct Options {
     /// own (see `tmpfs_wrapper`), so it needs no privileges, is seen by that
     /// server only, and vanishes with it: such a server cannot be restarted.
     pub tmpfs_bytes: Option<u64>,
+    /// With `tmpfs_bytes`: only these servers get the tmpfs (empty: all).
+    pub tmpfs_servers: Vec<usize>,
     /// More arguments for `madfs server` (e.g. `--find-index-mib 0`).
     pub server_args: Vec<String>,
     /// More environment variables for `madfs server` (test knobs such as
@@ -247,13 +249,20 @@ impl TestCluster {
         self.children[i].as_ref().expect("server is running").id()
     }
 
+    /// The size of server `i`'s private tmpfs, if it has one.
+    fn tmpfs_of(&self, i: usize) -> Option<u64> {
+        self.opts
+            .tmpfs_bytes
+            .filter(|_| self.opts.tmpfs_servers.is_empty() || self.opts.tmpfs_servers.contains(&i))
+    }
+
     fn spawn(&self, i: usize) -> Child {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.log_path(i))
             .expect("open server log");
-        let mut cmd = match self.opts.tmpfs_bytes {
+        let mut cmd = match self.tmpfs_of(i) {
             None => Command::new(MADFS),
             Some(bytes) => {
                 // The mount point must exist (and be empty: what is under
@@ -479,7 +488,7 @@ impl TestCluster {
     pub fn restart(&mut self, i: usize) {
         assert!(self.children[i].is_none(), "server {i} is still running");
         assert!(
-            self.opts.tmpfs_bytes.is_none(),
+            self.tmpfs_of(i).is_none(),
             "server {i}'s data died with it (it was on a private tmpfs)"
         );
         let child = self.spawn(i);

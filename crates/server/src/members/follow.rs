@@ -165,8 +165,12 @@ impl Members {
             }
         }
         for (j, _, out) in rep.replicas() {
-            if out.is_none() && !s.members.contains(&j) && !s.syncing.contains(&j) {
-                rep.drop_replica(j);
+            if !s.members.contains(&j) && !s.syncing.contains(&j) {
+                match out {
+                    None => rep.drop_replica(j),
+                    // Its catch-up may be waiting to try again.
+                    Some(_) => rep.forget_catch_up(j),
+                }
             }
         }
     }

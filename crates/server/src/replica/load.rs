@@ -123,6 +123,7 @@ impl ReplicaCopies {
                     .into(),
             ));
         }
+        self.make_room(set, super::growth(&records), copy).await?;
         // The load ends with a sync: the copy is whole and durable from
         // then on, at the reset's position (the records after it, replayed
         // on top, bring what the load took mid-change to its final value).
@@ -170,6 +171,60 @@ impl ReplicaCopies {
             );
         }
         ack(copy.applied)
+    }
+
+    /// Room for `growth` bytes of a load into `copy`, the copy of `set`
+    /// (`room_for`). Short of it, the copy's chunk files the load has not
+    /// asked about yet go first: the load's end would drop those its
+    /// primary no longer has, and sends the others again. A copy that left
+    /// its set while its server's disk filled up kept the files of
+    /// everything removed since, and its load met a full disk before its
+    /// end could drop them: the server's own set stayed full for good.
+    async fn make_room(
+        &self,
+        set: ServerId,
+        growth: u64,
+        copy: &mut ReplicaCopy,
+    ) -> Result<(), madfs_proto::WireError> {
+        let Err(full) = self.room_for(set, growth, true) else {
+            return Ok(());
+        };
+        let Some(seen) = copy.load_seen.take() else {
+            return Err(full);
+        };
+        let chunks = copy.chunks.clone();
+        let dropped = crate::service::blocking(move || {
+            let mut dropped = 0u64;
+            for (ino, index, path) in chunks.list_chunks()? {
+                if !seen.contains(&(ino, index)) {
+                    chunks.drop_file(&path)?;
+                    dropped += 1;
+                }
+            }
+            Ok((seen, dropped))
+        })
+        .await;
+        let (seen, dropped) = match dropped {
+            Ok(d) => d,
+            Err(e) => {
+                return Err(err(
+                    ErrorCode::Io,
+                    format!(
+                        "server {}'s copy of set {set}: making room for its load: {e}",
+                        self.me
+                    ),
+                ))
+            }
+        };
+        copy.load_seen = Some(seen);
+        if dropped > 0 {
+            tracing::info!(
+                "server {}: copy of set {set} short of room for its load: {dropped} chunk \
+                 files not compared yet dropped",
+                self.me
+            );
+        }
+        self.room_for(set, growth, true)
     }
 
     /// A resync's question (`Op::ReplicaDigests`): how the copy of `set`,

@@ -26,45 +26,48 @@ impl Replicator {
     /// in sync. Runs in a task of its own; gives up (the replica stays
     /// out, and may be resynced again) on any failure.
     pub(crate) fn catch_up(self: &Arc<Self>, server: Arc<crate::Server>, replica: ServerId) {
-        let Some((i, generation, from)) = self.add_syncing(replica) else {
+        let Some((mut i, mut generation, mut from)) = self.add_syncing(replica) else {
             return;
         };
         let me = self.clone();
         tokio::spawn(async move {
-            for attempt in 1..=RESYNC_ATTEMPTS {
-                if me.resync(&server, i, generation, from, replica).await {
-                    return;
-                }
-                // Over when overtaken by a newer catch-up, and given up
-                // when it left the set meanwhile (the group agreed): the
-                // records kept for it from `from` are gone, so another
-                // attempt would load the whole copy and fail at once; the
-                // group's next map lists it as catching up again once it
-                // asks, and that starts a new catch-up.
-                let over = {
-                    let mut st = me.lock();
-                    let r = &mut st.replicas[i];
-                    if r.generation != generation {
-                        true
-                    } else if r.out.is_some() || attempt == RESYNC_ATTEMPTS {
-                        // Given up: no progress to show (the replica stays
-                        // out).
-                        r.rebuild = None;
-                        true
-                    } else {
-                        false
-                    }
+            let most = resync_pause_max();
+            let mut pause = RESYNC_PAUSE.min(most);
+            loop {
+                let why = match me.resync(&server, i, generation, from, replica).await {
+                    Ok(()) => return,
+                    Err(why) => why,
                 };
-                if over {
+                // Over when overtaken by a newer catch-up, and when it left
+                // the set meanwhile (the group agreed): the records kept
+                // for it from `from` are gone, so another attempt would
+                // load the whole copy and fail at once; the group's next
+                // map lists it as catching up again once it asks, and
+                // that starts a new catch-up. Else, while the map lists
+                // it as catching up, it is tried again, ever less often:
+                // a failure may last (its disk full until files are
+                // removed), and a catch-up once given up for good after
+                // 10 tries left the set short of a copy until a restart,
+                // and kept every record for it in memory meanwhile.
+                if !me.pause_catch_up(i, generation, &why) {
                     return;
                 }
-                tokio::time::sleep(RESYNC_PAUSE).await;
+                tracing::warn!(
+                    "set {}: catching up server {replica} failed ({why}); next try in {pause:?}",
+                    me.set
+                );
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(most);
+                match me.add_syncing_if(replica, Some(generation)) {
+                    Some(next) => (i, generation, from) = next,
+                    None => return,
+                }
             }
         });
     }
 
-    /// One attempt at a resync (see `catch_up`); whether it is over (done,
-    /// or overtaken by a newer one).
+    /// One attempt at a resync (see `catch_up`): Ok if it is over (done,
+    /// or overtaken by a newer one), else why it failed.
     async fn resync(
         self: &Arc<Self>,
         server: &Arc<crate::Server>,
@@ -72,7 +75,7 @@ impl Replicator {
         generation: u64,
         from: u64,
         replica: ServerId,
-    ) -> bool {
+    ) -> Result<(), String> {
         tracing::info!(
             "set {}: resync of server {replica} starts (records from {from} kept for it)",
             self.set
@@ -98,7 +101,7 @@ impl Replicator {
                 ),
                 Err(e) => {
                     tracing::error!("set {}: resync of server {replica} failed: {e}", self.set);
-                    return false;
+                    return Err(e);
                 }
             }
         }
@@ -112,10 +115,10 @@ impl Replicator {
                 let s = self.lock();
                 let r = &s.replicas[i];
                 if r.generation != generation {
-                    return true;
+                    return Ok(());
                 }
-                if r.out.is_some() {
-                    return false;
+                if let Some(why) = &r.out {
+                    return Err(format!("it left the set: {why}"));
                 }
                 if r.acked >= target {
                     break;
@@ -124,7 +127,7 @@ impl Replicator {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         if !self.set_awaited(i, generation, true) {
-            return false;
+            return Err("its name could not be kept in the store".into());
         }
         let counted = match self.group.get() {
             Some(g) => g.mark_in_sync(self.set, replica).await,
@@ -133,11 +136,11 @@ impl Replicator {
         if !counted {
             self.set_awaited(i, generation, false);
             self.acked.notify_waiters();
-        } else {
-            self.mark_in_sync(replica);
-            tracing::info!("set {}: server {replica} is in sync again", self.set);
+            return Err("the membership group did not count it in sync".into());
         }
-        counted
+        self.mark_in_sync(replica);
+        tracing::info!("set {}: server {replica} is in sync again", self.set);
+        Ok(())
     }
 
     /// Whether `replica`'s copy already has this stream up to record
@@ -489,9 +492,22 @@ fn load_keys_per_call() -> usize {
     })
 }
 
-/// Attempts at a resync of one server, and the pause between two.
-const RESYNC_ATTEMPTS: u32 = 10;
+/// Pause after a catch-up's first failed attempt; doubled at each next
+/// one up to `RESYNC_PAUSE_MAX`.
 const RESYNC_PAUSE: Duration = Duration::from_secs(1);
+const RESYNC_PAUSE_MAX: Duration = Duration::from_secs(60);
+
+/// `RESYNC_PAUSE_MAX`, or `MADFS_RESYNC_PAUSE_MAX_MS` where set (tests
+/// that wait for a catch-up once its cause of failure is gone).
+fn resync_pause_max() -> Duration {
+    static MAX: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::env::var("MADFS_RESYNC_PAUSE_MAX_MS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .map_or(RESYNC_PAUSE_MAX, Duration::from_millis)
+    })
+}
 /// Keys per load call of a resync.
 const LOAD_KEYS_PER_CALL: usize = 4096;
 /// Bytes of a chunk file per load call of a resync.
