@@ -1153,22 +1153,17 @@ impl Client {
         }
     }
 
-    /// Space and inode counts summed over every server.
+    /// Space and inode counts of the whole file system: inodes and data
+    /// summed over every set, space as writes can use it (`FsStats::usable`:
+    /// a disk servers share counted once, over the copies kept, at the
+    /// fullest disk's pace).
     pub async fn statfs(&self) -> Result<FsStats> {
         let all = try_join_bounded(
             self.pool.servers().map(|s| self.statfs_one(s)).collect(),
             FANOUT_MAX,
         )
         .await?;
-        Ok(all.iter().fold(FsStats::default(), |acc, s| FsStats {
-            bytes_total: acc.bytes_total.saturating_add(s.bytes_total),
-            bytes_free: acc.bytes_free.saturating_add(s.bytes_free),
-            bytes_avail: acc.bytes_avail.saturating_add(s.bytes_avail),
-            inodes: acc.inodes.saturating_add(s.inodes),
-            data_bytes: acc.data_bytes.saturating_add(s.data_bytes),
-            failure: acc.failure.clone().or_else(|| s.failure.clone()),
-            rebuilds: Vec::new(),
-        }))
+        Ok(FsStats::usable(&all))
     }
 
     /// Each server's statistics or why it could not answer. Bounded by the

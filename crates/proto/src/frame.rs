@@ -33,8 +33,10 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"MDFS");
 /// poisoned by a failed fsync). 5: ReplicaApply between servers. 6: map
 /// addresses (a replacement at a new address). 7: requests carry an
 /// `OpId` for those that must run once. 8: Seal carries the removed name
-/// (and settles lapsed seals), Routes carries the membership voters.
-pub const PROTOCOL_VERSION: u8 = 8;
+/// (and settles lapsed seals), Routes carries the membership voters. 9:
+/// FsStats carries its disk, reserve and copies, and a rebuild why its
+/// last attempt failed.
+pub const PROTOCOL_VERSION: u8 = 9;
 /// Largest message body: a full readdir page of long names fits.
 pub const BODY_MAX_BYTES: u32 = 2 * 1024 * 1024;
 /// Largest bulk payload: one whole chunk at the largest chunk size.

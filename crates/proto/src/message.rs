@@ -748,6 +748,63 @@ pub struct FsStats {
     /// The copies of this set being rebuilt on other servers (with
     /// replicas: a returning or replacement server catching up).
     pub rebuilds: Vec<Rebuild>,
+    /// Which file system the byte counts are of (its host's boot and the
+    /// file system's id, hashed; 0: not known): servers on one disk give
+    /// the same, and it is counted once (`FsStats::usable`).
+    pub disk: u64,
+    /// Of `bytes_avail`, what the server keeps back from growth (its
+    /// reserve: removals and RocksDB's own writes).
+    pub bytes_reserved: u64,
+    /// How many copies the cluster keeps of every byte (its `replicas`).
+    pub copies: u8,
+}
+
+impl FsStats {
+    /// What the file system holds and has room for, from each set's
+    /// statistics (`per_set`, in set order), as `statfs(2)` should say it:
+    /// a disk that several servers share counts once, every byte written
+    /// takes `copies` bytes, and writes spread evenly over the sets fill
+    /// the disk that takes the largest share of them first. So the room
+    /// is each disk's room above its reserve, over the share of the data
+    /// it takes (its sets' placements: each set's own data and its
+    /// copies, `copies` per set), at the most crowded disk.
+    pub fn usable(per_set: &[FsStats]) -> FsStats {
+        let n = per_set.len() as u64;
+        let copies = per_set.iter().map(|s| s.copies).max().unwrap_or(1).max(1) as u64;
+        // Disks (0: one of its own per set), and the sets on each.
+        let mut disks: Vec<(u64, u64, &FsStats)> = Vec::new();
+        for (i, s) in per_set.iter().enumerate() {
+            let id = if s.disk == 0 {
+                u64::MAX - i as u64
+            } else {
+                s.disk
+            };
+            match disks.iter_mut().find(|(d, _, _)| *d == id) {
+                Some((_, k, _)) => *k += 1,
+                None => disks.push((id, 1, s)),
+            }
+        }
+        let room = |of: fn(&FsStats) -> u64| {
+            disks
+                .iter()
+                .map(|&(_, k, s)| (of(s) as u128 * n as u128 / (k * copies) as u128) as u64)
+                .min()
+                .unwrap_or(0)
+        };
+        let total = disks.iter().map(|(_, _, s)| s.bytes_total).sum::<u64>() / copies;
+        FsStats {
+            bytes_total: total,
+            bytes_free: room(|s| s.bytes_free).min(total),
+            bytes_avail: room(|s| s.bytes_avail.saturating_sub(s.bytes_reserved)).min(total),
+            inodes: per_set.iter().map(|s| s.inodes).sum(),
+            data_bytes: per_set.iter().map(|s| s.data_bytes).sum(),
+            failure: per_set.iter().find_map(|s| s.failure.clone()),
+            rebuilds: Vec::new(),
+            disk: 0,
+            bytes_reserved: 0,
+            copies: copies as u8,
+        }
+    }
 }
 
 /// A copy of one replica set being rebuilt on `replica`, as its primary
@@ -1859,6 +1916,9 @@ impl Reply {
                     }
                     e.str16(&r.failure[..end]);
                 }
+                e.u64(s.disk);
+                e.u64(s.bytes_reserved);
+                e.u8(s.copies);
             }
             Reply::Sealed { empty } => {
                 e.u8(tag::SEALED);
@@ -2101,6 +2161,9 @@ impl Reply {
                     }
                     all
                 },
+                disk: d.u64()?,
+                bytes_reserved: d.u64()?,
+                copies: d.u8()?,
             }),
             tag::SEALED => Reply::Sealed { empty: d.bool()? },
             tag::REMOVAL_SETTLED => Reply::RemovalSettled { removed: d.bool()? },
@@ -2675,6 +2738,9 @@ mod tests {
                 data_bytes: 5,
                 failure: None,
                 rebuilds: Vec::new(),
+                disk: 0,
+                bytes_reserved: 0,
+                copies: 1,
             }),
             Reply::FsStats(FsStats {
                 bytes_total: 1,
@@ -2693,6 +2759,9 @@ mod tests {
                     bytes_kept: 1 << 19,
                     failure: "no space left on device".into(),
                 }],
+                disk: 0x1234_5678_9abc_def0,
+                bytes_reserved: 1 << 26,
+                copies: 2,
             }),
             Reply::Sealed { empty: false },
             Reply::RemovalSettled { removed: true },
@@ -2875,6 +2944,61 @@ mod tests {
                 Err(refused)
             );
         }
+    }
+
+    /// What statfs says of the whole file system: a disk counted once
+    /// however many servers share it, every byte taken `copies` times,
+    /// room as writes spread over the sets can use it (the most crowded
+    /// disk fills first), above each disk's reserve.
+    #[test]
+    fn usable_space_counts_each_disk_once_over_the_copies_kept() {
+        let set = |disk: u64, total: u64, avail: u64, reserved: u64, copies: u8| FsStats {
+            bytes_total: total,
+            bytes_free: avail + 10,
+            bytes_avail: avail,
+            inodes: 3,
+            data_bytes: 5,
+            disk,
+            bytes_reserved: reserved,
+            copies,
+            ..FsStats::default()
+        };
+        // Four servers on one disk, two copies: half of it, once.
+        let one_disk = FsStats::usable(&vec![set(7, 1000, 600, 100, 2); 4]);
+        assert_eq!(
+            (
+                one_disk.bytes_total,
+                one_disk.bytes_avail,
+                one_disk.bytes_free
+            ),
+            (500, 250, 305)
+        );
+        assert_eq!((one_disk.inodes, one_disk.data_bytes), (12, 20));
+        // Four disks, one copy: the sum while they are alike...
+        let four: Vec<_> = (1..=4).map(|d| set(d, 1000, 600, 100, 1)).collect();
+        assert_eq!(FsStats::usable(&four).bytes_avail, 2000);
+        assert_eq!(FsStats::usable(&four).bytes_total, 4000);
+        // ...and the fullest one's pace when one fills: a quarter of the
+        // files go there.
+        let mut one_full = four.clone();
+        one_full[2].bytes_avail = 150;
+        assert_eq!(FsStats::usable(&one_full).bytes_avail, 200);
+        one_full[2].bytes_avail = 90;
+        assert_eq!(FsStats::usable(&one_full).bytes_avail, 0, "at its reserve");
+        // After a failover one server serves two sets: its disk takes
+        // twice the share, and is counted once.
+        let moved = [
+            set(1, 1000, 500, 0, 2),
+            set(1, 1000, 500, 0, 2),
+            set(3, 1000, 500, 0, 2),
+            set(4, 1000, 500, 0, 2),
+        ];
+        let after = FsStats::usable(&moved);
+        assert_eq!((after.bytes_total, after.bytes_avail), (1500, 500));
+        // Servers that cannot say which disk they are on count apart.
+        let unknown = FsStats::usable(&[set(0, 1000, 600, 0, 1), set(0, 1000, 600, 0, 1)]);
+        assert_eq!((unknown.bytes_total, unknown.bytes_avail), (2000, 1200));
+        assert_eq!(FsStats::usable(&[]).bytes_total, 0);
     }
 
     #[test]

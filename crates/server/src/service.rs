@@ -52,6 +52,10 @@ pub struct Server {
     pub(crate) chunk_size: u64,
     /// Free space of the data directory's file system.
     pub(crate) space: SpaceGauge,
+    /// Which file system the data directory is on (`space::disk_id`).
+    disk: u64,
+    /// The cluster's copies of every byte (its `replicas`).
+    replicas: u8,
     pub(crate) kv: Arc<dyn KvStore>,
     /// The same store, typed: find reads its in-memory copies.
     pub(crate) indexed: Arc<IndexedKv>,
@@ -286,6 +290,11 @@ impl Server {
             write_verifier: AtomicU64::new(write_verifier.0),
             waited_before,
             chunk_size: cfg.chunk_size,
+            disk: crate::space::disk_id(
+                &data_dir,
+                crate::replica::kernel_boot_id().as_ref().map(|b| &b[..]),
+            ),
+            replicas: cfg.replicas.max(1),
             space: SpaceGauge::new(data_dir),
             kv: kv.clone(),
             indexed,
@@ -453,6 +462,9 @@ impl Server {
                 .as_ref()
                 .map(|r| r.rebuilds())
                 .unwrap_or_default(),
+            disk: self.disk,
+            bytes_reserved: crate::space::reserve(total),
+            copies: self.replicas,
         })
     }
 

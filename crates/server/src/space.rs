@@ -93,7 +93,19 @@ impl SpaceGauge {
     }
 }
 
-fn fs_space(path: &std::path::Path) -> io::Result<Space> {
+/// Which file system `path` is on, on this host: the kernel's boot id and
+/// the file system's id (`statvfs` f_fsid), hashed. Servers of one host on
+/// one disk give the same; 0 where the file system cannot be asked.
+pub fn disk_id(path: &std::path::Path, boot: Option<&[u8]>) -> u64 {
+    let Ok(st) = statvfs(path) else {
+        return 0;
+    };
+    let h =
+        xxhash_rust::xxh3::xxh3_64(&[boot.unwrap_or_default(), &st.f_fsid.to_le_bytes()].concat());
+    h.max(1)
+}
+
+fn statvfs(path: &std::path::Path) -> io::Result<libc::statvfs> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
     // SAFETY: `c` is a valid NUL-terminated path and `st` a properly sized
@@ -103,6 +115,11 @@ fn fs_space(path: &std::path::Path) -> io::Result<Space> {
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
+    Ok(st)
+}
+
+fn fs_space(path: &std::path::Path) -> io::Result<Space> {
+    let st = statvfs(path)?;
     let f = st.f_frsize;
     Ok((st.f_blocks * f, st.f_bfree * f, st.f_bavail * f))
 }
