@@ -144,6 +144,9 @@ struct Replica {
     generation: u64,
     /// How far its resync has come, while one runs.
     rebuild: Option<Rebuild>,
+    /// Out because the records kept for its catch-up outgrew their bound
+    /// (`bound_kept`): its catch-up tries again (`pause_catch_up`).
+    outgrown: bool,
     /// Out of the set, but the records after `acked` are still kept for
     /// it until then (it may come back with its copy whole: cut off, not
     /// crashed), within `KEPT_RECORDS_MAX` and `KEPT_BYTES_MAX`.
@@ -242,6 +245,7 @@ impl Replicator {
                         generation: 0,
                         rebuild: None,
                         kept_until: None,
+                        outgrown: false,
                     })
                     .collect(),
             }),
@@ -532,6 +536,7 @@ impl Replicator {
                     tracing::error!("set {}: replica {}: {why}", self.set, r.server);
                     r.out = Some(why);
                     r.kept_until = None;
+                    r.outgrown = true;
                     dropped = true;
                 }
             }
@@ -652,6 +657,7 @@ impl Replicator {
                     generation: 0,
                     rebuild: None,
                     kept_until: None,
+                    outgrown: false,
                 });
                 s.replicas.len() - 1
             }
@@ -662,6 +668,7 @@ impl Replicator {
         r.out = None;
         r.syncing = true;
         r.awaited = false;
+        r.outgrown = false;
         r.generation += 1;
         r.acked = from - 1;
         // What the last attempt failed with stays shown until one passes.
@@ -686,16 +693,19 @@ impl Replicator {
     /// waiting. False if a newer catch-up took over, or it left already
     /// (the group took it out).
     fn pause_catch_up(&self, i: usize, generation: u64, why: &str) -> bool {
-        if !self.leave_if(
+        let left = self.leave_if(
             i,
             Some(generation),
             format!("its catch-up failed ({why}); it is tried again later"),
             false,
-        ) {
+        );
+        let mut s = self.lock();
+        let r = &mut s.replicas[i];
+        if r.generation != generation || !(left || r.outgrown) {
             return false;
         }
-        let mut s = self.lock();
-        if let Some(p) = s.replicas[i].rebuild.as_mut() {
+        r.outgrown = false;
+        if let Some(p) = r.rebuild.as_mut() {
             p.phase = RebuildPhase::Waiting;
             p.failure = why.to_string();
         }
@@ -1068,6 +1078,15 @@ mod tests {
         assert!(r.lock().pending.is_empty(), "still kept");
         let (_, _, out) = r.replicas().pop().unwrap();
         assert!(out.is_some_and(|why| why.contains("outgrew")));
+        // Its catch-up, finding it out, waits and tries again (one the
+        // group took out would end).
+        let generation = r.lock().replicas[0].generation;
+        assert!(r.pause_catch_up(0, generation, "it left the set"));
+        assert_eq!(r.rebuilds()[0].phase, RebuildPhase::Waiting);
+        assert!(r.add_syncing_if(ServerId(1), Some(generation)).is_some());
+        r.drop_replica(ServerId(1));
+        let generation = r.lock().replicas[0].generation;
+        assert!(!r.pause_catch_up(0, generation, "it left the set"));
     }
 
     /// A caught-up replica is waited for before the group is asked to

@@ -23,8 +23,9 @@ struct Loaded {
 impl Replicator {
     /// Bring `replica` (which the map lists as catching up on this set) a
     /// full copy, then the records since, then ask the group to count it
-    /// in sync. Runs in a task of its own; gives up (the replica stays
-    /// out, and may be resynced again) on any failure.
+    /// in sync. Runs in a task of its own; after a failed attempt the
+    /// replica is out until the next, which starts after a pause, for as
+    /// long as the map lists it as catching up.
     pub(crate) fn catch_up(self: &Arc<Self>, server: Arc<crate::Server>, replica: ServerId) {
         let Some((mut i, mut generation, mut from)) = self.add_syncing(replica) else {
             return;
