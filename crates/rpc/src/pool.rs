@@ -116,7 +116,8 @@ pub struct Pool {
     /// How long a call waits for its set to move (`FAILOVER_WAIT`).
     failover_wait: Duration,
     /// Per set: 0, or 1 + the map epoch at which a call to it waited the
-    /// whole `failover_wait` in vain (every server of the set gone). Until
+    /// whole `failover_wait` in vain (no server of the set answered, not
+    /// even with a refusal: every copy gone). Until
     /// the set answers again or the map changes, a call to it that fails
     /// asks for the routes once and gives up (`after_failover`): a process
     /// that stats a directory's files, a quarter of them on that set, is
@@ -576,12 +577,12 @@ impl Pool {
         if answered {
             self.answered(set);
         }
-        let quick = !answered && self.gave_up_on(set);
+        let mut quick = !answered && self.gave_up_on(set);
         let wait = match quick {
             true => ROUTES_ASK_TIMEOUT,
             false => self.failover_wait,
         };
-        let deadline = tokio::time::Instant::now() + wait;
+        let mut deadline = tokio::time::Instant::now() + wait;
         // The routes are asked at once after the first failure (the set
         // may have moved long ago: a client new to it), then every
         // `ROUTES_POLL`.
@@ -592,7 +593,8 @@ impl Pool {
                 if !quick && !matches!(err, RpcError::Remote(_)) {
                     tracing::warn!(
                         "no server answered for set {set} (last tried: server {tried_on}) in \
-                         {wait:?}: calls to it fail at once until it answers or moves"
+                         {:?}: calls to it fail at once until it answers or moves",
+                        self.failover_wait
                     );
                     self.given_up[set.0 as usize]
                         .store(self.epoch.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
@@ -621,7 +623,16 @@ impl Pool {
             }
             tried_on = self.route(set);
             match again().await {
-                Err(e) if unreachable(&e) => err = e,
+                Err(e) if unreachable(&e) => {
+                    if matches!(e, RpcError::Remote(_)) && quick {
+                        // Alive after all (a refusal for want of a lease):
+                        // waited for as any set.
+                        self.answered(set);
+                        quick = false;
+                        deadline = tokio::time::Instant::now() + self.failover_wait;
+                    }
+                    err = e;
+                }
                 other => {
                     self.answered(set);
                     return other;

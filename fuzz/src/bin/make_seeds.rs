@@ -180,7 +180,11 @@ fn main() {
                         bytes_done: 1 << 20,
                         bytes_total: 3 << 20,
                         bytes_kept: 1 << 19,
+                        failure: "no space left on device".into(),
                     }],
+                    disk: 0x5eed,
+                    bytes_reserved: 1 << 26,
+                    copies: 2,
                 })
                 .encode(),
                 &[],
