@@ -122,8 +122,16 @@ async fn assert_alive(tc: &mut TestCluster, c: &Client, when: &str) {
     );
 }
 
+/// The server's own statistics: its disk as it is, reserve included
+/// (statfs says what writes can use: that, less the reserve).
 async fn stats(c: &Client) -> madfs_client::FsStats {
-    c.statfs().await.expect("statfs")
+    let (_, one) = c
+        .server_stats()
+        .await
+        .into_iter()
+        .next()
+        .expect("one server");
+    one.expect("server statistics")
 }
 
 /// Step 2: write /b in whole chunks until a write fails. Returns the
@@ -241,6 +249,12 @@ async fn full_disk_gives_enospc_and_loses_nothing_acknowledged() {
             st.bytes_avail < reserve + PIECE as u64,
             "{} bytes free after ENOSPC, reserve {reserve}",
             st.bytes_avail
+        );
+        // statfs (what `df` shows) says the file system is full.
+        let usable = c.statfs().await.expect("statfs").bytes_avail;
+        assert!(
+            usable < PIECE as u64,
+            "statfs says {usable} bytes available after ENOSPC"
         );
 
         // 3. The server is alive and answers; nothing acknowledged is lost.
