@@ -137,15 +137,10 @@ impl ReplicaCopies {
         let at = Position::new(copy.stream, copy.applied, true, None);
         let dropped = crate::service::blocking(move || {
             // Before the closing sync, which makes the removals durable.
-            let mut dropped = 0u64;
-            if let Some(keep) = keep {
-                for (ino, index, path) in chunks.list_chunks()? {
-                    if !keep.contains(&(ino, index)) {
-                        chunks.drop_file(&path)?;
-                        dropped += 1;
-                    }
-                }
-            }
+            let dropped = match keep {
+                Some(keep) => drop_unasked(&chunks, &keep)?,
+                None => 0,
+            };
             for r in records {
                 super::apply_one(kv.as_ref(), &chunks, r, None).map_err(std::io::Error::other)?;
             }
@@ -193,29 +188,20 @@ impl ReplicaCopies {
             return Err(full);
         };
         let chunks = copy.chunks.clone();
-        let dropped = crate::service::blocking(move || {
-            let mut dropped = 0u64;
-            for (ino, index, path) in chunks.list_chunks()? {
-                if !seen.contains(&(ino, index)) {
-                    chunks.drop_file(&path)?;
-                    dropped += 1;
-                }
-            }
+        let (seen, dropped) = crate::service::blocking(move || {
+            let dropped = drop_unasked(&chunks, &seen)?;
             Ok((seen, dropped))
         })
-        .await;
-        let (seen, dropped) = match dropped {
-            Ok(d) => d,
-            Err(e) => {
-                return Err(err(
-                    ErrorCode::Io,
-                    format!(
-                        "server {}'s copy of set {set}: making room for its load: {e}",
-                        self.me
-                    ),
-                ))
-            }
-        };
+        .await
+        .map_err(|e| {
+            err(
+                ErrorCode::Io,
+                format!(
+                    "server {}'s copy of set {set}: making room for its load: {e}",
+                    self.me
+                ),
+            )
+        })?;
         copy.load_seen = Some(seen);
         if dropped > 0 {
             tracing::info!(
@@ -360,6 +346,22 @@ impl ReplicaCopies {
         })?;
         Ok((Reply::KeyRangeSame { same }, Vec::new()))
     }
+}
+
+/// Drop every chunk file of a copy that its load has not asked about
+/// (`asked`); how many went.
+fn drop_unasked(
+    chunks: &crate::chunks::ChunkStore,
+    asked: &HashSet<(InodeId, ChunkIndex)>,
+) -> std::io::Result<u64> {
+    let mut dropped = 0u64;
+    for (ino, index, path) in chunks.list_chunks()? {
+        if !asked.contains(&(ino, index)) {
+            chunks.drop_file(&path)?;
+            dropped += 1;
+        }
+    }
+    Ok(dropped)
 }
 
 /// Where a scan of the keys after `after` starts (from the first key, if
