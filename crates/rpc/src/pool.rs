@@ -751,9 +751,7 @@ fn given_up(err: RpcError, set: ServerId, tried_on: ServerId) -> RpcError {
 fn failover_wait() -> Duration {
     static WAIT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
     *WAIT.get_or_init(|| {
-        std::env::var("MADFS_FAILOVER_WAIT_MS")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
+        madfs_types::env_number("MADFS_FAILOVER_WAIT_MS")
             .map_or(FAILOVER_WAIT, Duration::from_millis)
     })
 }

@@ -54,11 +54,7 @@ static CONNECTIONS: AtomicU64 = AtomicU64::new(0);
 pub fn net_delay() -> Option<Duration> {
     static DELAY: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
     *DELAY.get_or_init(|| {
-        let us: u64 = std::env::var("MADFS_NET_DELAY_US")
-            .ok()?
-            .trim()
-            .parse()
-            .ok()?;
+        let us = madfs_types::env_number("MADFS_NET_DELAY_US")?;
         let d = Duration::from_micros(us).min(NET_DELAY_MAX);
         (!d.is_zero()).then_some(d)
     })

@@ -56,9 +56,7 @@ pub const FSYNC_FAULT_ENV: &str = "MADFS_FAULT_FSYNC_FAIL_AFTER";
 fn mirror_pause() -> Option<std::time::Duration> {
     static PAUSE: OnceLock<Option<std::time::Duration>> = OnceLock::new();
     *PAUSE.get_or_init(|| {
-        std::env::var("MADFS_FAULT_MIRROR_PAUSE_US")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
+        madfs_types::env_number("MADFS_FAULT_MIRROR_PAUSE_US")
             .map(|us| std::time::Duration::from_micros(us.min(10_000)))
     })
 }

@@ -476,6 +476,13 @@ pub fn stable_hash(parts: &[&[u8]]) -> u64 {
 }
 
 /// Server holding the dentry `(parent, name)`.
+/// The number environment variable `name` holds (surrounding blanks
+/// allowed), for the knobs tests and operators set (`MADFS_..._MS`); None
+/// where it is unset or not a number.
+pub fn env_number(name: &str) -> Option<u64> {
+    std::env::var(name).ok()?.trim().parse().ok()
+}
+
 pub fn dentry_server(parent: InodeId, name: &FileName, servers: usize) -> ServerId {
     let h = stable_hash(&[&parent.0.to_le_bytes(), name.as_bytes()]);
     ServerId((h % servers.max(1) as u64) as u16)
@@ -494,6 +501,15 @@ pub fn chunk_server(ino: InodeId, index: ChunkIndex, servers: usize) -> ServerId
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn env_numbers_are_read_with_blanks_and_refused_otherwise() {
+        std::env::set_var("MADFS_TYPES_TEST_NUMBER_A", " 250\n");
+        std::env::set_var("MADFS_TYPES_TEST_NUMBER_B", "250ms");
+        assert_eq!(env_number("MADFS_TYPES_TEST_NUMBER_A"), Some(250));
+        assert_eq!(env_number("MADFS_TYPES_TEST_NUMBER_B"), None);
+        assert_eq!(env_number("MADFS_TYPES_TEST_NUMBER_UNSET"), None);
+    }
 
     #[test]
     fn kinds_round_trip_through_numbers_and_mode_bits() {

@@ -453,9 +453,7 @@ impl Replicator {
 fn rebuild_piece_pause() -> Option<Duration> {
     static PAUSE: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
     *PAUSE.get_or_init(|| {
-        std::env::var("MADFS_FAULT_REBUILD_PIECE_PAUSE_MS")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
+        madfs_types::env_number("MADFS_FAULT_REBUILD_PIECE_PAUSE_MS")
             .map(|ms| Duration::from_millis(ms.min(1000)))
     })
 }
@@ -486,10 +484,9 @@ async fn read_piece(path: &std::path::Path, at: u64) -> Result<Vec<u8>, String> 
 fn load_keys_per_call() -> usize {
     static KEYS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *KEYS.get_or_init(|| {
-        std::env::var("MADFS_TEST_LOAD_KEYS_PER_CALL")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .map_or(LOAD_KEYS_PER_CALL, |n| n.clamp(1, LOAD_KEYS_PER_CALL))
+        madfs_types::env_number("MADFS_TEST_LOAD_KEYS_PER_CALL").map_or(LOAD_KEYS_PER_CALL, |n| {
+            n.clamp(1, LOAD_KEYS_PER_CALL as u64) as usize
+        })
     })
 }
 
@@ -503,9 +500,7 @@ const RESYNC_PAUSE_MAX: Duration = Duration::from_secs(60);
 fn resync_pause_max() -> Duration {
     static MAX: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
     *MAX.get_or_init(|| {
-        std::env::var("MADFS_RESYNC_PAUSE_MAX_MS")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
+        madfs_types::env_number("MADFS_RESYNC_PAUSE_MAX_MS")
             .map_or(RESYNC_PAUSE_MAX, Duration::from_millis)
     })
 }
