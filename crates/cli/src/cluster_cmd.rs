@@ -368,6 +368,10 @@ pub fn status(cluster: Option<&Path>) -> Result<ExitCode, String> {
         .unwrap_or_default();
     voters.sort_unstable();
     let voters: Vec<String> = voters.iter().map(|v| v.to_string()).collect();
+    let lost: std::collections::HashMap<u16, std::time::Duration> = routes
+        .iter()
+        .flat_map(|r| r.lost.iter().map(|&(set, d)| (set.0, d)))
+        .collect();
     let routes = routes.map(|r| r.serving);
     if cfg.replicas > 1 {
         println!(
@@ -393,6 +397,13 @@ pub fn status(cluster: Option<&Path>) -> Result<ExitCode, String> {
             if n < cfg.replicas {
                 note.push_str(&format!("  ({n} of {} copies in sync)", cfg.replicas));
             }
+        }
+        // Every copy gone: its files fail with EIO until one comes back.
+        if let Some(d) = lost.get(&id) {
+            note.push_str(&format!(
+                "  (set {id}: no copy has answered for {} s)",
+                d.as_secs()
+            ));
         }
         note
     };
@@ -473,8 +484,14 @@ pub fn status(cluster: Option<&Path>) -> Result<ExitCode, String> {
                 Some(Err(e)) => {
                     all_up = false;
                     println!(
-                        "{:<4} {:<22} {:<6} {:>10} {:>14} {:>14}  ({e})",
-                        id, addr, "down", "-", "-", "-"
+                        "{:<4} {:<22} {:<6} {:>10} {:>14} {:>14}  ({e}){}",
+                        id,
+                        addr,
+                        "down",
+                        "-",
+                        "-",
+                        "-",
+                        moved(id)
                     );
                 }
                 None => {

@@ -5,7 +5,7 @@
 
 use crate::Command;
 use chrono::{Local, TimeZone};
-use madfs_client::{Attr, Client, ClientError, FileKind, OpenOptions, Timestamp};
+use madfs_client::{Attr, Client, ClientError, ErrorCode, FileKind, OpenOptions, Timestamp};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::ExitCode;
@@ -23,8 +23,20 @@ pub fn run(cluster: Option<&Path>, cmd: Command) -> Result<ExitCode, String> {
     rt.block_on(run_async(&client, cmd))
 }
 
+/// What a command says of `e`: the error's name, as coreutils would say
+/// it; for a server out of reach also which one and why (which set has no
+/// copy left, and since when), as the name alone does not tell.
+pub(crate) fn shown(e: &ClientError) -> String {
+    match e.code {
+        ErrorCode::Unavailable | ErrorCode::TimedOut if !e.message.is_empty() => {
+            format!("{} ({})", e.code.describe(), e.message)
+        }
+        code => code.describe().to_string(),
+    }
+}
+
 fn fail(cmd: &str, path: &str, e: ClientError) -> String {
-    format!("{cmd}: cannot access '{path}': {}", e.code.describe())
+    format!("{cmd}: cannot access '{path}': {}", crate::files::shown(&e))
 }
 
 async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
@@ -35,7 +47,7 @@ async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
             for p in &paths {
                 match c.lstat(p.as_str()).await {
                     Err(e) => {
-                        eprintln!("madfs ls: cannot access '{p}': {}", e.code.describe());
+                        eprintln!("madfs ls: cannot access '{p}': {}", crate::files::shown(&e));
                         failed = true;
                     }
                     Ok(a) if a.kind != FileKind::Dir => print_entry(c, p, p, &a, long).await,
@@ -62,7 +74,7 @@ async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
                 match c.lstat(p.as_str()).await {
                     Ok(a) => print_stat(p, &a),
                     Err(e) => {
-                        eprintln!("madfs stat: cannot stat '{p}': {}", e.code.describe());
+                        eprintln!("madfs stat: cannot stat '{p}': {}", crate::files::shown(&e));
                         failed = true;
                     }
                 }
@@ -87,7 +99,7 @@ async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
                 if let Err(e) = r {
                     eprintln!(
                         "madfs mkdir: cannot create directory '{p}': {}",
-                        e.code.describe()
+                        crate::files::shown(&e)
                     );
                     failed = true;
                 }
@@ -106,7 +118,7 @@ async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
                 .ok_or_else(|| format!("mknod: invalid mode '{mode}'"))?;
             let (kind, rdev) = mknod_args(&kind, major, minor)?;
             if let Err(e) = c.mknod(path.as_str(), kind, perm, rdev).await {
-                eprintln!("madfs mknod: '{path}': {}", e.code.describe());
+                eprintln!("madfs mknod: '{path}': {}", crate::files::shown(&e));
                 failed = true;
             }
         }
@@ -142,7 +154,7 @@ async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
                 };
                 if let Err(e) = r {
                     if !(force && e.code == madfs_client::ErrorCode::NotFound) {
-                        eprintln!("madfs rm: cannot remove '{p}': {}", e.code.describe());
+                        eprintln!("madfs rm: cannot remove '{p}': {}", crate::files::shown(&e));
                         failed = true;
                     }
                 }
@@ -167,7 +179,7 @@ async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
                 .map_err(|e| {
                     format!(
                         "mv: cannot move '{from}' to '{target}': {}",
-                        e.code.describe()
+                        crate::files::shown(&e)
                     )
                 })?;
         }
@@ -184,7 +196,7 @@ async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
             r.map_err(|e| {
                 format!(
                     "ln: failed to create link '{link}' -> '{target}': {}",
-                    e.code.describe()
+                    crate::files::shown(&e)
                 )
             })?;
         }
@@ -295,7 +307,7 @@ async fn copy_out(c: &Client, remote: &str, out: &mut dyn Write) -> Result<(), S
     let f = c
         .open(remote, OpenOptions::new().read(true).read_ahead(true))
         .await
-        .map_err(|e| e.code.describe().to_string())?;
+        .map_err(|e| crate::files::shown(&e))?;
     if f.attr().kind == FileKind::Dir {
         return Err("Is a directory".into());
     }

@@ -115,7 +115,7 @@ pub fn find(cluster: Option<&Path>, args: &[String]) -> Result<ExitCode, String>
             let a = client
                 .lstat(reference.as_str())
                 .await
-                .map_err(|e| format!("find: '{reference}': {}", e.code.describe()))?;
+                .map_err(|e| format!("find: '{reference}': {}", crate::files::shown(&e)))?;
             parsed.query.newer = Some(a.mtime);
         }
         let mut failed = false;
@@ -139,7 +139,7 @@ pub fn find(cluster: Option<&Path>, args: &[String]) -> Result<ExitCode, String>
                 }
                 Err(e) => {
                     failed = true;
-                    eprintln!("madfs find: '{root}': {}", e.code.describe());
+                    eprintln!("madfs find: '{root}': {}", crate::files::shown(&e));
                 }
             }
         }
@@ -226,7 +226,7 @@ fn io500_find(cluster: Option<&Path>, args: &[String]) -> Result<ExitCode, Strin
                 }
                 Err(e) => {
                     failed = true;
-                    eprintln!("madfs find: '{}': {}", r.given, e.code.describe());
+                    eprintln!("madfs find: '{}': {}", r.given, crate::files::shown(&e));
                 }
             }
         }
@@ -265,7 +265,7 @@ async fn newer_reference(client: &Client, file: &str, prefix: &str) -> Result<Ti
             .lstat(path.as_str())
             .await
             .map(|a| a.mtime)
-            .map_err(|e| format!("find: '{file}': {}", e.code.describe()))
+            .map_err(|e| format!("find: '{file}': {}", crate::files::shown(&e)))
     };
     if let Some(fs_path) = locate::under_prefix(file, prefix) {
         return from_madfs(fs_path).await;
@@ -304,7 +304,10 @@ pub fn du(cluster: Option<&Path>, paths: &[String], inodes: bool) -> Result<Exit
                 }
                 Err(e) => {
                     failed = true;
-                    eprintln!("madfs du: cannot access '{root}': {}", e.code.describe());
+                    eprintln!(
+                        "madfs du: cannot access '{root}': {}",
+                        crate::files::shown(&e)
+                    );
                 }
             }
         }

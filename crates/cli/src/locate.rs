@@ -209,7 +209,7 @@ pub async fn same_fs(client: &Client, fs_path: &str, local: &Path) -> Result<(),
     let a = client
         .lstat(fs_path)
         .await
-        .map_err(|e| format!("'{fs_path}': {}", e.code.describe()))?;
+        .map_err(|e| format!("'{fs_path}': {}", crate::files::shown(&e)))?;
     let kernel = (k.ino(), k.ctime(), k.ctime_nsec());
     let madfs = (a.ino.0, a.ctime.secs, i64::from(a.ctime.nanos));
     if kernel == madfs {

@@ -1552,6 +1552,35 @@ fn a_set_with_every_copy_gone_fails_with_eio_and_comes_back() {
         assert!(out.stdout.is_empty(), "{args:?} printed: {out:?}");
         assert!(said.contains(error), "{args:?}: {said}");
     }
+    // The servers pass on what the group's leader sees: no copy of set 3
+    // answers. `madfs status` says so, and a new process's call to set 3
+    // fails at once once the set has been silent its whole failover wait,
+    // saying why (before, each new process waited the whole wait).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let out = madfs(&["status"]);
+        let said = String::from_utf8_lossy(&out.stdout);
+        if said.contains("(set 3: no copy has answered for") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "status never said set 3 is lost: {said}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    loop {
+        let out = madfs(&["stat", gone.as_str()]);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "stat with set 3 lost: {out:?}");
+        if said.contains("no copy of set 3 has answered the membership group for") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "stat never said set 3 is lost: {said}"
+        );
+    }
     let local = tc.root().join("new");
     std::fs::write(&local, b"x").unwrap();
     let refused = format!("/{}", name_on(3, SERVERS, "w"));

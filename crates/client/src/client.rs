@@ -139,6 +139,8 @@ pub struct ClusterRoutes {
     pub addresses: Vec<(ServerId, std::net::SocketAddr)>,
     /// The membership group's voters (empty: no replicas).
     pub voters: Vec<ServerId>,
+    /// The sets none of whose in-sync copies answers, with how long.
+    pub lost: Vec<(ServerId, std::time::Duration)>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -1117,6 +1119,7 @@ impl Client {
                         in_sync,
                         addresses,
                         voters,
+                        lost,
                     } => {
                         self.pool.set_addresses(&addresses).await;
                         self.pool.set_routes(epoch, &serving).await;
@@ -1125,6 +1128,10 @@ impl Client {
                             in_sync,
                             addresses,
                             voters,
+                            lost: lost
+                                .into_iter()
+                                .map(|(set, ms)| (set, std::time::Duration::from_millis(ms)))
+                                .collect(),
                         });
                     }
                     other => return Err(ClientError::unexpected("routes", &other)),

@@ -16,7 +16,10 @@ use madfs_proto::message::{TouchToken, TouchWait, GETATTR_WAITS_MAX};
 use madfs_types::{InodeId, ServerId};
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// The runtime's clock: the simulation's paused clock where it runs there
+// (crates/sim), so a token's age does not depend on the machine's load.
+use tokio::time::Instant;
 
 /// Entries kept at most; past it the oldest go (a GetAttr of their
 /// directory then no longer waits for them: it may see the change a few

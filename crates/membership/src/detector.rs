@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::lease::Ping;
+use crate::lease::{LostSet, Ping};
 use crate::state::{Change, ClusterMap};
 use crate::{Membership, MembershipError, Rejection, Timing};
 
@@ -132,6 +132,33 @@ impl Tracker {
         self.last_answer
             .get(&server)
             .is_some_and(|heard| now < *heard + self.timing.lease)
+    }
+
+    /// The sets of `map` whose primary is down and no in-sync member
+    /// alive, with how long none of them has answered: a call to such a
+    /// set can only wait for one to come back (`plan` keeps them listed).
+    pub(crate) fn lost_sets(&self, map: &ClusterMap, now: Instant) -> Vec<LostSet> {
+        map.sets
+            .iter()
+            .enumerate()
+            .filter(|(_, set)| {
+                self.is_down(set.primary, now)
+                    && !set.members[1..].iter().any(|m| self.is_alive(*m, now))
+            })
+            .map(|(id, set)| {
+                let heard = set
+                    .members
+                    .iter()
+                    .map(|m| self.last_answer.get(m).copied().unwrap_or(self.started))
+                    .max()
+                    .unwrap_or(self.started)
+                    .max(self.started);
+                LostSet {
+                    set: id as u16,
+                    silent_ms: now.saturating_duration_since(heard).as_millis() as u64,
+                }
+            })
+            .collect()
     }
 
     /// The changes that take down servers out of `map`, in set order.
@@ -359,12 +386,14 @@ impl Leading {
         let servers = map.sets.len() as u16;
         self.seq += 1;
         let timeout = membership.timing().rpc_timeout;
+        let lost = self.tracker.lost_sets(&map, Instant::now());
         let pings = (0..servers).map(ServerId).map(|server| {
             let message = Ping {
                 leader: membership.me().0,
                 term: self.term,
                 seq: self.seq,
                 grant: self.grantable.get(&server).copied(),
+                lost: lost.clone(),
             };
             let sent = ping(server, message);
             async move {
@@ -472,6 +501,41 @@ mod tests {
             }),
             "{plan:?}"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_set_is_lost_once_its_primary_is_down_and_no_member_alive() {
+        let timing = Timing::default();
+        // 4 servers, 2 copies: set s is [s, s + 1].
+        let map = ClusterMap::initial(4, 2);
+        let start = Instant::now();
+        let mut tracker = Tracker::new(&timing, start);
+        // Servers 1 and 2 answer once, 1 s in, and never again.
+        let heard = start + Duration::from_secs(1);
+        for s in 0..4 {
+            tracker.answered(ServerId(s), heard);
+        }
+        let mut now = heard;
+        while now < heard + timing.down_after + Duration::from_secs(5) {
+            for s in [0, 3] {
+                tracker.answered(ServerId(s), now);
+            }
+            let lost = tracker.lost_sets(&map, now);
+            if now < heard + timing.down_after {
+                // Set 1 ([1, 2]) is not lost before its primary is down;
+                // sets 0 and 2 have a live member.
+                assert!(lost.is_empty(), "lost too soon: {lost:?}");
+            } else {
+                assert_eq!(
+                    lost,
+                    vec![LostSet {
+                        set: 1,
+                        silent_ms: (now - heard).as_millis() as u64
+                    }]
+                );
+            }
+            now += timing.heartbeat;
+        }
     }
 
     #[tokio::test(start_paused = true)]

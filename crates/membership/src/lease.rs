@@ -59,7 +59,7 @@ const RECEIPTS_MAX: usize = 8;
 /// A ping from the membership leader's detector to one server. Sent and
 /// answered by the caller's RPC layer; [`Ping::encode`] and
 /// [`Ping::decode`] give its bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ping {
     /// The leader that sends it, and its Raft term.
     pub leader: u16,
@@ -70,6 +70,20 @@ pub struct Ping {
     /// the leader before it last confirmed its leadership: the holder's
     /// lease runs from the instant it received that ping.
     pub grant: Option<u64>,
+    /// The sets none of whose in-sync members answers the leader (every
+    /// copy gone), as of this round: a server passes them on to clients
+    /// asking for the routes ([`LeaseHolder::lost_sets`]), so a process
+    /// new to such a set need not wait out its whole failover wait.
+    #[serde(default)]
+    pub lost: Vec<LostSet>,
+}
+
+/// A replica set with no live in-sync member, and for how long the leader
+/// has heard from none of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostSet {
+    pub set: u16,
+    pub silent_ms: u64,
 }
 
 impl Ping {
@@ -95,6 +109,10 @@ struct HolderState {
     receipts: VecDeque<(u16, u64, u64, Instant)>,
     /// The lease runs until this instant, if one was ever granted.
     until: Option<Instant>,
+    /// The lost sets of the latest ping that extended the lease (from a
+    /// leader that confirmed its leadership), and when it arrived.
+    lost: Vec<LostSet>,
+    lost_received: Option<Instant>,
 }
 
 impl LeaseHolder {
@@ -127,6 +145,8 @@ impl LeaseHolder {
                 if state.until.map_or(true, |old| old < until) {
                     state.until = Some(until);
                 }
+                state.lost.clone_from(&ping.lost);
+                state.lost_received = Some(now);
             }
         }
         if state.receipts.len() == RECEIPTS_MAX {
@@ -141,6 +161,29 @@ impl LeaseHolder {
     pub fn has_lease(&self) -> bool {
         self.lease_until()
             .is_some_and(|until| Instant::now() < until)
+    }
+
+    /// The sets with no live in-sync member, each with how long the leader
+    /// has heard from none of them (counted on to now), as the latest
+    /// granting ping said: empty without a lease (this server's view may
+    /// be stale: cut off, or the leader changed).
+    pub fn lost_sets(&self) -> Vec<(u16, Duration)> {
+        let state = self
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = Instant::now();
+        match (state.until, state.lost_received) {
+            (Some(until), Some(received)) if now < until => {
+                let since = now.saturating_duration_since(received);
+                state
+                    .lost
+                    .iter()
+                    .map(|l| (l.set, Duration::from_millis(l.silent_ms) + since))
+                    .collect()
+            }
+            _ => Vec::new(),
+        }
     }
 
     /// When the lease ends (it may have ended already), if one was granted.
@@ -162,7 +205,45 @@ mod tests {
             term: 3,
             seq,
             grant,
+            lost: Vec::new(),
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lost_sets_are_told_only_under_a_lease_and_age_from_their_receipt() {
+        let timing = Timing::default();
+        let holder = LeaseHolder::new(&timing);
+        let lost = vec![LostSet {
+            set: 2,
+            silent_ms: 4_000,
+        }];
+        // Not granting: nothing taken (an old leader's ping).
+        holder.on_ping(&Ping {
+            lost: lost.clone(),
+            ..ping(1, None)
+        });
+        assert!(holder.lost_sets().is_empty());
+        tokio::time::advance(timing.heartbeat).await;
+        holder.on_ping(&Ping {
+            lost,
+            ..ping(2, Some(1))
+        });
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(holder.lost_sets(), vec![(2, Duration::from_millis(4_100))]);
+        // A granting ping that names none clears them.
+        holder.on_ping(&ping(3, Some(2)));
+        assert!(holder.lost_sets().is_empty());
+        holder.on_ping(&Ping {
+            lost: vec![LostSet {
+                set: 1,
+                silent_ms: 0,
+            }],
+            ..ping(4, Some(3))
+        });
+        assert_eq!(holder.lost_sets().len(), 1);
+        // Once the lease ends, this server's view may be stale: none told.
+        tokio::time::advance(timing.lease).await;
+        assert!(holder.lost_sets().is_empty());
     }
 
     #[tokio::test(start_paused = true)]
@@ -204,7 +285,13 @@ mod tests {
 
     #[test]
     fn pings_round_trip() {
-        let p = ping(7, Some(6));
+        let p = Ping {
+            lost: vec![LostSet {
+                set: 3,
+                silent_ms: 31_000,
+            }],
+            ..ping(7, Some(6))
+        };
         assert_eq!(Ping::decode(&p.encode()), Ok(p));
         assert!(Ping::decode(b"\x02{}").is_err());
     }

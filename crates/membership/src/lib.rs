@@ -46,7 +46,7 @@ use futures::future::BoxFuture;
 use madfs_types::ServerId;
 
 pub use detector::{Detector, PingFn, PromoteFn, Promotion};
-pub use lease::{LeaseHolder, Ping};
+pub use lease::{LeaseHolder, LostSet, Ping};
 pub use node::{fetch_map, Membership};
 pub use runtime::seed_thread_rng;
 pub use state::{Change, ClusterMap, Rejection, SetState};

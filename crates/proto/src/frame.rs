@@ -35,8 +35,8 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"MDFS");
 /// `OpId` for those that must run once. 8: Seal carries the removed name
 /// (and settles lapsed seals), Routes carries the membership voters. 9:
 /// FsStats carries its disk, reserve and copies, and a rebuild why its
-/// last attempt failed.
-pub const PROTOCOL_VERSION: u8 = 9;
+/// last attempt failed. 10: Routes carries the sets with no live copy.
+pub const PROTOCOL_VERSION: u8 = 10;
 /// Largest message body: a full readdir page of long names fits.
 pub const BODY_MAX_BYTES: u32 = 2 * 1024 * 1024;
 /// Largest bulk payload: one whole chunk at the largest chunk size.

@@ -967,13 +967,17 @@ pub enum Reply {
     /// and `in_sync[s]` servers keep it in sync (empty: not known);
     /// `addresses` are where servers moved (replacements on other hosts),
     /// overriding the cluster file; `voters` are the membership group's
-    /// voters as the answering server knows them (empty: no group).
+    /// voters as the answering server knows them (empty: no group);
+    /// `lost` are the sets none of whose in-sync copies answers the
+    /// group's leader, each with how long in milliseconds (told only by a
+    /// server holding a lease: its view is current).
     Routes {
         epoch: u64,
         serving: Vec<ServerId>,
         in_sync: Vec<u8>,
         addresses: Vec<(ServerId, std::net::SocketAddr)>,
         voters: Vec<ServerId>,
+        lost: Vec<(ServerId, u64)>,
     },
     Installed {
         replaced: Option<(InodeId, FileKind)>,
@@ -2005,6 +2009,7 @@ impl Reply {
                 in_sync,
                 addresses,
                 voters,
+                lost,
             } => {
                 e.u8(tag::ROUTES);
                 e.u64(*epoch);
@@ -2022,6 +2027,11 @@ impl Reply {
                 e.u16(voters.len() as u16);
                 for v in voters {
                     e.u16(v.0);
+                }
+                e.u16(lost.len() as u16);
+                for (set, silent_ms) in lost {
+                    e.u16(set.0);
+                    e.u64(*silent_ms);
                 }
             }
             Reply::Installed { replaced, held } => {
@@ -2253,12 +2263,19 @@ impl Reply {
                 for _ in 0..n {
                     voters.push(ServerId(d.u16()?));
                 }
+                let n = d.u16()? as usize;
+                let n = d.list_len(n, limits::SERVERS_MAX, 10, "lost set count")?;
+                let mut lost = Vec::with_capacity(n);
+                for _ in 0..n {
+                    lost.push((ServerId(d.u16()?), d.u64()?));
+                }
                 Reply::Routes {
                     epoch,
                     serving,
                     in_sync,
                     addresses,
                     voters,
+                    lost,
                 }
             }
             tag::INSTALLED => Reply::Installed {
@@ -2812,6 +2829,7 @@ mod tests {
                 in_sync: vec![2, 1, 2],
                 addresses: vec![(ServerId(1), "10.0.0.9:7001".parse().unwrap())],
                 voters: vec![ServerId(0), ServerId(2), ServerId(3)],
+                lost: vec![(ServerId(1), 31_250)],
             },
             Reply::Installed {
                 replaced: Some((InodeId(8), FileKind::File)),

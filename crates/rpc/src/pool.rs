@@ -559,7 +559,10 @@ impl Pool {
     /// same server, if it refused for want of a lease or came back;
     /// another after a failover), until it gets through or fails
     /// otherwise. A set given up before under the same routes
-    /// (`gave_up_on`) gets one ask for the routes, not the whole wait.
+    /// (`gave_up_on`) gets one ask for the routes, not the whole wait; so
+    /// does one the routes' answer says has had no live copy for the
+    /// failover wait already (a process new to it), and one lost for less
+    /// waits only the rest of it.
     async fn after_failover<F, Fut>(
         &self,
         set: ServerId,
@@ -587,9 +590,21 @@ impl Pool {
         // may have moved long ago: a client new to it), then every
         // `ROUTES_POLL`.
         let mut pause = Duration::ZERO;
+        // Since when the group has heard from no copy of the set, once a
+        // routes' answer said so.
+        let mut lost_since: Option<tokio::time::Instant> = None;
         loop {
-            if tokio::time::Instant::now() + pause >= deadline || (quick && pause > Duration::ZERO)
-            {
+            let lost_for = lost_since.map(|t| t.elapsed());
+            // Waited for as if this call had started when the set's last
+            // copy fell silent; but a server that refused is alive (it may
+            // be starting): waited for as usual.
+            let until = match (lost_since, &err) {
+                (Some(since), RpcError::Io(_) | RpcError::Timeout(_) | RpcError::Moved(_)) => {
+                    deadline.min(since + self.failover_wait)
+                }
+                _ => deadline,
+            };
+            if tokio::time::Instant::now() + pause >= until || (quick && pause > Duration::ZERO) {
                 if !quick && !matches!(err, RpcError::Remote(_)) {
                     tracing::warn!(
                         "no server answered for set {set} (last tried: server {tried_on}) in \
@@ -599,16 +614,27 @@ impl Pool {
                     self.given_up[set.0 as usize]
                         .store(self.epoch.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
                 }
-                return Err(given_up(err, set, tried_on));
+                return Err(given_up(err, set, tried_on, lost_for));
             }
             if self.route(set) == tried_on {
                 tokio::time::sleep(pause).await;
                 pause = ROUTES_POLL;
-                self.refresh_routes(
-                    set,
-                    deadline.min(tokio::time::Instant::now() + ROUTES_ASK_TIMEOUT),
-                )
-                .await;
+                let silent = self
+                    .refresh_routes(
+                        set,
+                        until.min(tokio::time::Instant::now() + ROUTES_ASK_TIMEOUT),
+                    )
+                    .await;
+                if let Some(silent) = silent {
+                    let now = tokio::time::Instant::now();
+                    // The earliest said (servers learn it a ping apart).
+                    let since = now.checked_sub(silent).unwrap_or(now);
+                    let since = lost_since.map_or(since, |t| t.min(since));
+                    lost_since = Some(since);
+                    if !matches!(err, RpcError::Remote(_)) && now >= since + self.failover_wait {
+                        continue;
+                    }
+                }
                 // A call that timed out is not sent to the same server
                 // again: it may be running there still.
                 if self.route(set) == tried_on && matches!(err, RpcError::Timeout(_)) {
@@ -653,8 +679,14 @@ impl Pool {
     /// (at most `ROUTES_ASKS_IN_FLIGHT_MAX` at once): a server out of
     /// reach (its host cut off: each connect waits its timeout) costs a
     /// quarter of a second, not the whole ask. Usually the first answers,
-    /// and one request is all a failover costs a client.
-    async fn refresh_routes(&self, set: ServerId, deadline: tokio::time::Instant) {
+    /// and one request is all a failover costs a client. An answer that
+    /// says no copy of `set` answers the group ends the asking too: how
+    /// long none has is returned.
+    async fn refresh_routes(
+        &self,
+        set: ServerId,
+        deadline: tokio::time::Instant,
+    ) -> Option<Duration> {
         use futures::stream::StreamExt;
         let skip = self.route(set);
         let known = self.epoch.load(Ordering::Relaxed);
@@ -674,12 +706,12 @@ impl Pool {
                 }
             }
             if asking.is_empty() {
-                return;
+                return None;
             }
             let answer = tokio::select! {
                 Some(answer) = asking.next() => answer,
                 () = tokio::time::sleep(ROUTES_ASK_HEDGE) => continue,
-                () = tokio::time::sleep_until(deadline) => return,
+                () = tokio::time::sleep_until(deadline) => return None,
             };
             if let Ok(Response {
                 reply:
@@ -687,6 +719,7 @@ impl Pool {
                         epoch,
                         serving,
                         addresses,
+                        lost,
                         ..
                     },
                 ..
@@ -694,6 +727,12 @@ impl Pool {
             {
                 self.set_addresses(&addresses).await;
                 self.set_routes(epoch, &serving).await;
+                let silent = lost.iter().find(|(s, _)| *s == set).map(|(_, ms)| *ms);
+                if let Some(ms) = silent {
+                    if self.route(set) == skip {
+                        return Some(Duration::from_millis(ms));
+                    }
+                }
                 // Done once this pool learned something: an answer older
                 // than what it knows changes nothing, even one that routes
                 // the set elsewhere (a server cut off from the others, with
@@ -702,7 +741,7 @@ impl Pool {
                 // from asking the others; crates/sim with replicas, seed
                 // 5187).
                 if self.epoch.load(Ordering::Relaxed) > known || self.route(set) != skip {
-                    return;
+                    return None;
                 }
             }
         }
@@ -732,11 +771,26 @@ impl Pool {
 
 /// The error a call to `set`, last sent to server `tried_on`, stands with:
 /// a transport error names the set's server as the connection knew it (the
-/// set's id), so where the set had moved it says which server that was.
-fn given_up(err: RpcError, set: ServerId, tried_on: ServerId) -> RpcError {
-    let context = |m: String| match set == tried_on {
-        true => m,
-        false => format!("{m} (no other copy of set {set} answered)"),
+/// set's id), so where the set had moved it says which server that was,
+/// and how long no copy has answered the group where the routes said.
+fn given_up(
+    err: RpcError,
+    set: ServerId,
+    tried_on: ServerId,
+    lost_for: Option<Duration>,
+) -> RpcError {
+    let context = |m: String| {
+        let m = match set == tried_on {
+            true => m,
+            false => format!("{m} (no other copy of set {set} answered)"),
+        };
+        match lost_for {
+            Some(d) => format!(
+                "{m} (no copy of set {set} has answered the membership group for {} s)",
+                d.as_secs()
+            ),
+            None => m,
+        }
     };
     match err {
         RpcError::Io(m) => RpcError::Io(context(m)),

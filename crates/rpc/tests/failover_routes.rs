@@ -14,6 +14,12 @@
 //! for as before. Before, every call waited the whole wait (30 s by
 //! default): `ls -l` of a directory with a quarter of its files on such a
 //! set waited 30 s per file.
+//!
+//! And how a pool new to such a set learns from the routes' answer that
+//! no copy has answered the membership group for a while: it waits only
+//! the rest of its failover wait, counted from then, and none once the set
+//! has been silent that long. Before, each new process waited the whole
+//! wait on its first call to the set.
 
 use madfs_proto::auth::{ClusterKey, Role};
 use madfs_proto::message::{Op, Reply};
@@ -23,7 +29,7 @@ use madfs_rpc::serve::{serve, CallContext, Handler};
 use madfs_rpc::{ClusterConfig, Pool, RpcError};
 use madfs_types::{Credentials, InodeId, ServerId};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -63,6 +69,7 @@ impl Handler for NewPrimary {
                     in_sync: Vec::new(),
                     addresses: Vec::new(),
                     voters: Vec::new(),
+                    lost: Vec::new(),
                 },
                 Vec::new(),
             )),
@@ -148,7 +155,12 @@ async fn a_call_to_a_set_whose_server_hangs_goes_where_the_set_moved() {
 struct ModalServer {
     mode: AtomicU8,
     asks: AtomicUsize,
+    /// How long the routes say set 0 has had no live copy, in ms
+    /// (`NOT_LOST`: not lost).
+    lost_ms: AtomicU64,
 }
+
+const NOT_LOST: u64 = u64::MAX;
 
 /// Server 0 hangs (a server gone without a word: the call times out)...
 const HANGS: u8 = 0;
@@ -175,6 +187,10 @@ impl Handler for ModalServer {
                         in_sync: Vec::new(),
                         addresses: Vec::new(),
                         voters: Vec::new(),
+                        lost: match self.lost_ms.load(Ordering::SeqCst) {
+                            NOT_LOST => Vec::new(),
+                            ms => vec![(ServerId(0), ms)],
+                        },
                     },
                     Vec::new(),
                 ))
@@ -192,27 +208,34 @@ impl Handler for ModalServer {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn calls_to_a_set_given_up_fail_at_once_until_it_answers_again() {
-    let key = ClusterKey([7; 32]);
-    let server = Arc::new(ModalServer {
-        mode: AtomicU8::new(HANGS),
-        asks: AtomicUsize::new(0),
-    });
+/// Three servers of `server` on loopback, and the cluster file that names
+/// them (2 copies: sets may move).
+async fn modal_cluster(key: &ClusterKey, server: &Arc<ModalServer>) -> ClusterConfig {
     let mut addrs = Vec::new();
     for id in 0..3u16 {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         addrs.push(listener.local_addr().unwrap());
         tokio::spawn(serve(listener, ServerId(id), key.clone(), server.clone()));
     }
-    let cfg = ClusterConfig::from_toml(&format!(
+    ClusterConfig::from_toml(&format!(
         "cluster_id = \"t\"\nchunk_size = 1048576\nkey_file = \"k\"\nreplicas = 2\n\
          [[server]]\nid = 0\naddress = \"{}\"\ndata_dir = \"d0\"\n\
          [[server]]\nid = 1\naddress = \"{}\"\ndata_dir = \"d1\"\n\
          [[server]]\nid = 2\naddress = \"{}\"\ndata_dir = \"d2\"\n",
         addrs[0], addrs[1], addrs[2]
     ))
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_to_a_set_given_up_fail_at_once_until_it_answers_again() {
+    let key = ClusterKey([7; 32]);
+    let server = Arc::new(ModalServer {
+        mode: AtomicU8::new(HANGS),
+        asks: AtomicUsize::new(0),
+        lost_ms: AtomicU64::new(NOT_LOST),
+    });
+    let cfg = modal_cluster(&key, &server).await;
     let timeouts = Timeouts {
         connect: Duration::from_secs(2),
         call: Duration::from_millis(300),
@@ -268,5 +291,69 @@ async fn calls_to_a_set_given_up_fail_at_once_until_it_answers_again() {
     assert!(
         timed_out(&r) && asks >= 4,
         "after an answer: {asks} asks, {r:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_pool_waits_only_until_its_set_has_been_silent_the_failover_wait() {
+    let key = ClusterKey([9; 32]);
+    let server = Arc::new(ModalServer {
+        mode: AtomicU8::new(HANGS),
+        asks: AtomicUsize::new(0),
+        lost_ms: AtomicU64::new(NOT_LOST),
+    });
+    let cfg = modal_cluster(&key, &server).await;
+    let wait = Duration::from_secs(4);
+    // A fresh pool (a new process) per call, so nothing is given up yet.
+    let call = |mode: u8, lost_ms: u64| {
+        server.mode.store(mode, Ordering::SeqCst);
+        server.lost_ms.store(lost_ms, Ordering::SeqCst);
+        let before = server.asks.load(Ordering::SeqCst);
+        let (cfg, key, server) = (&cfg, key.clone(), &server);
+        async move {
+            let timeouts = Timeouts {
+                connect: Duration::from_secs(2),
+                call: Duration::from_millis(300),
+            };
+            let mut pool = Pool::new(cfg, key, Role::Client, timeouts);
+            pool.set_failover_wait(wait);
+            let t = Instant::now();
+            let r = get_attr(&pool).await.map(drop);
+            (server.asks.load(Ordering::SeqCst) - before, t.elapsed(), r)
+        }
+    };
+    // The error says for how long, in whole seconds, at least `secs`.
+    let says_lost = |r: &Result<(), RpcError>, secs: u64| {
+        matches!(r, Err(RpcError::Timeout(m)) if (secs..secs + 3).any(|n| m.contains(&format!(
+            "no copy of set 0 has answered the membership group for {n} s"
+        ))))
+    };
+
+    // Silent longer than the wait: one ask, and the call fails.
+    let (asks, took, r) = call(HANGS, 7_000).await;
+    assert!(
+        says_lost(&r, 7) && asks <= 2 && took < wait / 2,
+        "lost for 7 s: {asks} asks in {took:?}, {r:?}"
+    );
+    // Silent for 3 of the 4 s: the call waits about the last second.
+    let (asks, took, r) = call(HANGS, 3_000).await;
+    assert!(
+        says_lost(&r, 3) && took < wait * 2 / 3,
+        "lost for 3 s: {asks} asks in {took:?}, {r:?}"
+    );
+    // A server that refuses is alive (starting, without its lease yet):
+    // waited for the whole wait whatever the routes say.
+    let (asks, took, r) = call(REFUSES, 7_000).await;
+    assert!(
+        matches!(&r, Err(RpcError::Remote(w)) if w.code == ErrorCode::Unavailable)
+            && took >= wait * 3 / 4,
+        "refused: {asks} asks in {took:?}, {r:?}"
+    );
+    // Not lost (a set moving, or its server restarting): the whole wait.
+    let (asks, took, r) = call(HANGS, NOT_LOST).await;
+    assert!(
+        matches!(&r, Err(RpcError::Timeout(m)) if !m.contains("membership group"))
+            && took >= wait * 3 / 4,
+        "not lost: {asks} asks in {took:?}, {r:?}"
     );
 }

@@ -15,15 +15,30 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 impl Server {
-    /// The store is served from now on: keep the copies acknowledgements
-    /// wait for in it (`Replicator::start_noting`), and start the background
-    /// work: finish renames, chunk purges, directory removals and links
-    /// dropped on other servers that a crash interrupted.
+    /// The store is served from now on: `start_replication`, then
+    /// `start_recoveries`.
     pub fn start_background(self: Arc<Self>) {
+        self.start_replication();
+        self.start_recoveries();
+    }
+
+    /// Keep the copies acknowledgements wait for in the store
+    /// (`Replicator::start_noting`) and ship its records to them.
+    pub fn start_replication(self: &Arc<Self>) {
         if let Some(r) = &self.replication {
             r.start_noting(self.unreplicated.clone());
             r.start_shippers(self.clone());
         }
+    }
+
+    /// Start the background work: finish the directory touches, renames,
+    /// chunk purges, directory removals and links dropped on other servers
+    /// that a crash interrupted. Each acts on other servers from what this
+    /// store holds, so with replicas only once the map says the store is
+    /// still its set's (failover.rs `Router::start_home_recoveries`): a
+    /// store whose set moved while its server was down may hold changes
+    /// no copy got, never acknowledged, which the set no longer has.
+    pub fn start_recoveries(self: Arc<Self>) {
         // Before anything new of those directories: what a crash left unsent.
         self.resend_touches();
         // Links to drop on other servers that a crash or an unreachable
@@ -444,6 +459,7 @@ impl Server {
                 in_sync: Vec::new(),
                 addresses: Vec::new(),
                 voters: Vec::new(),
+                lost: Vec::new(),
             }),
             op @ (Op::Seal { .. }
             | Op::ReportSeals { .. }

@@ -65,6 +65,10 @@ pub struct Router {
     /// What each held set waits for, as its clients and `madfs status`
     /// are told (`note_held`).
     held_for: std::sync::Mutex<HashMap<ServerId, String>>,
+    /// The home store's recoveries wait for the map to say it still
+    /// serves its set (`start_home_recoveries`); cleared once started, or
+    /// when the set is deposed (never started then).
+    home_recoveries_pending: std::sync::atomic::AtomicBool,
 }
 
 impl Router {
@@ -86,6 +90,7 @@ impl Router {
         // (members.rs `apply`). Its background work (recoveries that act
         // on other servers) waits with it.
         let mut held = HashMap::new();
+        let mut home_recoveries_pending = false;
         if moved_marker(&cfg, &opts, home).exists() {
             // Never served again: no recoveries act from it on the other
             // servers (its renames, orphans and removals are the new
@@ -93,6 +98,13 @@ impl Router {
         } else if home_server.after_power_loss {
             warn_held(home, home);
             held.insert(home, home_metered.clone());
+        } else if cfg.replicas > 1 {
+            // Its records are shipped from the start; what a crash left
+            // to do on other servers waits for the map
+            // (`start_home_recoveries`).
+            home_server.start_replication();
+            home_recoveries_pending = true;
+            sets.insert(home, home_metered.clone());
         } else {
             home_server.clone().start_background();
             sets.insert(home, home_metered.clone());
@@ -118,6 +130,7 @@ impl Router {
             stopping: std::sync::atomic::AtomicBool::new(false),
             held: RwLock::new(held),
             held_for: std::sync::Mutex::new(HashMap::new()),
+            home_recoveries_pending: std::sync::atomic::AtomicBool::new(home_recoveries_pending),
         }
     }
 
@@ -336,8 +349,36 @@ impl Router {
         Ok(())
     }
 
+    /// Whether the home store's recoveries still wait for the map.
+    pub fn home_recoveries_pending(&self) -> bool {
+        self.home_recoveries_pending
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The map (current: this server holds a lease and applied the map the
+    /// leader announced) says the home set is still served here: start
+    /// the recoveries of its store, once. A restarted server whose set
+    /// moved while it was down never starts them: its store may hold a
+    /// change no copy got (a mkdir's batch written as the process died),
+    /// whose touch of a directory elsewhere would then count a
+    /// subdirectory the set does not have (the simulation with replicas,
+    /// seed 40094: the root's link count one too high).
+    pub fn start_home_recoveries(&self) {
+        if self
+            .home_recoveries_pending
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+            && self.server_of(self.home).is_some()
+        {
+            self.home_server.clone().start_recoveries();
+        }
+    }
+
     /// Stop serving `set` (the map gave it to another server).
     pub fn depose(&self, set: ServerId) {
+        if set == self.home {
+            self.home_recoveries_pending
+                .store(false, std::sync::atomic::Ordering::Release);
+        }
         // Held after a power loss: never served, dropped here (a copy's
         // store is closed before `unpromote` below opens it again).
         self.held
@@ -458,6 +499,7 @@ impl Handler for Router {
                     in_sync: r.in_sync,
                     addresses: r.addresses,
                     voters: self.group.get().map(|g| g.voters()).unwrap_or_default(),
+                    lost: self.group.get().map(|g| g.lost_sets()).unwrap_or_default(),
                 },
                 Vec::new(),
             ));

@@ -475,6 +475,17 @@ impl Members {
         Ok(())
     }
 
+    /// The sets with no live in-sync copy, with how long (ms) the leader
+    /// has heard from none of them, as the last granting ping said; none
+    /// without a lease (`LeaseHolder::lost_sets`).
+    pub fn lost_sets(&self) -> Vec<(ServerId, u64)> {
+        self.lease
+            .lost_sets()
+            .into_iter()
+            .map(|(set, silent)| (ServerId(set), silent.as_millis() as u64))
+            .collect()
+    }
+
     /// The voters as last listed by the leader (the cluster file's until
     /// a ping came).
     pub fn voters(&self) -> Vec<ServerId> {

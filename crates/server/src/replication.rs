@@ -150,7 +150,7 @@ struct Replica {
     /// Out of the set, but the records after `acked` are still kept for
     /// it until then (it may come back with its copy whole: cut off, not
     /// crashed), within `KEPT_RECORDS_MAX` and `KEPT_BYTES_MAX`.
-    kept_until: Option<std::time::Instant>,
+    kept_until: Option<tokio::time::Instant>,
 }
 
 struct Stream {
@@ -523,7 +523,7 @@ impl Replicator {
     /// records kept for it cost more than theirs.
     fn bound_kept(&self, s: &mut Stream) {
         let over = s.pending.len() > KEPT_RECORDS_MAX || s.pending_bytes > KEPT_BYTES_MAX;
-        let now = std::time::Instant::now();
+        let now = tokio::time::Instant::now();
         let mut dropped = false;
         if s.pending.len() > CATCH_UP_RECORDS_MAX || s.pending_bytes > CATCH_UP_BYTES_MAX {
             let (records, bytes) = (s.pending.len(), s.pending_bytes);
@@ -583,7 +583,7 @@ impl Replicator {
         );
         // A replica in the middle of a load has a partial copy: it takes
         // nothing but a new load.
-        r.kept_until = (keep && !r.syncing).then(|| std::time::Instant::now() + KEPT_FOR);
+        r.kept_until = (keep && !r.syncing).then(|| tokio::time::Instant::now() + KEPT_FOR);
         r.out = Some(why);
         // Before any acknowledgement without it (the lock is held).
         if let Err(e) = self.note_waited(s, None) {

@@ -600,6 +600,39 @@ const REPLICATED_REGRESSIONS: &[(u64, usize, usize, bool, bool, bool, &str)] = &
     ),
 ];
 
+/// Replicated seeds found with any two renames racing (`RenameRaces::All`,
+/// the default now), replayed so: (seed, steps, servers, the bug).
+const REPLICATED_REGRESSIONS_ALL_RACES: &[(u64, usize, usize, &str)] = &[(
+    40094,
+    60,
+    3,
+    "a mkdir's primary was killed once its batch was written, before the copy had it; \
+     back, its store's recovery sent the mkdir's touch of the root on its owner before \
+     it learned that its set had moved: the root counted a subdirectory no set had \
+     (server failover.rs start_home_recoveries)",
+)];
+
+#[test]
+fn replicated_seeds_found_with_renames_racing_pass() {
+    quiet();
+    if env("MADFS_SIM_REPLICAS").is_some() {
+        return;
+    }
+    for &(seed, steps, servers, what) in REPLICATED_REGRESSIONS_ALL_RACES {
+        let cfg = SimConfig {
+            servers,
+            rename_races: RenameRaces::All,
+            power_cuts: true,
+            quick_restarts: true,
+            double_faults: true,
+            ..SimConfig::replicated(seed, steps)
+        };
+        if let Err(f) = run(&cfg) {
+            panic!("seed {seed} (once: {what}) fails again:\n{f}");
+        }
+    }
+}
+
 #[test]
 fn replicated_seeds_that_once_failed_pass() {
     quiet();

@@ -437,6 +437,7 @@ fn main() {
                     in_sync: vec![2, 1, 2],
                     addresses: vec![(ServerId(1), "10.0.0.7:7001".parse().unwrap())],
                     voters: vec![ServerId(0), ServerId(1), ServerId(2)],
+                    lost: vec![(ServerId(1), 41_000)],
                 }
                 .encode(),
                 &[],

@@ -6,11 +6,35 @@
 
 use super::*;
 
+/// How often a restarted server looks whether it may start its home
+/// store's recoveries.
+const RECOVERIES_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+
 impl Members {
     /// Apply every map this server learns to `router`, for as long as the
     /// process runs.
     pub fn follow(self: &Arc<Self>, router: Arc<Router>) {
         let _ = self.router.set(Arc::downgrade(&router));
+        // The home store's recoveries wait until this server may serve (a
+        // lease, and the map the leader announced applied) and that map
+        // keeps the home set here (`Router::start_home_recoveries`).
+        if router.home_recoveries_pending() {
+            let (members, router) = (self.clone(), router.clone());
+            tokio::spawn(async move {
+                while router.home_recoveries_pending() {
+                    let primary = members
+                        .map()
+                        .sets
+                        .get(members.me.0 as usize)
+                        .map(|s| s.primary);
+                    if members.may_serve() && primary == Some(members.me) {
+                        router.start_home_recoveries();
+                        return;
+                    }
+                    tokio::time::sleep(RECOVERIES_CHECK_EVERY).await;
+                }
+            });
+        }
         let (members, mut rx) = (self.clone(), self.subscribe());
         tokio::spawn(async move {
             // A server restarted (a map before any ping: its own node's,
