@@ -29,7 +29,13 @@ pub fn run(cluster: Option<&Path>, cmd: Command) -> Result<ExitCode, String> {
 pub(crate) fn shown(e: &ClientError) -> String {
     match e.code {
         ErrorCode::Unavailable | ErrorCode::TimedOut if !e.message.is_empty() => {
-            format!("{} ({})", e.code.describe(), e.message)
+            // The command names the path already: the client's own
+            // "cannot stat '/x': " before the cause is left out.
+            let cause = match e.message.starts_with("cannot ") {
+                true => e.message.split_once("': ").map_or(&*e.message, |(_, c)| c),
+                false => &e.message,
+            };
+            format!("{} ({cause})", e.code.describe())
         }
         code => code.describe().to_string(),
     }
@@ -492,6 +498,29 @@ mod tests {
 
     fn ts(secs: i64, nanos: u32) -> Timestamp {
         Timestamp { secs, nanos }
+    }
+
+    #[test]
+    fn errors_name_the_cause_only_for_a_server_out_of_reach() {
+        let e = |code, m: &str| ClientError::new(code, m);
+        assert_eq!(
+            shown(&e(ErrorCode::NotFound, "cannot stat '/a'")),
+            "no such file or directory"
+        );
+        assert_eq!(
+            shown(&e(
+                ErrorCode::Unavailable,
+                "cannot stat '/f7': connection failed: server 2 at 127.0.0.1:9: refused \
+                 (no copy of set 2 has answered the membership group for 38 s)"
+            )),
+            "server unavailable (connection failed: server 2 at 127.0.0.1:9: refused \
+             (no copy of set 2 has answered the membership group for 38 s))"
+        );
+        assert_eq!(
+            shown(&e(ErrorCode::TimedOut, "server 1 did not answer")),
+            "timed out (server 1 did not answer)"
+        );
+        assert_eq!(shown(&e(ErrorCode::Unavailable, "")), "server unavailable");
     }
 
     #[test]

@@ -606,11 +606,19 @@ impl Pool {
             };
             if tokio::time::Instant::now() + pause >= until || (quick && pause > Duration::ZERO) {
                 if !quick && !matches!(err, RpcError::Remote(_)) {
-                    tracing::warn!(
-                        "no server answered for set {set} (last tried: server {tried_on}) in \
-                         {:?}: calls to it fail at once until it answers or moves",
-                        self.failover_wait
-                    );
+                    match lost_for {
+                        Some(silent) => tracing::warn!(
+                            "no copy of set {set} has answered the membership group for {} s \
+                             (last tried: server {tried_on}): calls to it fail at once until \
+                             it answers or moves",
+                            silent.as_secs()
+                        ),
+                        None => tracing::warn!(
+                            "no server answered for set {set} (last tried: server {tried_on}) \
+                             in {:?}: calls to it fail at once until it answers or moves",
+                            self.failover_wait
+                        ),
+                    }
                     self.given_up[set.0 as usize]
                         .store(self.epoch.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
                 }
