@@ -208,40 +208,49 @@ impl Handler for ModalServer {
     }
 }
 
-/// Three servers of `server` on loopback, and the cluster file that names
-/// them (2 copies: sets may move).
-async fn modal_cluster(key: &ClusterKey, server: &Arc<ModalServer>) -> ClusterConfig {
+/// A pool of `cfg` as a client, whose calls time out after 300 ms and
+/// wait `failover_wait` for their set to move.
+fn modal_pool(cfg: &ClusterConfig, key: ClusterKey, failover_wait: Duration) -> Pool {
+    let timeouts = Timeouts {
+        connect: Duration::from_secs(2),
+        call: Duration::from_millis(300),
+    };
+    let mut pool = Pool::new(cfg, key, Role::Client, timeouts);
+    pool.set_failover_wait(failover_wait);
+    pool
+}
+
+/// Three servers of a `ModalServer` (server 0 hanging, set 0 not lost) on
+/// loopback, and the cluster file that names them (2 copies: sets may
+/// move).
+async fn modal_cluster(key: &ClusterKey) -> (Arc<ModalServer>, ClusterConfig) {
+    let server = Arc::new(ModalServer {
+        mode: AtomicU8::new(HANGS),
+        asks: AtomicUsize::new(0),
+        lost_ms: AtomicU64::new(NOT_LOST),
+    });
     let mut addrs = Vec::new();
     for id in 0..3u16 {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         addrs.push(listener.local_addr().unwrap());
         tokio::spawn(serve(listener, ServerId(id), key.clone(), server.clone()));
     }
-    ClusterConfig::from_toml(&format!(
+    let cfg = ClusterConfig::from_toml(&format!(
         "cluster_id = \"t\"\nchunk_size = 1048576\nkey_file = \"k\"\nreplicas = 2\n\
          [[server]]\nid = 0\naddress = \"{}\"\ndata_dir = \"d0\"\n\
          [[server]]\nid = 1\naddress = \"{}\"\ndata_dir = \"d1\"\n\
          [[server]]\nid = 2\naddress = \"{}\"\ndata_dir = \"d2\"\n",
         addrs[0], addrs[1], addrs[2]
     ))
-    .unwrap()
+    .unwrap();
+    (server, cfg)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_to_a_set_given_up_fail_at_once_until_it_answers_again() {
     let key = ClusterKey([7; 32]);
-    let server = Arc::new(ModalServer {
-        mode: AtomicU8::new(HANGS),
-        asks: AtomicUsize::new(0),
-        lost_ms: AtomicU64::new(NOT_LOST),
-    });
-    let cfg = modal_cluster(&key, &server).await;
-    let timeouts = Timeouts {
-        connect: Duration::from_secs(2),
-        call: Duration::from_millis(300),
-    };
-    let mut pool = Pool::new(&cfg, key, Role::Client, timeouts);
-    pool.set_failover_wait(Duration::from_millis(1500));
+    let (server, cfg) = modal_cluster(&key).await;
+    let pool = modal_pool(&cfg, key, Duration::from_millis(1500));
     // How many times one call asked for the routes, and how it failed.
     let call = |mode: u8| {
         server.mode.store(mode, Ordering::SeqCst);
@@ -297,12 +306,7 @@ async fn calls_to_a_set_given_up_fail_at_once_until_it_answers_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_pool_waits_only_until_its_set_has_been_silent_the_failover_wait() {
     let key = ClusterKey([9; 32]);
-    let server = Arc::new(ModalServer {
-        mode: AtomicU8::new(HANGS),
-        asks: AtomicUsize::new(0),
-        lost_ms: AtomicU64::new(NOT_LOST),
-    });
-    let cfg = modal_cluster(&key, &server).await;
+    let (server, cfg) = modal_cluster(&key).await;
     let wait = Duration::from_secs(4);
     // A fresh pool (a new process) per call, so nothing is given up yet.
     let call = |mode: u8, lost_ms: u64| {
@@ -311,12 +315,7 @@ async fn a_new_pool_waits_only_until_its_set_has_been_silent_the_failover_wait()
         let before = server.asks.load(Ordering::SeqCst);
         let (cfg, key, server) = (&cfg, key.clone(), &server);
         async move {
-            let timeouts = Timeouts {
-                connect: Duration::from_secs(2),
-                call: Duration::from_millis(300),
-            };
-            let mut pool = Pool::new(cfg, key, Role::Client, timeouts);
-            pool.set_failover_wait(wait);
+            let pool = modal_pool(cfg, key, wait);
             let t = Instant::now();
             let r = get_attr(&pool).await.map(drop);
             (server.asks.load(Ordering::SeqCst) - before, t.elapsed(), r)
