@@ -42,7 +42,7 @@ pub(crate) fn shown(e: &ClientError) -> String {
 }
 
 fn fail(cmd: &str, path: &str, e: ClientError) -> String {
-    format!("{cmd}: cannot access '{path}': {}", crate::files::shown(&e))
+    format!("{cmd}: cannot access '{path}': {}", shown(&e))
 }
 
 async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
@@ -53,7 +53,7 @@ async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
             for p in &paths {
                 match c.lstat(p.as_str()).await {
                     Err(e) => {
-                        eprintln!("madfs ls: cannot access '{p}': {}", crate::files::shown(&e));
+                        eprintln!("madfs ls: cannot access '{p}': {}", shown(&e));
                         failed = true;
                     }
                     Ok(a) if a.kind != FileKind::Dir => print_entry(c, p, p, &a, long).await,
@@ -80,7 +80,7 @@ async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
                 match c.lstat(p.as_str()).await {
                     Ok(a) => print_stat(p, &a),
                     Err(e) => {
-                        eprintln!("madfs stat: cannot stat '{p}': {}", crate::files::shown(&e));
+                        eprintln!("madfs stat: cannot stat '{p}': {}", shown(&e));
                         failed = true;
                     }
                 }
@@ -103,10 +103,7 @@ async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
                     c.mkdir(p.as_str(), perm).await
                 };
                 if let Err(e) = r {
-                    eprintln!(
-                        "madfs mkdir: cannot create directory '{p}': {}",
-                        crate::files::shown(&e)
-                    );
+                    eprintln!("madfs mkdir: cannot create directory '{p}': {}", shown(&e));
                     failed = true;
                 }
             }
@@ -124,7 +121,7 @@ async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
                 .ok_or_else(|| format!("mknod: invalid mode '{mode}'"))?;
             let (kind, rdev) = mknod_args(&kind, major, minor)?;
             if let Err(e) = c.mknod(path.as_str(), kind, perm, rdev).await {
-                eprintln!("madfs mknod: '{path}': {}", crate::files::shown(&e));
+                eprintln!("madfs mknod: '{path}': {}", shown(&e));
                 failed = true;
             }
         }
@@ -160,7 +157,7 @@ async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
                 };
                 if let Err(e) = r {
                     if !(force && e.code == madfs_client::ErrorCode::NotFound) {
-                        eprintln!("madfs rm: cannot remove '{p}': {}", crate::files::shown(&e));
+                        eprintln!("madfs rm: cannot remove '{p}': {}", shown(&e));
                         failed = true;
                     }
                 }
@@ -182,12 +179,7 @@ async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
             };
             c.rename(from.as_str(), target.as_str())
                 .await
-                .map_err(|e| {
-                    format!(
-                        "mv: cannot move '{from}' to '{target}': {}",
-                        crate::files::shown(&e)
-                    )
-                })?;
+                .map_err(|e| format!("mv: cannot move '{from}' to '{target}': {}", shown(&e)))?;
         }
         Command::Ln {
             symbolic,
@@ -202,7 +194,7 @@ async fn run_async(c: &Client, cmd: Command) -> Result<ExitCode, String> {
             r.map_err(|e| {
                 format!(
                     "ln: failed to create link '{link}' -> '{target}': {}",
-                    crate::files::shown(&e)
+                    shown(&e)
                 )
             })?;
         }
@@ -313,7 +305,7 @@ async fn copy_out(c: &Client, remote: &str, out: &mut dyn Write) -> Result<(), S
     let f = c
         .open(remote, OpenOptions::new().read(true).read_ahead(true))
         .await
-        .map_err(|e| crate::files::shown(&e))?;
+        .map_err(|e| shown(&e))?;
     if f.attr().kind == FileKind::Dir {
         return Err("Is a directory".into());
     }
