@@ -172,6 +172,7 @@ pub fn up(
             chunk_size,
             key_file: PathBuf::from(KEY_FILE),
             replicas,
+            voters: madfs_rpc::cluster::voters_for(entries.len()),
             servers: entries,
         };
         drop(held);

@@ -704,6 +704,7 @@ fn create(data: &Path, o: &UpOptions) -> Result<(ClusterConfig, Launcher), Strin
         chunk_size: o.chunk_size,
         key_file: PathBuf::from(KEY_FILE),
         replicas: o.replicas,
+        voters: madfs_rpc::cluster::voters_for(servers.len()),
         servers,
     };
     cfg.validate().map_err(|e| e.to_string())?;

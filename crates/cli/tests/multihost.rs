@@ -744,8 +744,8 @@ fn clients_work_over_links_with_200us_latency() {
 }
 
 /// Replicas across hosts (issue 16), 4 hosts x 2 servers, `--replicas 2`
-/// (each set's copy on another host; voters: the first server of h0, h1,
-/// h2):
+/// (each set's copy on another host; 5 voters: the first server of each
+/// host, and the second of h0):
 /// - h2 cut off the network: a client on h2 cannot get a write
 ///   acknowledged by h2's own server (its lease runs out, and its replica
 ///   is out of reach), while the rest of the cluster fails h2's sets over
@@ -884,10 +884,10 @@ fn replicas_survive_a_partition_and_a_dead_host() {
         700,
     );
 
-    // Every process of h0 (servers 0 and 1, a voter) dies in the middle of
-    // a copy into MadFS: a storm of creates, each file written under a
-    // temporary name and renamed (across servers) once complete, and
-    // striped files (3 MiB, 1 MiB chunks) among them.
+    // Every process of h0 (servers 0 and 1, two of the five voters) dies
+    // in the middle of a copy into MadFS: a storm of creates, each file
+    // written under a temporary name and renamed (across servers) once
+    // complete, and striped files (3 MiB, 1 MiB chunks) among them.
     let tree = net.root().join("tree");
     std::fs::create_dir_all(&tree).unwrap();
     let storm: Vec<(String, Vec<u8>)> = (0..240u64)

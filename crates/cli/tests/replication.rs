@@ -9,7 +9,8 @@
 //!   (DATA/server-B/replica-of-S).
 //! - Servers killed (kill -9) one after the other, a voter of the
 //!   membership group among them, are failed over to their replicas, and
-//!   every acknowledged file reads back as written.
+//!   every acknowledged file reads back as written; with 3 copies on 5
+//!   servers (5 voters), two killed at once, both voters.
 
 mod common;
 #[path = "common/mount.rs"]
@@ -331,8 +332,14 @@ fn copies_in_sync(rt: &tokio::runtime::Runtime, c: &madfs_client::Client) -> Vec
 
 /// Wait (at most `secs`) until `in_sync` says every set has its 2 copies.
 fn wait_all_in_sync(in_sync: &dyn Fn() -> Vec<u8>, secs: u64, when: &str) {
+    wait_in_sync(in_sync, &[2u8; SERVERS], secs, when)
+}
+
+/// Wait (at most `secs`) until `in_sync` says each set has the copies
+/// `want` gives it.
+fn wait_in_sync(in_sync: &dyn Fn() -> Vec<u8>, want: &[u8], secs: u64, when: &str) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    while in_sync() != vec![2u8; SERVERS] {
+    while in_sync() != want {
         assert!(
             std::time::Instant::now() < deadline,
             "copies not in sync {when}: {:?}",
@@ -539,6 +546,96 @@ fn killed_servers_fail_over_to_their_replicas_and_lose_nothing_acknowledged() {
         assert_eq!(routes[3], madfs_types::ServerId(0), "{routes:?}");
         assert_eq!(routes[1], madfs_types::ServerId(2), "{routes:?}");
     });
+}
+
+/// Three copies on five servers, whose membership group has five voters:
+/// two servers killed at once (kill -9), both voters and both holding set
+/// 0, cost a pause and no data. Every set still has a copy and the group
+/// a majority (3 of 5), so sets 0 and 1 fail over to server 2, and every
+/// file reads back and takes writes. (With 3 voters, two of them lost
+/// stop the whole cluster.) Both come back, catch up, and every set's
+/// three copies are then equal key for key and byte for byte.
+#[test]
+fn three_copies_ride_out_two_lost_servers_voters_among_them() {
+    const FIVE: usize = 5;
+    let mut tc = TestCluster::start_with(
+        FIVE,
+        Options {
+            replicas: 3,
+            ..Options::default()
+        },
+    );
+    let rt = client_runtime();
+    let c = tc.client();
+    let mut files: Expected = Vec::new();
+    let write = |files: &mut Expected, round: u64| {
+        rt.block_on(write_round(
+            &c,
+            &format!("/t{round}"),
+            round * 100,
+            15,
+            files,
+        ))
+    };
+    write(&mut files, 0);
+    let mut voters = rt.block_on(c.cluster_routes()).unwrap().voters;
+    voters.sort();
+    let all: Vec<_> = (0..FIVE as u16).map(madfs_types::ServerId).collect();
+    assert_eq!(voters, all, "a cluster of five servers has five voters");
+
+    tc.kill9(0);
+    tc.kill9(1);
+    let t = std::time::Instant::now();
+    rt.block_on(read_back(&c, &files));
+    eprintln!(
+        "after kill -9 of servers 0 and 1, every file read back in {:?}",
+        t.elapsed()
+    );
+    write(&mut files, 1);
+    rt.block_on(read_back(&c, &files));
+    let routes = rt.block_on(c.routes()).unwrap();
+    assert_eq!(routes[0], madfs_types::ServerId(2), "{routes:?}");
+    assert_eq!(routes[1], madfs_types::ServerId(2), "{routes:?}");
+    let in_sync = || copies_in_sync(&rt, &c);
+    assert_eq!(in_sync()[0], 1, "set 0 runs on its last copy");
+
+    tc.restart(0);
+    tc.restart(1);
+    write(&mut files, 2);
+    let t = std::time::Instant::now();
+    wait_in_sync(&in_sync, &[3u8; FIVE], 90, "after the restarts");
+    eprintln!(
+        "servers 0 and 1 were in sync again {:?} after their restarts",
+        t.elapsed()
+    );
+    let serving = rt.block_on(c.routes()).unwrap();
+    stop_all_cleanly(&mut tc);
+    let cfg = tc.config().clone();
+    for set in 0..FIVE {
+        let id = madfs_types::ServerId(set as u16);
+        let store = |s: madfs_types::ServerId| {
+            let dir = &cfg.servers[s.0 as usize].data_dir;
+            if s == id {
+                dir.clone()
+            } else {
+                dir.join(format!("replica-of-{set}"))
+            }
+        };
+        let members = cfg.replica_set(id);
+        assert_eq!(members.len(), 3);
+        assert!(members.contains(&serving[set]), "{serving:?}");
+        for m in members.into_iter().filter(|&m| m != serving[set]) {
+            // A server's own store, once its set moved away, is not a
+            // copy: the copy it got back is DATA/replica-of-S.
+            let copy = cfg.servers[m.0 as usize]
+                .data_dir
+                .join(format!("replica-of-{set}"));
+            assert_same_store(set, &store(serving[set]), &copy);
+        }
+    }
+    tc.start_all_again();
+    write(&mut files, 3);
+    rt.block_on(read_back(&c, &files));
 }
 
 /// A server killed and started again catches up (a resync: a fuzzy copy
@@ -988,12 +1085,14 @@ fn a_voter_whose_place_moved_takes_the_next_lost_voters_place() {
 }
 
 /// `servers` servers keeping 2 copies, whose leader moves a voter silent
-/// for 3 s to a live server (voters 0, 1 and 2).
+/// for 3 s to a live server (voters 0, 1 and 2, also with 5 servers or
+/// more).
 fn voter_moving_cluster(servers: usize) -> TestCluster {
     TestCluster::start_with(
         servers,
         Options {
             replicas: 2,
+            voters: Some(3),
             server_env: vec![("MADFS_TEST_VOTER_LOST_AFTER_MS".into(), "3000".into())],
             ..Options::default()
         },

@@ -404,6 +404,7 @@ fn start(n: usize, dead: &[u16]) -> Cluster {
         chunk_size: CS,
         key_file: "/nonexistent".into(),
         replicas: 1,
+        voters: 3,
         servers,
     };
     let (fs2, key2, dead) = (fs.clone(), key.clone(), dead.to_vec());

@@ -23,6 +23,12 @@ pub struct ClusterConfig {
     /// by server s and the R-1 servers `replica_set` names after it.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub replicas: u8,
+    /// Voters of the membership group (with replicas): 3 or 5, or every
+    /// server of a smaller cluster. The group decides while a majority of
+    /// them is up, so 5 ride out two losses. Fixed when the group first
+    /// starts: a file without it (written before it existed) keeps 3.
+    #[serde(default = "three", skip_serializing_if = "is_three")]
+    pub voters: u8,
     #[serde(rename = "server")]
     pub servers: Vec<ServerEntry>,
 }
@@ -52,8 +58,28 @@ fn is_one(n: &u8) -> bool {
     *n == 1
 }
 
+fn three() -> u8 {
+    3
+}
+
+fn is_three(n: &u8) -> bool {
+    *n == 3
+}
+
 /// Most copies a cluster may keep of each record and chunk.
 pub const REPLICAS_MAX: u8 = 3;
+
+/// The voters a new cluster of `servers` servers gets: 5 once it has 5
+/// servers (a group that survives two lost servers, as 3 copies do), else
+/// 3. A group of 3 stops at its second lost voter, even where every set
+/// still has a live copy.
+pub fn voters_for(servers: usize) -> u8 {
+    if servers >= 5 {
+        5
+    } else {
+        3
+    }
+}
 
 impl ClusterConfig {
     /// The servers that keep replica set `set` (the share of the namespace
@@ -159,6 +185,9 @@ impl ClusterConfig {
                 self.servers.len()
             ));
         }
+        if self.voters != 3 && self.voters != 5 {
+            return bad(format!("voters {} must be 3 or 5", self.voters));
+        }
         if !(limits::CHUNK_SIZE_MIN_BYTES..=limits::CHUNK_SIZE_MAX_BYTES).contains(&self.chunk_size)
             || !self.chunk_size.is_multiple_of(4096)
         {
@@ -227,6 +256,7 @@ mod tests {
             chunk_size: 1 << 20,
             key_file: "cluster.key".into(),
             replicas: 1,
+            voters: 3,
             servers: (0..3)
                 .map(|i| ServerEntry {
                     id: i,
@@ -273,6 +303,27 @@ mod tests {
         assert!(c.validate().is_err());
         c.replicas = 0;
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn voters_default_to_three_and_only_three_or_five_are_taken() {
+        let mut c = sample();
+        // A file without the line (as before it existed) has 3.
+        assert!(!c.to_toml().contains("voters"));
+        assert_eq!(ClusterConfig::from_toml(&c.to_toml()).unwrap().voters, 3);
+        c.voters = 5;
+        let text = c.to_toml();
+        assert!(text.contains("voters = 5"), "{text}");
+        assert_eq!(ClusterConfig::from_toml(&text).unwrap(), c);
+        for bad in [0, 1, 4, 7] {
+            c.voters = bad;
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains("must be 3 or 5"), "{e}");
+        }
+        assert_eq!(voters_for(1), 3);
+        assert_eq!(voters_for(4), 3);
+        assert_eq!(voters_for(5), 5);
+        assert_eq!(voters_for(64), 5);
     }
 
     #[test]

@@ -51,8 +51,6 @@ mod follow;
 
 use follow::SetsAtWork;
 
-/// Voters of a cluster: up to this many.
-const VOTERS_MAX: usize = 3;
 /// Proposals retried while the map moves under them.
 const PROPOSE_ATTEMPTS: usize = 5;
 /// Pause between two proposals of a hand-over after a power loss.
@@ -81,13 +79,15 @@ mod tag {
 /// A lease ping's voter list: at most this many (the group's own bound).
 const PING_VOTERS_MAX: usize = 9;
 
-/// The voters: the first server of each host, in id order, up to 3; where
-/// hosts run out (or a local cluster has none), the next servers by id.
+/// The voters: the first server of each host, in id order, up to the
+/// cluster file's `voters` (3 or 5); where hosts run out (or a local
+/// cluster has none), the next servers by id.
 pub fn voters(cfg: &ClusterConfig) -> Vec<ServerId> {
+    let want = cfg.voters as usize;
     let mut chosen: Vec<ServerId> = Vec::new();
     let mut hosts: Vec<&Option<String>> = Vec::new();
     for s in &cfg.servers {
-        if chosen.len() == VOTERS_MAX {
+        if chosen.len() == want {
             break;
         }
         if s.host.is_some() && !hosts.contains(&&s.host) {
@@ -96,7 +96,7 @@ pub fn voters(cfg: &ClusterConfig) -> Vec<ServerId> {
         }
     }
     for s in &cfg.servers {
-        if chosen.len() == VOTERS_MAX {
+        if chosen.len() == want {
             break;
         }
         if !chosen.contains(&ServerId(s.id)) {
@@ -890,5 +890,47 @@ fn newer(cur: &mut ClusterMap, m: ClusterMap) -> bool {
         true
     } else {
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use madfs_rpc::ServerEntry;
+
+    fn cluster(servers: u16, hosts: Option<u16>, voters: u8) -> ClusterConfig {
+        ClusterConfig {
+            cluster_id: "t".into(),
+            chunk_size: 1 << 20,
+            key_file: "k".into(),
+            replicas: 2,
+            voters,
+            servers: (0..servers)
+                .map(|id| ServerEntry {
+                    id,
+                    address: std::net::SocketAddr::from(([127, 0, 0, 1], 7000 + id)),
+                    data_dir: format!("/d{id}").into(),
+                    metrics: None,
+                    host: hosts.map(|h| format!("h{}", id / h)),
+                })
+                .collect(),
+        }
+    }
+
+    fn ids(v: &[u16]) -> Vec<ServerId> {
+        v.iter().map(|&i| ServerId(i)).collect()
+    }
+
+    #[test]
+    fn voters_are_the_files_count_first_one_per_host() {
+        // Local clusters: the first servers by id; fewer servers, all.
+        assert_eq!(voters(&cluster(4, None, 3)), ids(&[0, 1, 2]));
+        assert_eq!(voters(&cluster(2, None, 3)), ids(&[0, 1]));
+        assert_eq!(voters(&cluster(6, None, 5)), ids(&[0, 1, 2, 3, 4]));
+        // 8 servers, 2 per host: the first of each host, then by id.
+        assert_eq!(voters(&cluster(8, Some(2), 3)), ids(&[0, 2, 4]));
+        assert_eq!(voters(&cluster(8, Some(2), 5)), ids(&[0, 1, 2, 4, 6]));
+        // 10 servers on 5 hosts: one voter per host.
+        assert_eq!(voters(&cluster(10, Some(2), 5)), ids(&[0, 2, 4, 6, 8]));
     }
 }

@@ -439,6 +439,7 @@ impl Sim {
             chunk_size: CHUNK_SIZE,
             key_file: dir.path().join("key"),
             replicas: cfg.replicas as u8,
+            voters: madfs_rpc::cluster::voters_for(cfg.servers),
             servers,
         };
         let net = SimNet::new(cfg.seed, cfg.servers);

@@ -36,6 +36,7 @@ impl Cluster {
             chunk_size: 1 << 16,
             key_file: dir.path().join("key"),
             replicas: 1,
+            voters: 3,
             servers: (0..servers)
                 .map(|id| ServerEntry {
                     id,

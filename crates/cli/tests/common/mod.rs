@@ -70,6 +70,8 @@ pub struct Options {
     pub metrics: bool,
     /// The cluster file's `replicas` (0 means 1).
     pub replicas: u8,
+    /// The cluster file's `voters` (None: what `madfs up` would write).
+    pub voters: Option<u8>,
 }
 
 /// The command prefix that starts a program in a fresh mount namespace with
@@ -172,6 +174,7 @@ impl TestCluster {
                 chunk_size: CHUNK,
                 key_file: PathBuf::from("cluster.key"),
                 replicas: 1,
+                voters: 3,
                 servers: Vec::new(),
             },
             children: Vec::new(),
@@ -210,6 +213,10 @@ impl TestCluster {
             chunk_size: CHUNK,
             key_file: PathBuf::from("cluster.key"),
             replicas: self.opts.replicas.max(1),
+            voters: self
+                .opts
+                .voters
+                .unwrap_or_else(|| madfs_rpc::cluster::voters_for(n)),
             servers: ports[..n]
                 .iter()
                 .enumerate()
