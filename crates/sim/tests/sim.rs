@@ -5,9 +5,10 @@
 //! - `MADFS_SIM_STEPS=n`: steps per seed (default 60).
 //!
 //! The cluster with replicas (`replicated` tests) reads the same variables
-//! with `MADFS_SIM_REPLICAS=2` set (defaults then: 4 seeds of 30 steps),
-//! and `MADFS_SIM_SERVERS=n` (default 3, all of them voters; with 4 or
-//! more, a voter down long enough has its place moved to another server)
+//! with `MADFS_SIM_REPLICAS=2` (or 3: three copies of every set) set
+//! (defaults then: 4 seeds of 30 steps), and `MADFS_SIM_SERVERS=n`
+//! (default 3, all of them voters; with 4, a voter down long enough has
+//! its place moved to the fourth; with 5 or more, 5 voters)
 //! and `MADFS_SIM_DOUBLE_FAULTS=0` (no set's copy killed as its primary
 //! comes back from a power cut; on by default);
 //! without it, those tests run their own few seeds.
@@ -290,6 +291,9 @@ fn replicated_cluster_loses_nothing_acknowledged() {
         if let Some(n) = env("MADFS_SIM_SERVERS") {
             cfg.servers = n.clamp(2, 16) as usize;
         }
+        if let Some(r) = env("MADFS_SIM_REPLICAS").filter(|&r| r > 1) {
+            cfg.replicas = (r as usize).min(3).min(cfg.servers);
+        }
         match run(&cfg) {
             Ok(o) => {
                 ops += o.ops_ok;
@@ -333,6 +337,36 @@ fn replicated_cluster_loses_nothing_acknowledged() {
     if seeds.len() >= 4 {
         assert!(failovers > 0, "no set failed over in {} seeds", seeds.len());
     }
+}
+
+/// Three copies of every set on five servers (five voters): a few seeds,
+/// with the kills, power cuts, partitions and failovers of the default
+/// run (a soak: `MADFS_SIM_SERVERS=5 REPLICAS=3 scripts/soak-sim`).
+#[test]
+fn three_copies_on_five_servers_lose_nothing_acknowledged() {
+    quiet();
+    if env("MADFS_SIM_REPLICAS").is_some() {
+        return;
+    }
+    let (mut failovers, mut crashes) = (0, 0);
+    for seed in [73001, 73002, 73003] {
+        let cfg = SimConfig {
+            servers: 5,
+            replicas: 3,
+            ..SimConfig::replicated(seed, 30)
+        };
+        let o = run(&cfg).unwrap_or_else(|f| panic!("{f}"));
+        assert_eq!(
+            o.stalls, 0,
+            "seed {seed}: calls waited the whole call timeout"
+        );
+        failovers += o.failovers;
+        crashes += o.crashes;
+    }
+    assert!(
+        crashes > 0 && failovers > 0,
+        "{crashes} kills, {failovers} failovers"
+    );
 }
 
 #[test]
