@@ -461,13 +461,6 @@ fn main() -> ExitCode {
             replace,
             on,
         } => {
-            if replicas >= 3 {
-                eprintln!(
-                    "madfs up: warning: 3 copies are not yet safe (the simulation still loses \
-                     acknowledged files with them; docs/ARCHITECTURE.md \"Known gaps\"); \
-                     --replicas 2 is"
-                );
-            }
             let multihost = hosts.is_some() || slurm || hosts::is_multihost(&data);
             let stray = [
                 (exec.is_some(), "--exec"),

@@ -369,6 +369,44 @@ fn three_copies_on_five_servers_lose_nothing_acknowledged() {
     );
 }
 
+/// Seeds with three copies on five servers that once failed: (seed,
+/// steps, the bug).
+const THREE_COPY_REGRESSIONS: &[(u64, usize, &str)] = &[
+    (
+        73042,
+        60,
+        "a shipper whose records a copy refused asked the group to take the copy out; \
+         the answer came after the copy had been caught up again by a newer catch-up and \
+         counted in sync, and the shipper then took the newer one out of the set on its \
+         own: the primary stopped waiting for a copy the group still counted, and a \
+         failover to that copy lost a file written since (server replication/ship.rs)",
+    ),
+    (
+        73181,
+        60,
+        "the root's link count one too high after partitions and failovers; passes \
+         since the fix above, not analysed further",
+    ),
+];
+
+#[test]
+fn three_copy_seeds_that_once_failed_pass() {
+    quiet();
+    if env("MADFS_SIM_REPLICAS").is_some() {
+        return;
+    }
+    for &(seed, steps, what) in THREE_COPY_REGRESSIONS {
+        let cfg = SimConfig {
+            servers: 5,
+            replicas: 3,
+            ..SimConfig::replicated(seed, steps)
+        };
+        if let Err(f) = run(&cfg) {
+            panic!("seed {seed} (once: {what}) fails again:\n{f}");
+        }
+    }
+}
+
 #[test]
 fn a_replicated_seed_replays_identically() {
     quiet();

@@ -80,7 +80,7 @@ impl Replicator {
                     other => {
                         let why = format!("answered ReplicaApply with {other:?}");
                         if self.may_leave(i, &why).await {
-                            self.leave(i, why, false);
+                            self.leave_if(i, Some(generation), why, false);
                             return;
                         }
                         tokio::time::sleep(SHIP_RETRY_PAUSE * SHIP_ATTEMPTS).await;
@@ -92,7 +92,7 @@ impl Replicator {
                 Err(madfs_rpc::RpcError::Remote(w)) => {
                     let why = format!("refused the records: {}", w.message);
                     if self.may_leave(i, &why).await {
-                        self.leave(i, why, false);
+                        self.leave_if(i, Some(generation), why, false);
                         return;
                     }
                     tokio::time::sleep(SHIP_RETRY_PAUSE * SHIP_ATTEMPTS).await;
@@ -102,7 +102,7 @@ impl Replicator {
                     if failures >= SHIP_ATTEMPTS {
                         let why = format!("unreachable: {e}");
                         if self.may_leave(i, &why).await {
-                            self.leave(i, why, true);
+                            self.leave_if(i, Some(generation), why, true);
                             return;
                         }
                     }
