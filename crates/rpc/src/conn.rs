@@ -552,7 +552,64 @@ fn saturating_u32(n: usize) -> u32 {
 /// The one task that writes to a connection's socket, so a frame is only
 /// ever written whole, whatever becomes of its caller. Sends what has
 /// queued up in one vectored write; ends when every handle is dropped.
-async fn write_loop(mut w: OwnedWriteHalf, mut frames: mpsc::Receiver<OutFrame>, s: Arc<Shared>) {
+/// `write_all_vectored` for a client's connection, with `MSG_NOSIGNAL`: a
+/// server that died leaves a socket whose next send fails with EPIPE, and
+/// a plain write then also raises SIGPIPE, whose default action kills the
+/// process. Rust programs ignore it, but the interception library runs in
+/// the user's program (a C program keeps the default) and drives its
+/// sockets on the program's own thread: IOR through `madfs run` died of
+/// it when two servers were killed (scripts/soak-failover-tools).
+async fn send_all(w: &OwnedWriteHalf, parts: &mut [&[u8]]) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let stream: &TcpStream = w.as_ref();
+    let mut first = 0;
+    loop {
+        while first < parts.len() && parts[first].is_empty() {
+            first += 1;
+        }
+        if first == parts.len() {
+            return Ok(());
+        }
+        let slices: Vec<IoSlice<'_>> = parts[first..]
+            .iter()
+            .take(IOV_MAX_PARTS)
+            .map(|p| IoSlice::new(p))
+            .collect();
+        stream.writable().await?;
+        let sent = stream.try_io(tokio::io::Interest::WRITABLE, || {
+            // SAFETY: `IoSlice` is ABI-compatible with `iovec` on Unix;
+            // the message points at `slices`, which outlives the call, and
+            // at no address or control data; the descriptor is the open
+            // socket `stream` owns.
+            let n = unsafe {
+                let mut msg: libc::msghdr = std::mem::zeroed();
+                msg.msg_iov = slices.as_ptr() as *mut libc::iovec;
+                msg.msg_iovlen = slices.len() as _;
+                libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL)
+            };
+            if n < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(n as usize)
+            }
+        });
+        let mut n = match sent {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        };
+        while first < parts.len() && n >= parts[first].len() {
+            n -= parts[first].len();
+            first += 1;
+        }
+        if first < parts.len() {
+            parts[first] = &parts[first][n..];
+        }
+    }
+}
+
+async fn write_loop(w: OwnedWriteHalf, mut frames: mpsc::Receiver<OutFrame>, s: Arc<Shared>) {
     let mut batch: Vec<OutFrame> = Vec::with_capacity(WRITE_BATCH_FRAMES);
     while frames.recv_many(&mut batch, WRITE_BATCH_FRAMES).await > 0 {
         let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * batch.len());
@@ -560,7 +617,7 @@ async fn write_loop(mut w: OwnedWriteHalf, mut frames: mpsc::Receiver<OutFrame>,
             parts.push(&f.head);
             f.data.slices(&mut parts);
         }
-        if let Err(e) = write_all_vectored(&mut w, &mut parts).await {
+        if let Err(e) = send_all(&w, &mut parts).await {
             // No more frames in; then fail every caller waiting, including
             // those whose frames were queued and will never go out.
             frames.close();
@@ -596,14 +653,15 @@ async fn handshake(
         proof: key.client_proof(role, &challenge.server_nonce, &client_nonce),
         want: server,
     };
-    write_frame(
-        w,
+    let body = hello.encode();
+    let head = encode_head(
         header(Opcode::Hello as u16, RequestId(0), false, 0, 0),
-        &hello.encode(),
-        &[],
-    )
-    .await
-    .map_err(|e| RpcError::Io(e.to_string()))?;
+        &body,
+        0,
+    );
+    send_all(w, &mut [&head, &body])
+        .await
+        .map_err(|e| RpcError::Io(e.to_string()))?;
     let frame = read_frame(r, |_| false).await?.ok_or_else(|| {
         RpcError::Auth("server closed the connection (wrong cluster key?)".into())
     })?;
