@@ -187,29 +187,42 @@ async fn write_all_vectored<W: AsyncWrite + Unpin>(
     parts: &mut [&[u8]],
 ) -> std::io::Result<()> {
     let mut first = 0;
-    loop {
-        while first < parts.len() && parts[first].is_empty() {
-            first += 1;
-        }
-        if first == parts.len() {
-            return Ok(());
-        }
-        let slices: Vec<IoSlice<'_>> = parts[first..]
-            .iter()
-            .take(IOV_MAX_PARTS)
-            .map(|p| IoSlice::new(p))
-            .collect();
-        let mut n = w.write_vectored(&slices).await?;
+    while let Some(slices) = unsent(parts, &mut first) {
+        let n = w.write_vectored(&slices).await?;
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
-        while first < parts.len() && n >= parts[first].len() {
-            n -= parts[first].len();
-            first += 1;
-        }
-        if first < parts.len() {
-            parts[first] = &parts[first][n..];
-        }
+        drop(slices);
+        sent(parts, &mut first, n);
+    }
+    Ok(())
+}
+
+/// The parts from `first` on that are not yet sent, past empty ones, as
+/// at most `IOV_MAX_PARTS` slices for one vectored write; None once all
+/// are sent.
+fn unsent<'a>(parts: &[&'a [u8]], first: &mut usize) -> Option<Vec<IoSlice<'a>>> {
+    while *first < parts.len() && parts[*first].is_empty() {
+        *first += 1;
+    }
+    (*first < parts.len()).then(|| {
+        parts[*first..]
+            .iter()
+            .take(IOV_MAX_PARTS)
+            .map(|p| IoSlice::new(p))
+            .collect()
+    })
+}
+
+/// `n` more bytes of `parts` went out: skip the parts sent whole and cut
+/// the one sent in part.
+fn sent(parts: &mut [&[u8]], first: &mut usize, mut n: usize) {
+    while *first < parts.len() && n >= parts[*first].len() {
+        n -= parts[*first].len();
+        *first += 1;
+    }
+    if *first < parts.len() {
+        parts[*first] = &parts[*first][n..];
     }
 }
 
@@ -563,20 +576,9 @@ async fn send_all(w: &OwnedWriteHalf, parts: &mut [&[u8]]) -> std::io::Result<()
     use std::os::fd::AsRawFd;
     let stream: &TcpStream = w.as_ref();
     let mut first = 0;
-    loop {
-        while first < parts.len() && parts[first].is_empty() {
-            first += 1;
-        }
-        if first == parts.len() {
-            return Ok(());
-        }
-        let slices: Vec<IoSlice<'_>> = parts[first..]
-            .iter()
-            .take(IOV_MAX_PARTS)
-            .map(|p| IoSlice::new(p))
-            .collect();
+    while let Some(slices) = unsent(parts, &mut first) {
         stream.writable().await?;
-        let sent = stream.try_io(tokio::io::Interest::WRITABLE, || {
+        let result = stream.try_io(tokio::io::Interest::WRITABLE, || {
             // SAFETY: `IoSlice` is ABI-compatible with `iovec` on Unix;
             // the message points at `slices`, which outlives the call, and
             // at no address or control data; the descriptor is the open
@@ -593,20 +595,16 @@ async fn send_all(w: &OwnedWriteHalf, parts: &mut [&[u8]]) -> std::io::Result<()
                 Ok(n as usize)
             }
         });
-        let mut n = match sent {
+        let n = match result {
             Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
         };
-        while first < parts.len() && n >= parts[first].len() {
-            n -= parts[first].len();
-            first += 1;
-        }
-        if first < parts.len() {
-            parts[first] = &parts[first][n..];
-        }
+        drop(slices);
+        sent(parts, &mut first, n);
     }
+    Ok(())
 }
 
 async fn write_loop(w: OwnedWriteHalf, mut frames: mpsc::Receiver<OutFrame>, s: Arc<Shared>) {
