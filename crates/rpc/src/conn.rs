@@ -192,7 +192,6 @@ async fn write_all_vectored<W: AsyncWrite + Unpin>(
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
-        drop(slices);
         sent(parts, &mut first, n);
     }
     Ok(())
@@ -562,9 +561,6 @@ fn saturating_u32(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
-/// The one task that writes to a connection's socket, so a frame is only
-/// ever written whole, whatever becomes of its caller. Sends what has
-/// queued up in one vectored write; ends when every handle is dropped.
 /// `write_all_vectored` for a client's connection, with `MSG_NOSIGNAL`: a
 /// server that died leaves a socket whose next send fails with EPIPE, and
 /// a plain write then also raises SIGPIPE, whose default action kills the
@@ -601,12 +597,14 @@ async fn send_all(w: &OwnedWriteHalf, parts: &mut [&[u8]]) -> std::io::Result<()
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
         };
-        drop(slices);
         sent(parts, &mut first, n);
     }
     Ok(())
 }
 
+/// The one task that writes to a connection's socket, so a frame is only
+/// ever written whole, whatever becomes of its caller. Sends what has
+/// queued up in one vectored write; ends when every handle is dropped.
 async fn write_loop(w: OwnedWriteHalf, mut frames: mpsc::Receiver<OutFrame>, s: Arc<Shared>) {
     let mut batch: Vec<OutFrame> = Vec::with_capacity(WRITE_BATCH_FRAMES);
     while frames.recv_many(&mut batch, WRITE_BATCH_FRAMES).await > 0 {
